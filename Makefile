@@ -1,0 +1,38 @@
+# Two commands matter: `make demo` and `make test`. Both bootstrap .venv from nothing.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+SAMPLE := sample/corpus.jsonl
+TOKENIZER := packcli/assets/demo_tokenizer.json
+
+.PHONY: demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+$(SAMPLE): scripts/make_sample_corpus.py | $(STAMP)
+	$(BIN)/python scripts/make_sample_corpus.py --out $(SAMPLE)
+
+demo: $(STAMP) $(SAMPLE)
+	$(BIN)/packcli pack $(SAMPLE) --tokenizer $(TOKENIZER) --config configs/pretrain.yaml --out out/demo
+	$(BIN)/packcli verify out/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check packcli tests scripts
+	$(BIN)/ruff format --check packcli tests scripts
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check packcli tests scripts
+	$(BIN)/ruff format --check packcli tests scripts
+
+format: $(STAMP)
+	$(BIN)/ruff format packcli tests scripts
+	$(BIN)/ruff check --fix packcli tests scripts
+
+clean:
+	rm -rf out sample .pytest_cache

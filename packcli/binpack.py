@@ -1,0 +1,243 @@
+"""Bin packing over integer lengths: best-fit decreasing in O(N + C + N log C).
+
+Lengths are bounded integers (1..capacity), which is what makes an exact, fast best fit
+possible: items are counting-sorted by length (O(N + C)), and open bins are kept in buckets
+keyed by their *remaining capacity*, with a bit tree over those buckets. For each item of size
+``s`` the tree finds the smallest remaining capacity ``r >= s`` that has an open bin in
+O(log C) (best fit), the bin moves to bucket ``r - s``, and full bins leave the structure.
+Memory is O(C) for the tree plus 4 bytes per item (sort order) and 8 per bin.
+
+The kernels are compiled with numba (cached on disk after the first call). Measured on the
+2-core dev machine: 1M SFT-like lengths in ~0.1 s, 10M in ~1 s (see docs/benchmarks.md),
+against ~26 s for TRL's per-batch bfd on 1M documents.
+
+Best-fit decreasing is deterministic here: ties in length keep input order, ties in remaining
+capacity go to the most recently touched bin (a LIFO bucket), and bins are numbered in the
+order they are opened, so the same lengths always give the same assignment.
+
+``pack_lengths`` is the public entry point (other tools call it); ``pack_into_open_bins`` is
+the building block the two-tier planner uses to top up partly filled rows.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numba
+import numpy as np
+
+Algorithm = Literal["bfd", "ffd", "wrapped"]
+ALGORITHMS: tuple[str, ...] = ("bfd", "ffd", "wrapped")
+
+
+def _validate(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be a 1-D array, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
+    if capacity <= 0:
+        raise ValueError(f"capacity must be positive, got {capacity}")
+    arr = arr.astype(np.int64, copy=False)
+    bad = np.flatnonzero((arr <= 0) | (arr > capacity))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"lengths[{i}] = {int(arr[i])} is outside 1..{capacity} (capacity); "
+            f"{bad.size} item(s) out of range"
+        )
+    return arr
+
+
+@numba.njit(cache=True)
+def _order_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """Counting sort: item indices by decreasing length, ties in input order (stable)."""
+    counts = np.zeros(capacity + 2, dtype=np.int64)
+    for x in lengths:
+        counts[capacity - x + 1] += 1
+    for i in range(1, capacity + 2):
+        counts[i] += counts[i - 1]
+    order = np.empty(lengths.shape[0], dtype=np.int64)
+    for i in range(lengths.shape[0]):
+        key = capacity - lengths[i]
+        order[counts[key]] = i
+        counts[key] += 1
+    return order
+
+
+@numba.njit(cache=True)
+def _best_fit(
+    lengths: np.ndarray,
+    order: np.ndarray,
+    capacity: int,
+    open_remaining: np.ndarray,
+) -> tuple[np.ndarray, int]:
+    """Best fit of ``lengths`` taken in ``order``; bins 0..K-1 start with ``open_remaining``.
+
+    ``cnt`` is a bit tree over remaining capacities 0..capacity (leaf r counts open bins
+    with r free); ``head``/``nxt`` are per-capacity LIFO lists of bin ids.
+    """
+    n = lengths.shape[0]
+    k = open_remaining.shape[0]
+    size = 1
+    while size < capacity + 1:
+        size *= 2
+    cnt = np.zeros(2 * size, dtype=np.int32)
+    head = np.full(capacity + 1, -1, dtype=np.int64)
+    max_bins = k + n
+    nxt = np.empty(max_bins, dtype=np.int64)
+    assign = np.empty(n, dtype=np.int64)
+
+    for b in range(k):
+        r = open_remaining[b]
+        if r > 0:
+            nxt[b] = head[r]
+            head[r] = b
+            node = size + r
+            while node >= 1:
+                cnt[node] += 1
+                node >>= 1
+    n_bins = k
+
+    for j in range(n):
+        i = order[j]
+        s = lengths[i]
+        # smallest r >= s with an open bin: walk up from leaf s to a non-empty right sibling,
+        # then down to its leftmost non-empty leaf.
+        node = size + s
+        found = -1
+        if cnt[node] > 0:
+            found = s
+        else:
+            while node > 1:
+                if (node & 1) == 0 and cnt[node + 1] > 0:
+                    node += 1
+                    while node < size:
+                        node *= 2
+                        if cnt[node] == 0:
+                            node += 1
+                    found = node - size
+                    break
+                node >>= 1
+        if found >= 0:
+            b = head[found]
+            head[found] = nxt[b]
+            node = size + found
+            while node >= 1:
+                cnt[node] -= 1
+                node >>= 1
+            rem = found - s
+        else:
+            b = n_bins
+            n_bins += 1
+            rem = capacity - s
+        assign[i] = b
+        if rem > 0:
+            nxt[b] = head[rem]
+            head[rem] = b
+            node = size + rem
+            while node >= 1:
+                cnt[node] += 1
+                node >>= 1
+    return assign, n_bins
+
+
+@numba.njit(cache=True)
+def _first_fit(lengths: np.ndarray, order: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
+    """First fit: a max-tree over bins (in opening order) finds the leftmost bin with room."""
+    n = lengths.shape[0]
+    size = 1
+    while size < max(n, 1):
+        size *= 2
+    best = np.zeros(2 * size, dtype=np.int64)  # max remaining capacity in each subtree
+    assign = np.empty(n, dtype=np.int64)
+    n_bins = 0
+    for j in range(n):
+        i = order[j]
+        s = lengths[i]
+        if best[1] >= s:
+            node = 1
+            while node < size:
+                node *= 2
+                if best[node] < s:
+                    node += 1
+            b = node - size
+        else:
+            b = n_bins
+            n_bins += 1
+            node = size + b
+            best[node] = capacity
+        assign[i] = b
+        node = size + b
+        best[node] -= s
+        node >>= 1
+        while node >= 1:
+            left = best[2 * node]
+            right = best[2 * node + 1]
+            best[node] = left if left > right else right
+            node >>= 1
+    return assign, n_bins
+
+
+@numba.njit(cache=True)
+def _next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    n = lengths.shape[0]
+    assign = np.empty(n, dtype=np.int64)
+    b = -1
+    rem = 0
+    for i in range(n):
+        s = lengths[i]
+        if s > rem:
+            b += 1
+            rem = capacity
+        assign[i] = b
+        rem -= s
+    return assign
+
+
+def pack_lengths(
+    lengths: np.ndarray, capacity: int, *, algorithm: Algorithm | str = "bfd"
+) -> np.ndarray:
+    """Assign each item to a bin of ``capacity``; returns the bin index of every item.
+
+    Bins are numbered 0..B-1 in the order they are opened. ``wrapped`` is next-fit in input
+    order (what plain concatenation does, without cutting documents) and exists as a
+    baseline; ``ffd`` is first-fit decreasing; ``bfd`` (default) is best-fit decreasing.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    arr = _validate(lengths, capacity)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if algorithm == "wrapped":
+        return _next_fit(arr, capacity)
+    order = _order_decreasing(arr, capacity)
+    if algorithm == "ffd":
+        return _first_fit(arr, order, capacity)[0]
+    return _best_fit(arr, order, capacity, np.zeros(0, dtype=np.int64))[0]
+
+
+def pack_into_open_bins(
+    lengths: np.ndarray, capacity: int, open_remaining: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """Best-fit decreasing into bins that are already partly full, opening new ones as needed.
+
+    Bins ``0..K-1`` are the given open bins with ``open_remaining`` free space each; new bins
+    (capacity ``capacity``) are numbered from K on. Returns ``(assignment, total_bins)``.
+    """
+    arr = _validate(lengths, capacity)
+    rem = np.asarray(open_remaining, dtype=np.int64)
+    if rem.size and (rem.min() < 0 or rem.max() > capacity):
+        raise ValueError(f"open bins' remaining capacity must lie in 0..{capacity}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64), int(rem.size)
+    order = _order_decreasing(arr, capacity)
+    assign, n_bins = _best_fit(arr, order, capacity, rem)
+    return assign, int(n_bins)
+
+
+def bin_loads(assignment: np.ndarray, lengths: np.ndarray, n_bins: int | None = None) -> np.ndarray:
+    """Total length per bin (for checks and reports)."""
+    a = np.asarray(assignment, dtype=np.int64)
+    n = int(a.max()) + 1 if n_bins is None and a.size else (n_bins or 0)
+    return np.bincount(a, weights=np.asarray(lengths, dtype=np.int64), minlength=n).astype(np.int64)

@@ -1,0 +1,124 @@
+"""The dataset card (``README.md`` of the output): Hub YAML front matter plus a summary.
+
+The YAML ``configs`` section is what makes ``datasets.load_dataset(out, "long")`` and
+``load_dataset(out, "short")`` find the right Parquet files, locally and on the Hub.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from packcli import __version__
+
+CONFIG_NAMES = ("long", "short")
+
+
+def _arrow_bytes(tier: dict[str, Any]) -> int:
+    """In-memory Arrow size of a config (what ``datasets`` calls ``num_bytes``)."""
+    rows, tokens, segments = tier["rows"], tier["tokens"], tier["segments"]
+    # input_ids + segment_ids: 4 B/token each; seq_lengths 4 + doc_ids 8 B/segment; four list
+    # offset buffers (4 B/row each) and num_tokens (4 B/row).
+    return 8 * tokens + 12 * segments + 4 * 4 * (rows + 1) + 4 * rows
+
+
+def dataset_info(report: dict[str, Any], files: dict[str, list[dict[str, Any]]]) -> list[dict]:
+    """``dataset_info`` YAML: features, split sizes and byte counts per config.
+
+    Besides documenting the data for the Hub, these numbers feed ``datasets``' cache key for
+    local folders, so repacking into the same folder never serves a stale cached copy, and
+    ``load_dataset`` checks the row counts against them.
+    """
+    import datasets  # heavy import, only needed here
+
+    from packcli.write import ROW_SCHEMA
+
+    features = datasets.Features.from_arrow_schema(ROW_SCHEMA)
+    infos = []
+    for name in CONFIG_NAMES:
+        tier = report["tiers"][name]
+        num_bytes = _arrow_bytes(tier)
+        info = datasets.DatasetInfo(
+            features=features,
+            config_name=name,
+            splits=datasets.SplitDict(
+                {"train": datasets.SplitInfo("train", num_bytes, tier["rows"])}
+            ),
+            download_size=sum(f["bytes"] for f in files[name]),
+            dataset_size=num_bytes,
+        )
+        infos.append({"config_name": name, **info._to_yaml_dict()})
+    return infos
+
+
+def card_front_matter(
+    report: dict[str, Any], files: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    return {
+        "dataset_info": dataset_info(report, files),
+        "configs": [
+            {
+                "config_name": name,
+                "data_files": [{"split": "train", "path": f"data/{name}/train-*.parquet"}],
+                **({"default": True} if name == "long" else {}),
+            }
+            for name in CONFIG_NAMES
+        ],
+        "tags": ["packcli", "packed", "tokenized"],
+    }
+
+
+def render_card(
+    report: dict[str, Any], run: dict[str, Any], files: dict[str, list[dict[str, Any]]]
+) -> str:
+    front = yaml.safe_dump(card_front_matter(report, files), sort_keys=False)
+    tiers = report["tiers"]
+    pol = report["policy"]
+    rows = "\n".join(
+        f"| `{name}` | {t['capacity']:,} | {t['rows']:,} | {t['tokens']:,} | "
+        f"{t['efficiency']:.4%} | {t['rows_over_bound']:.5f} |"
+        for name, t in tiers.items()
+    )
+    tok = run["tokenizer"]
+    return f"""---
+{front}---
+
+# Packed dataset (packcli {__version__})
+
+Tokenized with `{tok["source"]}` (vocabulary {tok["vocab_size"]:,}) and bin-packed in two tiers
+by packcli: documents up to {tiers["short"]["capacity"]:,}
+tokens are packed into short packs (config `short`); longer documents and the short packs,
+kept whole, are packed into rows of {tiers["long"]["capacity"]:,} tokens (config `long`, the
+complete dataset). Document boundaries are stored per row, so training can attend within
+documents only.
+
+| config | capacity | rows | tokens | efficiency | rows / lower bound |
+|---|---|---|---|---|---|
+{rows}
+
+Input: {report["input"]["documents"]:,} documents, {report["input"]["tokens"]:,} tokens.
+Split: {pol["split_docs"]:,} documents ({pol["split_pieces"]:,} pieces, all tokens kept).
+Truncated: {pol["truncated_docs"]:,} documents ({pol["truncated_tokens"]:,} tokens removed).
+Dropped: {pol["dropped_docs"]:,} documents ({pol["dropped_tokens"]:,} tokens);
+{pol["empty_docs"]:,} empty documents.
+
+## Columns
+
+| column | type | meaning |
+|---|---|---|
+| `input_ids` | list<int32> | the row's tokens, unpadded |
+| `segment_ids` | list<int32> | per token: 1-based index of its segment (document) within the row |
+| `seq_lengths` | list<int32> | length of each segment, in order (sums to `num_tokens`) |
+| `doc_ids` | list<int64> | global id of each segment's document (a split document repeats its id) |
+| `num_tokens` | int32 | `len(input_ids)` |
+
+## Loading
+
+```python
+import datasets
+ds = datasets.load_dataset("path/or/repo", "long", split="train")
+```
+
+Made with: `{run["command"]}`
+"""

@@ -1,0 +1,196 @@
+"""Run configuration: one frozen dataclass per stage, combined into ``RunConfig``.
+
+Values come from three layers, later ones winning: the dataclass defaults, a YAML file
+(``configs/pretrain.yaml`` style, one mapping per stage), and CLI flags. Validation lives in
+``__post_init__`` so a bad value fails before any work starts, with a message that says what
+to change. The resolved config is echoed into ``packcli.json`` of every output, so a dataset
+always says how it was made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from packcli.errors import ConfigError
+
+OVERLONG_POLICIES = ("split", "truncate", "drop")
+PLAN_ALGORITHMS = ("bfd", "ffd", "wrapped")
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    inputs: tuple[str, ...] = ()
+    text_field: str = "text"
+    batch_size: int = 1024
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
+        if not self.text_field:
+            raise ConfigError("read.text_field must be a non-empty field name")
+        if self.batch_size < 1:
+            raise ConfigError(f"read.batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    """``eos``/``bos``: a token string, an id, ``"auto"`` (detect) or ``"none"``."""
+
+    tokenizer: str = ""
+    eos: str | int = "auto"
+    bos: str | int = "none"
+    shard_tokens: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.shard_tokens < 1024:
+            raise ConfigError(f"tokenize.shard_tokens must be >= 1024, got {self.shard_tokens}")
+        for name in ("eos", "bos"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise ConfigError(f"tokenize.{name} must be a token string or an id, got {value!r}")
+            if isinstance(value, int) and value < 0:
+                raise ConfigError(f"tokenize.{name} id must be >= 0, got {value}")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    short_len: int = 4096
+    long_len: int = 131072
+    overlong: str = "split"
+    algorithm: str = "bfd"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.short_len < 1:
+            raise ConfigError(f"plan.short_len must be >= 1, got {self.short_len}")
+        if self.long_len <= self.short_len:
+            raise ConfigError(
+                "tiers must be increasing: short_len < long_len, got "
+                f"short_len={self.short_len}, long_len={self.long_len}"
+            )
+        if self.long_len > 2**31 - 1:
+            raise ConfigError(f"plan.long_len must fit in int32, got {self.long_len}")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ConfigError(
+                f"plan.overlong must be one of {', '.join(OVERLONG_POLICIES)}, "
+                f"got {self.overlong!r}"
+            )
+        if self.algorithm not in PLAN_ALGORITHMS:
+            raise ConfigError(
+                f"plan.algorithm must be one of {', '.join(PLAN_ALGORITHMS)}, "
+                f"got {self.algorithm!r}"
+            )
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    shard_tokens: int = 256 * 1024 * 1024
+    row_group_tokens: int = 16 * 1024 * 1024
+    compression: str = "zstd"
+    compression_level: int = 3
+
+    def __post_init__(self) -> None:
+        if self.shard_tokens < 1:
+            raise ConfigError(f"write.shard_tokens must be >= 1, got {self.shard_tokens}")
+        if self.row_group_tokens < 1:
+            raise ConfigError(f"write.row_group_tokens must be >= 1, got {self.row_group_tokens}")
+        if self.compression not in ("zstd", "snappy", "gzip", "lz4", "none"):
+            raise ConfigError(
+                f"write.compression must be zstd, snappy, gzip, lz4 or none, "
+                f"got {self.compression!r}"
+            )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: str = ""
+    work_dir: str = ""
+    read: ReadConfig = field(default_factory=ReadConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    write: WriteConfig = field(default_factory=WriteConfig)
+
+    @property
+    def out_path(self) -> Path:
+        return Path(self.out)
+
+    @property
+    def work_path(self) -> Path:
+        """Work folder for tokenized shards; hidden inside the output unless set."""
+        return Path(self.work_dir) if self.work_dir else Path(self.out) / ".packcli"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS: dict[str, type] = {
+    "read": ReadConfig,
+    "tokenize": TokenizeConfig,
+    "plan": PlanConfig,
+    "write": WriteConfig,
+}
+
+
+def _section(cls: type, values: dict[str, Any], where: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    try:
+        return cls(**values)
+    except TypeError as exc:  # wrong types that dataclasses reject
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def load_yaml(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read a config file into ``{section: {key: value}}`` after checking its shape."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of sections")
+    top_level = {"out", "work_dir"}
+    unknown = sorted(set(data) - set(_SECTIONS) - top_level)
+    if unknown:
+        raise ConfigError(
+            f"{p}: unknown section(s) {', '.join(unknown)}; known: "
+            f"{', '.join([*_SECTIONS, *sorted(top_level)])}"
+        )
+    for name in _SECTIONS:
+        if not isinstance(data.get(name, {}) or {}, dict):
+            raise ConfigError(f"{p}: section {name!r} must be a mapping")
+    return data
+
+
+def build_config(
+    file_values: dict[str, Any] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    *,
+    source: str = "config",
+) -> RunConfig:
+    """Merge YAML values with CLI overrides (``None`` override = not given) into a RunConfig."""
+    file_values = file_values or {}
+    overrides = overrides or {}
+    sections: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        merged = dict(file_values.get(name) or {})
+        merged.update({k: v for k, v in (overrides.get(name) or {}).items() if v is not None})
+        sections[name] = _section(cls, merged, f"{source}: section {name!r}")
+    top = {k: file_values.get(k) for k in ("out", "work_dir") if file_values.get(k) is not None}
+    top.update({k: v for k, v in (overrides.get("run") or {}).items() if v is not None})
+    return RunConfig(**{k: str(v) for k, v in top.items()}, **sections)
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Rebuild a RunConfig from its ``to_dict`` form (as stored in ``packcli.json``)."""
+    return build_config(data, source="packcli.json")

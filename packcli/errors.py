@@ -1,0 +1,23 @@
+"""Exceptions the CLI maps to clear messages and exit codes.
+
+Every error a user can cause derives from ``PackcliError`` so the CLI has one place that turns
+them into a one-line message and exit status 1, while genuine bugs still show a traceback.
+"""
+
+from __future__ import annotations
+
+
+class PackcliError(Exception):
+    """A problem with the user's input, configuration or environment (not a bug)."""
+
+
+class ConfigError(PackcliError):
+    """An invalid option or config-file value; the message says what to change."""
+
+
+class InputError(PackcliError):
+    """Bad input data; the message names ``file:line`` (or a byte offset) and the reason."""
+
+
+class VerifyError(PackcliError):
+    """An output folder violates one of the packing invariants."""

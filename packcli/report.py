@@ -1,0 +1,100 @@
+"""The run report: what packing did to the corpus, as data (``packcli.json``) and as text.
+
+Every token of the input is accounted for: ``input.tokens`` = tokens written to the long
+config + ``policy.truncated_tokens`` + ``policy.dropped_tokens``. The report holds no
+timings, so the same inputs and config give a byte-identical ``packcli.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from packcli.plan import Plan, tier_summary
+
+
+def build_report(
+    plan: Plan,
+    lengths: np.ndarray,
+    *,
+    short_len: int,
+    long_len: int,
+    input_stats: dict[str, Any],
+    largest_provenance: dict[str, Any] | None,
+) -> dict[str, Any]:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    stats = plan.stats
+    largest = int(lengths.argmax()) if lengths.size else -1
+    return {
+        "input": {
+            **input_stats,
+            "documents": int(lengths.size),
+            "tokens": int(lengths.sum()),
+        },
+        "documents_by_length": {
+            "short": int(((lengths > 0) & (lengths <= short_len)).sum()),
+            "long": int(((lengths > short_len) & (lengths <= long_len)).sum()),
+            "overlong": int((lengths > long_len).sum()),
+            "empty": int((lengths == 0).sum()),
+        },
+        "policy": {
+            k: stats[k]
+            for k in (
+                "split_docs",
+                "split_pieces",
+                "split_tokens",
+                "truncated_docs",
+                "truncated_tokens",
+                "dropped_docs",
+                "dropped_tokens",
+                "empty_docs",
+            )
+        },
+        "tiers": {"short": tier_summary(plan.short), "long": tier_summary(plan.long)},
+        "largest_document": {
+            "doc_id": largest,
+            "tokens": int(lengths[largest]) if largest >= 0 else 0,
+            **(largest_provenance or {}),
+        },
+    }
+
+
+def _n(x: int) -> str:
+    return f"{x:,}"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A compact human-readable report for the terminal."""
+    inp = report["input"]
+    pol = report["policy"]
+    by_len = report["documents_by_length"]
+    lines = [
+        f"input     {_n(inp['documents'])} documents, {_n(inp['tokens'])} tokens "
+        f"from {inp.get('files', '?')} file(s)",
+        f"          by length: {_n(by_len['short'])} short, {_n(by_len['long'])} long, "
+        f"{_n(by_len['overlong'])} overlong, {_n(by_len['empty'])} empty",
+        "",
+        f"{'tier':<6}{'capacity':>10}{'rows':>12}{'tokens':>16}{'efficiency':>12}"
+        f"{'bound':>10}{'rows/bound':>12}",
+    ]
+    for name, t in report["tiers"].items():
+        lines.append(
+            f"{name:<6}{_n(t['capacity']):>10}{_n(t['rows']):>12}{_n(t['tokens']):>16}"
+            f"{t['efficiency']:>11.4%} {_n(t['lower_bound_rows']):>10}"
+            f"{t['rows_over_bound']:>12.5f}"
+        )
+    lines += [
+        "",
+        f"split     {_n(pol['split_docs'])} documents into {_n(pol['split_pieces'])} pieces "
+        f"({_n(pol['split_tokens'])} tokens, all kept)",
+        f"truncated {_n(pol['truncated_docs'])} documents ({_n(pol['truncated_tokens'])} "
+        "tokens removed)",
+        f"dropped   {_n(pol['dropped_docs'])} documents ({_n(pol['dropped_tokens'])} tokens), "
+        f"{_n(pol['empty_docs'])} empty",
+    ]
+    big = report["largest_document"]
+    if big["doc_id"] >= 0:
+        where = f" at {big['file']}:{big['line']}" if "file" in big else ""
+        lines.append(f"largest   doc {big['doc_id']}: {_n(big['tokens'])} tokens{where}")
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Tokenized shards: size-bounded, uncompressed Arrow IPC files plus a JSON manifest each.
+
+Why uncompressed IPC: the writer gathers documents in *plan* order, which is unrelated to
+input order, so it needs random access to every document's tokens. Memory-mapped IPC files
+give that with zero copies and let the OS page cache do the work; a compressed format would
+force decompressing whole shards per access. The planner reads only the ``length`` column,
+which the IPC reader can load alone.
+
+Every shard is written under a temporary name and renamed into place, and its manifest
+(counts, doc-id range, sha256) is written the same way *after* the shard, so a shard with a
+manifest is complete. ``_SUCCESS.json`` marks the whole stage complete for one fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+SHARD_SCHEMA = pa.schema(
+    [
+        pa.field("input_ids", pa.list_(pa.int32())),
+        pa.field("length", pa.int32()),
+        pa.field("doc_id", pa.int64()),
+        pa.field("file_index", pa.int32()),
+        pa.field("line", pa.int64()),
+    ]
+)
+SUCCESS = "_SUCCESS.json"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp name in the same folder, fsync, then rename into place."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.arrow"
+
+
+class ShardWriter:
+    """Collects tokenized record batches and rolls over to a new shard every ``shard_tokens``.
+
+    Use as a context manager; ``close`` flushes the last partial shard. A shard is visible
+    under its final name only once complete (temp file + rename).
+    """
+
+    def __init__(self, folder: Path, shard_tokens: int) -> None:
+        self.folder = folder
+        self.shard_tokens = shard_tokens
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.manifests: list[dict[str, Any]] = []
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_tokens = 0
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        self._pending.append(batch)
+        self._pending_tokens += int(pa.compute.sum(batch.column("length")).as_py())
+        if self._pending_tokens >= self.shard_tokens:
+            self._flush()
+
+    def close(self) -> None:
+        if self._pending:
+            self._flush()
+
+    def _flush(self) -> None:
+        index = len(self.manifests)
+        final = self.folder / shard_name(index)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        # One record batch per file, so readers get zero-copy contiguous columns.
+        table = pa.Table.from_batches(self._pending, schema=SHARD_SCHEMA).combine_chunks()
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SHARD_SCHEMA) as writer:
+            writer.write_table(table)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        doc_ids = table.column("doc_id")
+        manifest = {
+            "file": final.name,
+            "num_docs": table.num_rows,
+            "num_tokens": self._pending_tokens,
+            "first_doc_id": int(doc_ids[0].as_py()),
+            "last_doc_id": int(doc_ids[-1].as_py()),
+            "sha256": sha256_file(final),
+        }
+        atomic_write_json(final.with_suffix(".json"), manifest)
+        self.manifests.append(manifest)
+        self._pending = []
+        self._pending_tokens = 0
+
+
+@dataclass
+class ShardTokens:
+    """One memory-mapped shard: flat token values plus per-document offsets into them."""
+
+    values: np.ndarray  # int32, all tokens of the shard back to back
+    offsets: np.ndarray  # int64, len num_docs + 1
+    first_doc_id: int
+
+
+class TokenShards:
+    """Read access to a completed tokenize stage."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        success = folder / SUCCESS
+        if not success.is_file():
+            raise FileNotFoundError(f"no completed tokenize stage in {folder}")
+        self.success: dict[str, Any] = json.loads(success.read_text(encoding="utf-8"))
+        self.manifests: list[dict[str, Any]] = self.success["shards"]
+        self.first_doc_ids = np.array([m["first_doc_id"] for m in self.manifests], dtype=np.int64)
+
+    @property
+    def num_docs(self) -> int:
+        return sum(m["num_docs"] for m in self.manifests)
+
+    def __len__(self) -> int:
+        return len(self.manifests)
+
+    def _reader(self, index: int) -> pa.ipc.RecordBatchFileReader:
+        source = pa.memory_map(str(self.folder / self.manifests[index]["file"]), "r")
+        return pa.ipc.open_file(source)
+
+    def column(self, name: str) -> np.ndarray:
+        """One scalar column over all shards, in doc-id order (reads only that column)."""
+        field_index = SHARD_SCHEMA.get_field_index(name)
+        parts = []
+        for i in range(len(self)):
+            source = pa.memory_map(str(self.folder / self.manifests[i]["file"]), "r")
+            opts = pa.ipc.IpcReadOptions(included_fields=[field_index])
+            table = pa.ipc.open_file(source, options=opts).read_all()
+            parts.append(table.column(0).to_numpy())
+        if not parts:
+            return np.zeros(0, dtype=SHARD_SCHEMA.field(name).type.to_pandas_dtype())
+        return np.concatenate(parts)
+
+    def shard(self, index: int) -> ShardTokens:
+        reader = self._reader(index)
+        if reader.num_record_batches != 1:
+            raise ValueError(f"shard {self.manifests[index]['file']} is not a single record batch")
+        ids = reader.get_batch(0).column("input_ids")
+        # Offsets index into the (unsliced) child array, so values and offsets stay consistent.
+        offsets = ids.offsets.to_numpy().astype(np.int64)
+        values = ids.values.to_numpy()
+        return ShardTokens(
+            values=values,
+            offsets=offsets,
+            first_doc_id=int(self.manifests[index]["first_doc_id"]),
+        )
+
+    def iter_shards(self) -> Iterator[ShardTokens]:
+        for i in range(len(self)):
+            yield self.shard(i)

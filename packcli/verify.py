@@ -1,0 +1,349 @@
+"""Check every packing invariant of an output folder; the same checker backs the tests.
+
+What is proved, streaming over the Parquet files (memory ~24 bytes per segment):
+
+* per row: ``num_tokens == len(input_ids) == len(segment_ids) == sum(seq_lengths)``,
+  ``1 <= num_tokens <= capacity``, ``segment_ids`` run 1..k contiguously with run lengths
+  ``seq_lengths``, ``len(doc_ids) == len(seq_lengths)``, token ids inside the vocabulary;
+* conservation: each segment is summarised as (doc id, length, 64-bit polynomial hash of its
+  tokens in order). Against the tokenized shards, the multiset of segments of each config
+  must equal the expected pieces of every document (whole documents; for ``split`` the
+  consecutive ``long_len`` slices; for ``truncate`` the prefix) - so every token appears
+  exactly once, in order, and nothing else appears;
+* nesting: every short pack appears intact and contiguous inside exactly one long row, and
+  every short-sized segment of the long config belongs to a short pack;
+* bookkeeping: row and token counts agree with the report, file hashes with ``packcli.json``.
+
+The expected pieces are derived here independently of the planner, so a planner bug cannot
+hide itself. The first failure raises ``VerifyError`` with a precise message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from packcli.card import CONFIG_NAMES
+from packcli.errors import VerifyError
+from packcli.shards import TokenShards, sha256_file
+
+_P = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2**64
+_P_INV = pow(_P, -1, 2**64)
+_HASH_CHUNK = 1 << 22  # tokens per hashing chunk (bounds temporary memory)
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    pw = np.full(n, base, dtype=np.uint64)
+    if n:
+        pw[0] = 1
+    return np.cumprod(pw, dtype=np.uint64)  # wraps modulo 2**64 by design
+
+
+def _hash_chunk(tokens: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    starts = np.cumsum(lens) - lens
+    with np.errstate(over="ignore"):
+        x = (tokens.astype(np.uint64) + np.uint64(1)) * _powers(_P, tokens.size)
+        sums = np.add.reduceat(x, starts) if lens.size else np.zeros(0, np.uint64)
+        # Re-base each segment's polynomial at its own start: multiply by P^-start.
+        return sums * _powers(_P_INV, tokens.size)[starts]
+
+
+def segment_hashes(tokens: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Order-sensitive 64-bit hash of each consecutive segment ``tokens`` is cut into."""
+    lens = np.asarray(lens, dtype=np.int64)
+    out = np.empty(lens.size, dtype=np.uint64)
+    ends = np.cumsum(lens)
+    i = 0
+    while i < lens.size:
+        base = ends[i] - lens[i]
+        j = max(i + 1, int(np.searchsorted(ends, base + _HASH_CHUNK, side="right")))
+        out[i:j] = _hash_chunk(tokens[base : ends[j - 1]], lens[i:j])
+        i = j
+    return out
+
+
+@dataclass
+class Segments:
+    doc: np.ndarray
+    length: np.ndarray
+    hash: np.ndarray
+    row: np.ndarray
+    index: np.ndarray  # 0-based position of the segment within its row
+
+
+def _concat(parts: list[Segments]) -> Segments:
+    if not parts:
+        e = np.zeros(0, dtype=np.int64)
+        return Segments(e, e, e.astype(np.uint64), e, e)
+    return Segments(
+        *(np.concatenate([getattr(p, f) for p in parts]) for f in Segments.__annotations__)
+    )
+
+
+def _fail(where: str, msg: str) -> None:
+    raise VerifyError(f"{where}: {msg}")
+
+
+def _check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) -> Segments:
+    ids = batch.column("input_ids")
+    seg = batch.column("segment_ids")
+    lens_col = batch.column("seq_lengths")
+    docs_col = batch.column("doc_ids")
+    num_tokens = batch.column("num_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+    n_ids = np.diff(ids.offsets.to_numpy())
+    seq_count = np.diff(lens_col.offsets.to_numpy())
+    for what, arr in (
+        ("input_ids", ids),
+        ("segment_ids", seg),
+        ("seq_lengths", lens_col),
+        ("doc_ids", docs_col),
+    ):
+        if arr.null_count or arr.values.null_count:
+            _fail(where, f"column {what} has nulls")
+
+    def first_bad(mask: np.ndarray) -> int:
+        return row0 + int(np.flatnonzero(mask)[0])
+
+    if (bad := n_ids != num_tokens).any():
+        _fail(where, f"row {first_bad(bad)}: num_tokens does not equal len(input_ids)")
+    if (bad := np.diff(seg.offsets.to_numpy()) != n_ids).any():
+        _fail(where, f"row {first_bad(bad)}: len(segment_ids) != len(input_ids)")
+    if (bad := np.diff(docs_col.offsets.to_numpy()) != seq_count).any():
+        _fail(where, f"row {first_bad(bad)}: len(doc_ids) != len(seq_lengths)")
+    if (bad := (num_tokens < 1) | (num_tokens > capacity)).any():
+        r = first_bad(bad)
+        _fail(where, f"row {r}: {num_tokens[r - row0]} tokens, outside 1..{capacity} (capacity)")
+    if (bad := seq_count < 1).any():
+        _fail(where, f"row {first_bad(bad)}: no segments")
+
+    def flat(col: Any) -> np.ndarray:
+        o = col.offsets.to_numpy()
+        return col.values.to_numpy()[o[0] : o[-1]]
+
+    tokens = flat(ids)
+    seq_lens = flat(lens_col).astype(np.int64)
+    seg_ids = flat(seg)
+    doc_ids = flat(docs_col).astype(np.int64)
+    row_of_seg = np.repeat(np.arange(len(seq_count)), seq_count)
+    if (seq_lens < 1).any():
+        _fail(where, f"row {row0 + int(row_of_seg[np.argmax(seq_lens < 1)])}: empty segment")
+    sums = np.bincount(row_of_seg, weights=seq_lens, minlength=len(seq_count)).astype(np.int64)
+    if (bad := sums != num_tokens).any():
+        _fail(where, f"row {first_bad(bad)}: sum(seq_lengths) != num_tokens")
+    seg_start = np.cumsum(seq_count) - seq_count
+    seg_index = np.arange(seq_lens.size) - np.repeat(seg_start, seq_count)
+    expected = np.repeat((seg_index + 1).astype(seg_ids.dtype), seq_lens)
+    if (bad := expected != seg_ids).any():
+        pos = int(np.argmax(bad))
+        tok_row = np.repeat(np.arange(len(seq_count)), n_ids)[pos]
+        _fail(
+            where,
+            f"row {row0 + int(tok_row)}: segment_ids do not run 1..k contiguously with the "
+            f"lengths in seq_lengths (first mismatch at token "
+            f"{pos - int(np.cumsum(n_ids)[tok_row] - n_ids[tok_row])})",
+        )
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        _fail(where, f"token id outside the vocabulary 0..{vocab - 1}")
+    return Segments(
+        doc=doc_ids,
+        length=seq_lens,
+        hash=segment_hashes(tokens, seq_lens),
+        row=row0 + row_of_seg.astype(np.int64),
+        index=seg_index.astype(np.int64),
+    )
+
+
+def _scan_config(
+    out: Path,
+    name: str,
+    capacity: int,
+    vocab: int,
+    files: list[dict[str, Any]],
+    on_rows: Callable[[int], None] | None,
+) -> tuple[Segments, int, int]:
+    folder = out / "data" / name
+    found = sorted(p.name for p in folder.glob("*.parquet")) if folder.is_dir() else []
+    listed = [f["file"] for f in files]
+    if found != sorted(listed):
+        _fail(f"data/{name}", f"files {found} do not match packcli.json {sorted(listed)}")
+    parts: list[Segments] = []
+    rows = tokens = 0
+    rows_per_batch = max(1, (1 << 21) // capacity)
+    for entry in files:
+        path = folder / entry["file"]
+        where = f"data/{name}/{entry['file']}"
+        if sha256_file(path) != entry["sha256"]:
+            _fail(where, "content hash differs from packcli.json (file changed or corrupt)")
+        file_rows = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=rows_per_batch):
+            parts.append(_check_rows(batch, where, rows, capacity, vocab))
+            file_rows += batch.num_rows
+            rows += batch.num_rows
+            tokens += int(parts[-1].length.sum())
+            if on_rows is not None:
+                on_rows(batch.num_rows)
+        if file_rows != entry["rows"]:
+            _fail(where, f"{file_rows} rows, packcli.json says {entry['rows']}")
+    return _concat(parts), rows, tokens
+
+
+def _expected_pieces(
+    shards: TokenShards, long_len: int, policy: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(doc, length, hash) of every piece the policy should put in the long config."""
+    docs, lens, hashes = [], [], []
+    for shard in shards.iter_shards():
+        doc_lens = np.diff(shard.offsets)
+        first = shard.first_doc_id
+        ids = np.arange(first, first + doc_lens.size, dtype=np.int64)
+        base = int(shard.offsets[0])
+        values = shard.values[base : int(shard.offsets[-1])]
+        whole_hash = segment_hashes(values, doc_lens)
+        fits = (doc_lens <= long_len) & (doc_lens > 0)
+        docs.append(ids[fits])
+        lens.append(doc_lens[fits])
+        hashes.append(whole_hash[fits])
+        for k in np.flatnonzero(doc_lens > long_len):
+            n = int(doc_lens[k])
+            start = int(shard.offsets[k])
+            if policy == "drop":
+                continue
+            cuts = [0] if policy == "truncate" else list(range(0, n, long_len))
+            for c in cuts:
+                piece = shard.values[start + c : start + min(n, c + long_len)]
+                docs.append(np.array([ids[k]]))
+                lens.append(np.array([piece.size]))
+                hashes.append(segment_hashes(piece, np.array([piece.size])))
+
+    def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
+        return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
+
+    return cat(docs, np.int64), cat(lens, np.int64), cat(hashes, np.uint64)
+
+
+def _compare(name: str, got: Segments, exp: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    e_doc, e_len, e_hash = exp
+    g_order = np.lexsort((got.hash, got.length, got.doc))
+    e_order = np.lexsort((e_hash, e_len, e_doc))
+    g = np.stack([got.doc[g_order], got.length[g_order], got.hash[g_order].view(np.int64)])
+    e = np.stack([e_doc[e_order], e_len[e_order], e_hash[e_order].view(np.int64)])
+    if g.shape == e.shape and np.array_equal(g, e):
+        return
+    n = min(g.shape[1], e.shape[1])
+    diff = np.flatnonzero((g[:, :n] != e[:, :n]).any(axis=0))
+    i = int(diff[0]) if diff.size else n
+    doc = int(min(g[0, i] if i < g.shape[1] else 2**62, e[0, i] if i < e.shape[1] else 2**62))
+    _fail(
+        f"config {name}",
+        f"tokens of document {doc} differ from the tokenized shards (missing, duplicated, "
+        f"altered or out of order); {g.shape[1]} segments found, {e.shape[1]} expected",
+    )
+
+
+def _check_nesting(short: Segments, long: Segments, short_len: int) -> None:
+    """Each short pack sits intact and contiguous in exactly one long row."""
+    small = long.length <= short_len
+    lk = long.doc[small] * (short_len + 1) + long.length[small]
+    order = np.argsort(lk, kind="stable")
+    lk_sorted = lk[order]
+    if lk_sorted.size != short.doc.size:
+        _fail(
+            "nesting",
+            f"long config has {lk_sorted.size} short-sized segments, short config "
+            f"has {short.doc.size}",
+        )
+    if lk_sorted.size and (np.diff(lk_sorted) == 0).any():
+        _fail("nesting", "a short-sized segment appears twice in the long config")
+    sk = short.doc * (short_len + 1) + short.length
+    pos = np.searchsorted(lk_sorted, sk)
+    pos = np.minimum(pos, max(lk_sorted.size - 1, 0))
+    if sk.size and not np.array_equal(lk_sorted[pos], sk):
+        bad = int(np.flatnonzero(lk_sorted[pos] != sk)[0])
+        _fail(
+            "nesting",
+            f"short row {short.row[bad]}: document {short.doc[bad]} is missing "
+            "from the long config",
+        )
+    match = np.flatnonzero(small)[order[pos]]
+    l_row, l_idx, l_hash = long.row[match], long.index[match], long.hash[match]
+    if (bad := l_hash != short.hash).any():
+        i = int(np.argmax(bad))
+        _fail(
+            "nesting",
+            f"short row {short.row[i]}: document {short.doc[i]} has other tokens "
+            "in the long config",
+        )
+    same_row = short.row[1:] == short.row[:-1]
+    broken = same_row & ((l_row[1:] != l_row[:-1]) | (l_idx[1:] != l_idx[:-1] + 1))
+    if broken.any():
+        i = int(np.argmax(broken)) + 1
+        _fail("nesting", f"short row {short.row[i]} is not intact and contiguous in one long row")
+
+
+def verify_output(
+    out: Path,
+    *,
+    use_shards: bool = True,
+    progress: Callable[[str, int], Callable[[int], None]] | None = None,
+) -> dict[str, Any]:
+    """Verify ``out``; returns a summary dict or raises ``VerifyError``."""
+    marker = out / "packcli.json"
+    if not marker.is_file():
+        raise VerifyError(f"{out}: no packcli.json, so the output is missing or incomplete")
+    meta = json.loads(marker.read_text(encoding="utf-8"))
+    plan_cfg = meta["config"]["plan"]
+    short_len, long_len = int(plan_cfg["short_len"]), int(plan_cfg["long_len"])
+    vocab = int(meta["run"]["tokenizer"]["vocab_size"])
+    caps = {"short": short_len, "long": long_len}
+    segments: dict[str, Segments] = {}
+    summary: dict[str, Any] = {"configs": {}}
+    for name in CONFIG_NAMES:
+        segs, rows, tokens = _scan_config(
+            out,
+            name,
+            caps[name],
+            vocab,
+            meta["files"][name],
+            None
+            if progress is None
+            else progress(name, sum(f["rows"] for f in meta["files"][name])),
+        )
+        tier = meta["report"]["tiers"][name]
+        if rows != tier["rows"] or tokens != tier["tokens"]:
+            _fail(
+                f"config {name}",
+                f"{rows} rows / {tokens} tokens, report says {tier['rows']} / {tier['tokens']}",
+            )
+        segments[name] = segs
+        summary["configs"][name] = {"rows": rows, "tokens": tokens, "segments": int(segs.doc.size)}
+
+    report = meta["report"]
+    pol = report["policy"]
+    kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
+    if summary["configs"]["long"]["tokens"] != kept:
+        _fail(
+            "config long",
+            f"holds {summary['configs']['long']['tokens']} tokens; input minus "
+            f"truncated and dropped is {kept}",
+        )
+    _check_nesting(segments["short"], segments["long"], short_len)
+
+    work = Path(meta["run"].get("work_dir") or ".packcli")
+    tokens_dir = (work if work.is_absolute() else out / work) / "tokens"
+    summary["checked_against_shards"] = False
+    if use_shards and (tokens_dir / "_SUCCESS.json").is_file():
+        shards = TokenShards(tokens_dir)
+        if shards.success.get("fingerprint") != meta["run"].get("tokens_fingerprint"):
+            _fail(str(tokens_dir), "tokenized shards belong to another run")
+        exp = _expected_pieces(shards, long_len, plan_cfg["overlong"])
+        _compare("long", segments["long"], exp)
+        small = exp[1] <= short_len
+        _compare("short", segments["short"], (exp[0][small], exp[1][small], exp[2][small]))
+        summary["checked_against_shards"] = True
+    return summary

@@ -1,0 +1,171 @@
+"""Write stage: gather tokens by the plan and write the Hub-layout Parquet shards.
+
+The plan says which slice of which document goes where; tokens come from the memory-mapped
+tokenized shards. Gathering is one compiled slice copy per segment (no per-token Python, no
+index arrays of 8 bytes per token), and the per-token ``segment_ids`` column is a single
+``np.repeat``. Rows are written in row groups of about ``row_group_tokens`` tokens (so
+readers can stream a 128k-token config without loading a whole file) to
+``data/<config>/train-NNNNN-of-NNNNN.parquet``, each under a temp name and renamed when
+complete. Dictionary encoding is off: token ids are high-entropy and dictionaries only cost
+time and bytes (measured: 1.14 vs 0.90 bytes/token with zstd).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packcli.config import WriteConfig
+from packcli.plan import Plan, RowLayout
+from packcli.shards import ShardTokens, sha256_file
+
+ROW_SCHEMA = pa.schema(
+    [
+        pa.field("input_ids", pa.list_(pa.int32())),
+        pa.field("segment_ids", pa.list_(pa.int32())),
+        pa.field("seq_lengths", pa.list_(pa.int32())),
+        pa.field("doc_ids", pa.list_(pa.int64())),
+        pa.field("num_tokens", pa.int32()),
+    ]
+)
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_slices(
+    values: np.ndarray,
+    src_starts: np.ndarray,
+    dst_starts: np.ndarray,
+    lens: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    for i in range(lens.shape[0]):
+        s = src_starts[i]
+        d = dst_starts[i]
+        n = lens[i]
+        out[d : d + n] = values[s : s + n]
+
+
+class TokenSource:
+    """Random access to document slices across all tokenized shards."""
+
+    def __init__(self, shards: list[ShardTokens]) -> None:
+        self.shards = shards
+        self.first_doc = np.array([s.first_doc_id for s in shards], dtype=np.int64)
+
+    def gather(self, docs: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """Tokens of the slices ``doc[start:start+len]``, concatenated in the given order."""
+        total = int(lens.sum())
+        out = np.empty(total, dtype=np.int32)
+        dst = np.cumsum(lens) - lens
+        shard_of = np.searchsorted(self.first_doc, docs, side="right") - 1
+        for s in np.unique(shard_of):
+            m = shard_of == s
+            shard = self.shards[int(s)]
+            src = shard.offsets[docs[m] - shard.first_doc_id] + starts[m]
+            _copy_slices(shard.values, src, dst[m], lens[m], out)
+        return out
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type)
+    )
+
+
+def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: TokenSource) -> pa.Table:
+    """Rows ``r0..r1-1`` of a config as an Arrow table in the public row schema."""
+    p0, p1 = int(layout.row_offsets[r0]), int(layout.row_offsets[r1])
+    pieces = layout.row_pieces[p0:p1]
+    docs = plan.piece_doc[pieces]
+    starts = plan.piece_start[pieces]
+    lens = plan.piece_len[pieces]
+    tokens = source.gather(docs, starts, lens)
+
+    seg_per_row = np.diff(layout.row_offsets[r0 : r1 + 1])
+    seg_offsets = layout.row_offsets[r0 : r1 + 1] - p0
+    # 1-based segment index within its row, then one id per token.
+    seg_index = np.arange(pieces.size, dtype=np.int64) - np.repeat(seg_offsets[:-1], seg_per_row)
+    segment_ids = np.repeat((seg_index + 1).astype(np.int32), lens)
+    row_tokens = layout.row_tokens[r0:r1]
+    tok_offsets = np.zeros(r1 - r0 + 1, dtype=np.int64)
+    np.cumsum(row_tokens, out=tok_offsets[1:])
+    if tok_offsets[-1] >= 2**31:
+        raise ValueError("a row group exceeds 2**31 tokens; lower write.row_group_tokens")
+    return pa.Table.from_arrays(
+        [
+            _list_array(tok_offsets, tokens, pa.int32()),
+            _list_array(tok_offsets, segment_ids, pa.int32()),
+            _list_array(seg_offsets, lens.astype(np.int32), pa.int32()),
+            _list_array(seg_offsets, docs, pa.int64()),
+            pa.array(row_tokens.astype(np.int32)),
+        ],
+        schema=ROW_SCHEMA,
+    )
+
+
+def file_ranges(layout: RowLayout, shard_tokens: int) -> list[tuple[int, int]]:
+    """Split rows into consecutive files of roughly ``shard_tokens`` tokens (at least one)."""
+    n = layout.num_rows
+    if n == 0:
+        return [(0, 0)]
+    starts = np.cumsum(layout.row_tokens) - layout.row_tokens
+    file_of_row = starts // shard_tokens
+    bounds = np.flatnonzero(np.diff(file_of_row)) + 1
+    edges = [0, *bounds.tolist(), n]
+    return list(itertools.pairwise(edges))
+
+
+def write_config(
+    plan: Plan,
+    layout: RowLayout,
+    source: TokenSource,
+    folder: Path,
+    config: WriteConfig,
+    on_tokens: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Write one config's Parquet files; returns a manifest entry per file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ranges = file_ranges(layout, config.shard_tokens)
+    rows_per_group = max(1, config.row_group_tokens // layout.capacity)
+    compression = None if config.compression == "none" else config.compression
+    level = config.compression_level if compression in ("zstd", "gzip") else None
+    manifests = []
+    for i, (f0, f1) in enumerate(ranges):
+        final = folder / f"train-{i:05d}-of-{len(ranges):05d}.parquet"
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        with pq.ParquetWriter(
+            str(tmp),
+            ROW_SCHEMA,
+            compression=compression,
+            compression_level=level,
+            use_dictionary=False,
+        ) as writer:
+            if f1 == f0:
+                writer.write_table(ROW_SCHEMA.empty_table())
+            for g0 in range(f0, f1, rows_per_group):
+                g1 = min(f1, g0 + rows_per_group)
+                table = rows_to_table(plan, layout, g0, g1, source)
+                writer.write_table(table, row_group_size=g1 - g0)
+                if on_tokens is not None:
+                    on_tokens(int(layout.row_tokens[g0:g1].sum()))
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        manifests.append(
+            {
+                "file": final.name,
+                "rows": f1 - f0,
+                "tokens": int(layout.row_tokens[f0:f1].sum()),
+                "bytes": final.stat().st_size,
+                "sha256": sha256_file(final),
+            }
+        )
+    return manifests

@@ -1,0 +1,54 @@
+"""Shared fixtures: a toy tokenizer trained in-process and small generated corpora."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from corpora import random_text, write_corpus
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+# Before any test imports `datasets`: a private cache (no stale copies between runs) and no
+# network, ever.
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="packcli-hf-cache-")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+
+
+@pytest.fixture(scope="session")
+def toy_tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small byte-level BPE trained on generated text, saved with a tokenizer_config.json."""
+    folder = tmp_path_factory.mktemp("toy_tokenizer")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|bos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    rng = random.Random(0)
+    tok.train_from_iterator([random_text(rng, 50) for _ in range(300)], trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "bos_token": "<|bos|>"})
+    )
+    return folder / "tokenizer.json"
+
+
+@pytest.fixture
+def make_corpus(tmp_path: Path) -> Callable[..., Path]:
+    """Write a jsonl corpus with the given words per document; returns its path."""
+
+    def make(word_counts: list[int], name: str = "corpus.jsonl", seed: int = 0) -> Path:
+        path = tmp_path / name
+        write_corpus(path, word_counts, seed)
+        return path
+
+    return make

@@ -1,0 +1,70 @@
+"""Generated test corpora (imported by tests and conftest)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "an",
+    "were",
+    "which",
+    "this",
+    "packing",
+    "token",
+    "segment",
+    "document",
+    "attention",
+    "row",
+    "shard",
+    "tier",
+    "long",
+    "short",
+    "écrit",
+    "naïve",
+    "東京",
+    "🙂",
+]
+
+
+def random_text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(max(1, n_words)))
+
+
+def write_corpus(path: Path, word_counts: list[int], seed: int = 0, field: str = "text") -> None:
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, n in enumerate(word_counts):
+            fh.write(json.dumps({field: random_text(rng, n), "id": i}, ensure_ascii=False) + "\n")
+
+
+def mixed_lengths(n: int, seed: int = 0) -> list[int]:
+    """A heavy-tailed mix in words: mostly short, some long, a few over the long tier."""
+    rng = random.Random(seed)
+    counts = []
+    for i in range(n):
+        if i % 97 == 5:
+            counts.append(rng.randint(1500, 2500))  # over long_len=1024 tokens in e2e tests
+        elif i % 13 == 3:
+            counts.append(rng.randint(70, 600))  # long tier
+        else:
+            counts.append(int(rng.lognormvariate(2.5, 0.9)) + 1)
+    return counts

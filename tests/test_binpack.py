@@ -1,0 +1,155 @@
+"""Bin packing: exact packs for tiny inputs, and equality with naive reference algorithms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packcli.binpack import bin_loads, pack_into_open_bins, pack_lengths
+
+
+def naive_bfd(lengths: list[int], capacity: int, open_rem: list[int] | None = None) -> list[int]:
+    """O(N*B) textbook best-fit decreasing with the same tie rules as the fast version:
+    stable decreasing order; among bins with equal remaining room the most recently
+    changed one wins; bins numbered in opening order."""
+    rem = list(open_rem or [])
+    touched = [i - len(rem) for i in range(len(rem))]  # later initial bins count as newer
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out = [0] * len(lengths)
+    for step, i in enumerate(order):
+        s = lengths[i]
+        cands = [b for b in range(len(rem)) if rem[b] >= s]
+        if cands:
+            b = min(cands, key=lambda b: (rem[b], -touched[b]))
+        else:
+            rem.append(capacity)
+            touched.append(step)
+            b = len(rem) - 1
+        rem[b] -= s
+        touched[b] = step
+        out[i] = b
+    return out
+
+
+def naive_ffd(lengths: list[int], capacity: int) -> list[int]:
+    rem: list[int] = []
+    out = [0] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        b = next((b for b in range(len(rem)) if rem[b] >= lengths[i]), None)
+        if b is None:
+            rem.append(capacity)
+            b = len(rem) - 1
+        rem[b] -= lengths[i]
+        out[i] = b
+    return out
+
+
+def test_exact_small_bfd() -> None:
+    # Sorted: 6,5,4,3,2 -> 6 opens bin0 (4 left), 5 opens bin1 (5 left), 4 best fits bin0 (0),
+    # 3 fits bin1 (2 left), 2 fits bin1 exactly.
+    assert pack_lengths(np.array([3, 6, 2, 5, 4]), 10).tolist() == [1, 0, 1, 1, 0]
+
+
+def test_exact_small_best_vs_first_fit() -> None:
+    # 7,7 open bins 0 and 1 with 5 free each. The 4 goes to the most recently touched bin
+    # under best fit (bin 1), to the leftmost bin under first fit (bin 0).
+    lengths = np.array([7, 7, 4])
+    assert pack_lengths(lengths, 12, algorithm="bfd").tolist() == [0, 1, 1]
+    assert pack_lengths(lengths, 12, algorithm="ffd").tolist() == [0, 1, 0]
+    # 7 opens bin 0 (3 free), 5 opens bin 1 (5 free); the 3 fills bin 0 exactly.
+    lengths = np.array([5, 7, 3])
+    assert pack_lengths(lengths, 10, algorithm="bfd").tolist() == [1, 0, 0]
+
+
+def test_wrapped_is_next_fit_in_input_order() -> None:
+    assert pack_lengths(np.array([4, 4, 4, 1, 9]), 10, algorithm="wrapped").tolist() == [
+        0,
+        0,
+        1,
+        1,
+        2,
+    ]
+
+
+@pytest.mark.parametrize("bad", [[1, 0, 2], [1, 11], [-3]])
+def test_out_of_range_names_first_bad_index(bad: list[int]) -> None:
+    first = next(i for i, x in enumerate(bad) if x <= 0 or x > 10)
+    with pytest.raises(ValueError, match=rf"lengths\[{first}\]"):
+        pack_lengths(np.array(bad), 10)
+
+
+def test_rejects_unknown_algorithm_and_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        pack_lengths(np.array([1]), 10, algorithm="magic")
+    with pytest.raises(ValueError, match="1-D"):
+        pack_lengths(np.ones((2, 2), dtype=int), 10)
+    assert pack_lengths(np.array([], dtype=np.int64), 10).size == 0
+
+
+lengths_st = st.lists(st.integers(1, 50), min_size=0, max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_st, capacity=st.integers(50, 80))
+def test_bfd_matches_naive_reference(lengths: list[int], capacity: int) -> None:
+    assert pack_lengths(np.array(lengths, dtype=np.int64), capacity).tolist() == naive_bfd(
+        lengths, capacity
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_st, capacity=st.integers(50, 80))
+def test_ffd_matches_naive_reference(lengths: list[int], capacity: int) -> None:
+    got = pack_lengths(np.array(lengths, dtype=np.int64), capacity, algorithm="ffd")
+    assert got.tolist() == naive_ffd(lengths, capacity)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=lengths_st,
+    capacity=st.integers(50, 80),
+    algorithm=st.sampled_from(["bfd", "ffd", "wrapped"]),
+)
+def test_every_item_once_no_overflow_dense_bins(
+    lengths: list[int], capacity: int, algorithm: str
+) -> None:
+    arr = np.array(lengths, dtype=np.int64)
+    assign = pack_lengths(arr, capacity, algorithm=algorithm)
+    assert assign.shape == arr.shape
+    if arr.size:
+        n_bins = int(assign.max()) + 1
+        assert set(assign.tolist()) == set(range(n_bins))  # bins numbered 0..B-1
+        loads = bin_loads(assign, arr, n_bins)
+        assert loads.max() <= capacity
+        assert loads.sum() == arr.sum()
+        # Any fit-decreasing packing leaves at most one bin half empty or less.
+        if algorithm != "wrapped":
+            assert (loads <= capacity // 2).sum() <= 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=lengths_st,
+    capacity=st.integers(50, 80),
+    open_rem=st.lists(st.integers(0, 50), max_size=10),
+)
+def test_open_bins_match_naive_reference(
+    lengths: list[int], capacity: int, open_rem: list[int]
+) -> None:
+    assign, n_bins = pack_into_open_bins(np.array(lengths, dtype=np.int64), capacity, open_rem)
+    assert assign.tolist() == naive_bfd(lengths, capacity, open_rem)
+    loads = bin_loads(assign, np.array(lengths, dtype=np.int64), n_bins)
+    assert (loads[: len(open_rem)] <= np.array(open_rem, dtype=np.int64)).all()
+    assert (loads <= capacity).all()
+
+
+def test_large_input_quality_and_determinism() -> None:
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.lognormal(np.log(350), 1.0, 200_000).astype(np.int64), 1, 4096)
+    a = pack_lengths(lengths, 4096)
+    assert np.array_equal(a, pack_lengths(lengths.copy(), 4096))
+    bound = -(-int(lengths.sum()) // 4096)
+    assert int(a.max()) + 1 <= bound * 1.0005
+    assert bin_loads(a, lengths).max() <= 4096

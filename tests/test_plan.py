@@ -1,0 +1,145 @@
+"""Two-tier planner: exact small plans and invariants over random length mixes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packcli.config import PlanConfig
+from packcli.plan import Plan, RowLayout, make_pieces, plan_two_tier, tier_summary
+
+
+def rows(plan: Plan, layout: RowLayout) -> list[list[tuple[int, int, int]]]:
+    """Each row as a list of (doc, start, len) segments in order."""
+    out = []
+    for r in range(layout.num_rows):
+        idx = layout.row_pieces[layout.row_offsets[r] : layout.row_offsets[r + 1]]
+        out.append(
+            [
+                (int(plan.piece_doc[i]), int(plan.piece_start[i]), int(plan.piece_len[i]))
+                for i in idx
+            ]
+        )
+    return out
+
+
+def test_make_pieces_split_truncate_drop() -> None:
+    lengths = np.array([5, 25, 10, 0, 11])
+    doc, start, ln, stats = make_pieces(lengths, 10, "split")
+    assert list(zip(doc.tolist(), start.tolist(), ln.tolist(), strict=True)) == [
+        (0, 0, 5),
+        (1, 0, 10),
+        (1, 10, 10),
+        (1, 20, 5),
+        (2, 0, 10),
+        (4, 0, 10),
+        (4, 10, 1),
+    ]
+    assert stats["split_docs"] == 2 and stats["split_pieces"] == 5 and stats["empty_docs"] == 1
+    doc, start, ln, stats = make_pieces(lengths, 10, "truncate")
+    assert ln.tolist() == [5, 10, 10, 10]
+    assert stats["truncated_docs"] == 2 and stats["truncated_tokens"] == 15 + 1
+    doc, start, ln, stats = make_pieces(lengths, 10, "drop")
+    assert doc.tolist() == [0, 2]
+    assert stats["dropped_docs"] == 2 and stats["dropped_tokens"] == 36
+
+
+def test_exact_two_tier_plan() -> None:
+    # short_len 4, long_len 10. Doc 6 (13 tokens) splits into 10 + 3; its 3-token tail is short.
+    # Short BFD over 3(d0),3(d2),3(d6 tail),2(d3),1(d5): the 1 joins the most recently
+    # touched 1-free pack (d6 tail). Long BFD over units 10, 8, 6, 4(pack), 3, 3, 2.
+    lengths = np.array([3, 6, 3, 2, 8, 1, 13])
+    plan = plan_two_tier(lengths, PlanConfig(short_len=4, long_len=10))
+    assert sorted(rows(plan, plan.short)) == [
+        [(0, 0, 3)],
+        [(2, 0, 3)],
+        [(3, 0, 2)],
+        [(5, 0, 1), (6, 10, 3)],
+    ]
+    assert sorted(rows(plan, plan.long)) == [
+        [(0, 0, 3), (2, 0, 3)],
+        [(1, 0, 6), (5, 0, 1), (6, 10, 3)],
+        [(3, 0, 2), (4, 0, 8)],
+        [(6, 0, 10)],
+    ]
+    summary = tier_summary(plan.long)
+    assert summary["lower_bound_rows"] == 4 and summary["rows_over_bound"] == 1.0
+    assert summary["tokens"] == 36 and summary["efficiency"] == 36 / 40
+
+
+def check_plan(lengths: np.ndarray, cfg: PlanConfig, plan: Plan) -> None:
+    S, L = cfg.short_len, cfg.long_len
+    # Pieces reproduce the policy exactly once.
+    exp_doc, exp_start, exp_len, _ = make_pieces(lengths, L, cfg.overlong)
+    for layout, pred in ((plan.long, lambda n: True), (plan.short, lambda n: n <= S)):
+        segs = sorted(s for r in rows(plan, layout) for s in r)
+        expected = sorted(
+            (int(d), int(s), int(n))
+            for d, s, n in zip(exp_doc, exp_start, exp_len, strict=True)
+            if pred(n)
+        )
+        assert segs == expected
+        assert all(sum(s[2] for s in r) <= layout.capacity for r in rows(plan, layout))
+        assert all(len(r) > 0 for r in rows(plan, layout))
+    # Every short pack sits intact and contiguous in exactly one long row.
+    long_rows = rows(plan, plan.long)
+    where = {seg: (r, i) for r, row in enumerate(long_rows) for i, seg in enumerate(row)}
+    for pack in rows(plan, plan.short):
+        places = [where[seg] for seg in pack]
+        assert len({r for r, _ in places}) == 1
+        idx = [i for _, i in places]
+        assert idx == list(range(idx[0], idx[0] + len(idx)))
+    # Long pieces are never inside short packs.
+    assert all(s[2] <= S for r in rows(plan, plan.short) for s in r)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 400), min_size=0, max_size=150),
+    short_len=st.integers(8, 40),
+    factor=st.integers(2, 6),
+    overlong=st.sampled_from(["split", "truncate", "drop"]),
+    algorithm=st.sampled_from(["bfd", "ffd", "wrapped"]),
+)
+def test_plan_invariants(
+    lengths: list[int], short_len: int, factor: int, overlong: str, algorithm: str
+) -> None:
+    cfg = PlanConfig(
+        short_len=short_len, long_len=short_len * factor, overlong=overlong, algorithm=algorithm
+    )
+    arr = np.array(lengths, dtype=np.int64)
+    check_plan(arr, cfg, plan_two_tier(arr, cfg))
+
+
+def test_deterministic_and_seed_only_reorders() -> None:
+    rng = np.random.default_rng(3)
+    lengths = np.clip(rng.lognormal(4, 1.3, 3000).astype(np.int64), 1, 5000)
+    cfg = PlanConfig(short_len=128, long_len=1024)
+    a, b = plan_two_tier(lengths, cfg), plan_two_tier(lengths.copy(), cfg)
+    assert rows(a, a.long) == rows(b, b.long) and rows(a, a.short) == rows(b, b.short)
+    c = plan_two_tier(lengths, PlanConfig(short_len=128, long_len=1024, seed=7))
+    assert rows(c, c.long) != rows(a, a.long)
+    assert sorted(map(sorted, rows(c, c.long))) == sorted(map(sorted, rows(a, a.long)))
+
+
+def test_realistic_mix_is_near_the_lower_bound() -> None:
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(400), 1.1, 30000).astype(np.int64), 1, None)
+    lengths[rng.choice(30000, 1200, replace=False)] = rng.integers(4097, 100_000, 1200)
+    lengths[rng.choice(30000, 4, replace=False)] = rng.integers(140_000, 300_000, 4)
+    plan = plan_two_tier(lengths, PlanConfig())
+    short, long = tier_summary(plan.short), tier_summary(plan.long)
+    assert short["efficiency"] > 0.999
+    assert long["efficiency"] > 0.99
+    assert long["tokens"] == int(lengths.sum())
+
+
+def test_invalid_tiers_rejected() -> None:
+    from packcli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tiers must be increasing"):
+        PlanConfig(short_len=4096, long_len=4096)
+    with pytest.raises(ConfigError, match="overlong"):
+        PlanConfig(overlong="chop")
