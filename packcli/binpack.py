@@ -66,6 +66,24 @@ def _order_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
+def _find_at_least(cnt: np.ndarray, size: int, x: int) -> int:
+    """Smallest leaf index >= x with a non-zero count, or -1."""
+    node = size + x
+    if cnt[node] > 0:
+        return x
+    while node > 1:
+        if (node & 1) == 0 and cnt[node + 1] > 0:
+            node += 1
+            while node < size:
+                node *= 2
+                if cnt[node] == 0:
+                    node += 1
+            return node - size
+        node >>= 1
+    return -1
+
+
+@numba.njit(cache=True)
 def _best_fit(
     lengths: np.ndarray,
     order: np.ndarray,
@@ -102,23 +120,7 @@ def _best_fit(
     for j in range(n):
         i = order[j]
         s = lengths[i]
-        # smallest r >= s with an open bin: walk up from leaf s to a non-empty right sibling,
-        # then down to its leftmost non-empty leaf.
-        node = size + s
-        found = -1
-        if cnt[node] > 0:
-            found = s
-        else:
-            while node > 1:
-                if (node & 1) == 0 and cnt[node + 1] > 0:
-                    node += 1
-                    while node < size:
-                        node *= 2
-                        if cnt[node] == 0:
-                            node += 1
-                    found = node - size
-                    break
-                node >>= 1
+        found = _find_at_least(cnt, size, s)  # tightest bin with room for s
         if found >= 0:
             b = head[found]
             head[found] = nxt[b]
@@ -195,6 +197,64 @@ def _next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
     return assign
 
 
+@numba.njit(cache=True)
+def _granular_fit(
+    lengths: np.ndarray, order: np.ndarray, capacity: int, granule: int
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """Best fit *modulo granule*: put each item where the room left over is closest to a
+    multiple of ``granule`` (ties: least room). For each k the tree finds the smallest room
+    >= s + k*granule, so one item costs O((capacity / granule) log capacity)."""
+    n = lengths.shape[0]
+    size = 1
+    while size < capacity + 1:
+        size *= 2
+    cnt = np.zeros(2 * size, dtype=np.int32)
+    head = np.full(capacity + 1, -1, dtype=np.int64)
+    nxt = np.empty(max(n, 1), dtype=np.int64)
+    remaining = np.empty(max(n, 1), dtype=np.int64)
+    assign = np.empty(n, dtype=np.int64)
+    n_bins = 0
+    for j in range(n):
+        i = order[j]
+        s = lengths[i]
+        best = -1
+        best_res = granule
+        x = s
+        while x <= capacity:
+            found = _find_at_least(cnt, size, x)
+            if found < 0:
+                break
+            res = (found - s) % granule
+            if res < best_res:
+                best_res = res
+                best = found
+                if res == 0:
+                    break
+            x = found - res + granule  # first room of the next residue window
+        if best >= 0:
+            b = head[best]
+            head[best] = nxt[b]
+            node = size + best
+            while node >= 1:
+                cnt[node] -= 1
+                node >>= 1
+            rem = best - s
+        else:
+            b = n_bins
+            n_bins += 1
+            rem = capacity - s
+        assign[i] = b
+        remaining[b] = rem
+        if rem > 0:
+            nxt[b] = head[rem]
+            head[rem] = b
+            node = size + rem
+            while node >= 1:
+                cnt[node] += 1
+                node >>= 1
+    return assign, n_bins, remaining[:n_bins].copy()
+
+
 def pack_lengths(
     lengths: np.ndarray, capacity: int, *, algorithm: Algorithm | str = "bfd"
 ) -> np.ndarray:
@@ -241,3 +301,23 @@ def bin_loads(assignment: np.ndarray, lengths: np.ndarray, n_bins: int | None = 
     a = np.asarray(assignment, dtype=np.int64)
     n = int(a.max()) + 1 if n_bins is None and a.size else (n_bins or 0)
     return np.bincount(a, weights=np.asarray(lengths, dtype=np.int64), minlength=n).astype(np.int64)
+
+
+def pack_granular(
+    lengths: np.ndarray, capacity: int, granule: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decreasing fit that leaves each bin's free room close to a multiple of ``granule``.
+
+    The two-tier planner places long documents this way: the free room of a long row is
+    later filled with whole short packs of about ``granule`` tokens, so room that is not a
+    multiple of ``granule`` is what ends up wasted. Returns ``(assignment, remaining)`` with
+    the free room of each bin.
+    """
+    if granule <= 0:
+        raise ValueError(f"granule must be positive, got {granule}")
+    arr = _validate(lengths, capacity)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = _order_decreasing(arr, capacity)
+    assign, _, remaining = _granular_fit(arr, order, capacity, granule)
+    return assign, remaining

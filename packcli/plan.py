@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from packcli.binpack import pack_lengths
+from packcli.binpack import pack_granular, pack_into_open_bins, pack_lengths
 from packcli.config import PlanConfig
 
 
@@ -123,6 +123,32 @@ def _layout(
     return RowLayout(capacity, offsets, order.astype(np.int64), row_tokens)
 
 
+def _pack_long_tier(
+    unit_sizes: np.ndarray, n_long: int, unit_first_doc: np.ndarray, config: PlanConfig
+) -> tuple[np.ndarray, int]:
+    """Row of every unit (long pieces first, then short packs) and the number of rows.
+
+    ``bfd``: long pieces go first with a best fit *modulo short_len* (each row's free room
+    ends close to a multiple of a short pack), then the short packs fill that room by best
+    fit and open new rows as needed. Plain best fit would leave up to a short pack of waste
+    in every row that holds long documents (measured 1.3% on the demo corpus; this gets it to
+    the lower bound). ``ffd`` packs all units at once; ``wrapped`` fills rows with the units
+    in input order (plain concatenation, without cutting documents) as a baseline.
+    """
+    L = config.long_len
+    if config.algorithm == "bfd":
+        row_of_long, room = pack_granular(unit_sizes[:n_long], L, config.short_len)
+        row_of_pack, n_rows = pack_into_open_bins(unit_sizes[n_long:], L, room)
+        return np.concatenate([row_of_long, row_of_pack]), int(n_rows)
+    if config.algorithm == "wrapped":
+        order = np.argsort(unit_first_doc, kind="stable")
+        rows = np.empty(unit_sizes.size, dtype=np.int64)
+        rows[order] = pack_lengths(unit_sizes[order], L, algorithm="wrapped")
+    else:
+        rows = pack_lengths(unit_sizes, L, algorithm=config.algorithm)
+    return rows, int(rows.max()) + 1 if rows.size else 0
+
+
 def plan_two_tier(lengths: np.ndarray, config: PlanConfig) -> Plan:
     """Plan both configs from document lengths (index = doc id)."""
     S, L = config.short_len, config.long_len
@@ -140,15 +166,13 @@ def plan_two_tier(lengths: np.ndarray, config: PlanConfig) -> Plan:
 
     # Long tier: units = long pieces (0..nl-1) then packs (nl..nl+n_packs-1).
     unit_sizes = np.concatenate([piece_len[long_idx], pack_sizes])
-    row_of_unit = pack_lengths(unit_sizes, L, algorithm=config.algorithm)
-    n_rows = int(row_of_unit.max()) + 1 if row_of_unit.size else 0
-
     unit_of_piece = np.empty(n_pieces, dtype=np.int64)
     unit_of_piece[long_idx] = np.arange(long_idx.size)
     unit_of_piece[short_idx] = long_idx.size + pack_of_short
     # A unit sorts by its first document, so rows read roughly in corpus order.
     unit_first_doc = np.full(unit_sizes.size, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(unit_first_doc, unit_of_piece, piece_doc)
+    row_of_unit, n_rows = _pack_long_tier(unit_sizes, long_idx.size, unit_first_doc, config)
 
     rng = np.random.default_rng(config.seed)
     pack_rank = rng.permutation(n_packs).astype(np.int64)

@@ -305,7 +305,7 @@ def iter_batches(
 
     for file_index, path in enumerate(paths):
         try:
-            raw = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 - closed in the finally below
+            raw = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 (closed below)
         except OSError as exc:
             raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from exc
         lineno = 0

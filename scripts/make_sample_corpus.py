@@ -48,7 +48,8 @@ MIB = 1 << 20
 
 # The synthetic language is fixed: it does not depend on --seed.
 LANGUAGE_SEED = 7_654_321
-VOCAB_SIZE = 6000
+VOCAB_SIZE = 8000
+ZIPF_OFFSET = 2.7
 
 # Lognormal document length in words: median and sigma of the underlying normal.
 MEDIAN_WORDS = 300.0
@@ -61,13 +62,13 @@ HUGE_WORDS_RANGE = (110_000, 250_000)
 # Rough planning ratio only, used for the printed estimate; measure with the real tokenizer.
 ASSUMED_TOKENS_PER_WORD = 1.3
 
-_ONSETS = (
-    ["", "", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w"]
-    + ["z", "j", "y", "br", "cr", "dr", "fl", "gr", "pl", "pr", "st", "tr", "sh", "ch", "th"]
-    + ["bl", "cl", "sk", "sp", "qu"]
-)
-_VOWELS = ["a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ea", "ou", "io", "y", "ee", "oa"]
-_CODAS = ["", "", "", "", "n", "r", "s", "l", "t", "m", "nd", "st", "ng", "ck", "x", "rd", "ll"]
+# Syllable parts, repeated to weight them: mostly single letters, like real orthographies.
+_SINGLE = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w"]
+_CLUSTERS = ["z", "j", "y", "br", "cr", "dr", "fl", "gr", "pl", "pr", "st", "tr", "sh", "ch"]
+_CLUSTERS += ["th", "bl", "cl", "sk", "sp", "qu"]
+_ONSETS = [""] * 8 + _SINGLE * 3 + _CLUSTERS
+_VOWELS = ["a", "e", "i", "o", "u"] * 4 + ["y", "ai", "ea", "ou", "io", "ee", "oa"]
+_CODAS = ["n", "r", "s", "l", "t", "m"] * 2 + ["nd", "st", "ng", "ck", "x", "rd", "ll"]
 _ACCENTED = ["é", "è", "ê", "á", "à", "ü", "ö", "ä", "ñ", "ç", "ø", "å", "í", "ó", "ú", "ß"]
 # A few hundred common CJK ideographs and some kana/hangul, for multi-byte coverage.
 _CJK = (
@@ -79,12 +80,15 @@ _CJK = (
 _EMOJI = ["😀", "🙂", "🎉", "🚀", "🔥", "👍", "🌍", "📈", "💡", "✅", "⚠️", "❤️", "🤖", "📚", "☕"]
 
 
-# Separator written after each word. Codes >= _FIRST_END_SEP end a sentence.
-_MID_SEPS = [" ", ", ", "; ", ": "]
-_MID_SEP_CDF = np.array([0.92, 0.99, 0.995, 1.0])
+# Separator written after each word: within a sentence, then bracketing pairs (the opener is
+# written after the word before the span, the closer after its last word), then sentence ends.
+_MID_SEPS = [" ", ", ", "; ", ": ", "-"]
+_MID_SEP_CDF = np.array([0.91, 0.98, 0.985, 0.99, 1.0])
+_PAIR_SEPS = [" (", ") ", " \u201c", "\u201d "]  # parentheses, typographic double quotes
+_FIRST_PAIR_SEP = len(_MID_SEPS)
 _END_SEPS = [p + a for p in (".", "?", "!") for a in (" ", "\n\n", "\n")]
-_FIRST_END_SEP = len(_MID_SEPS)
-_SEPS = _MID_SEPS + _END_SEPS
+_FIRST_END_SEP = _FIRST_PAIR_SEP + len(_PAIR_SEPS)
+_SEPS = _MID_SEPS + _PAIR_SEPS + _END_SEPS
 _END_PUNCT_CDF = np.array([0.90, 0.96, 1.0])  # . ? !
 _END_BREAK_CDF = np.array([0.78, 0.96, 1.0])  # same line, new paragraph, new line
 _LAST_SEP = _FIRST_END_SEP  # code whose separator is ". " (stripped at the end of a text)
@@ -158,7 +162,7 @@ def build_language(vocab_size: int = VOCAB_SIZE, seed: int = LANGUAGE_SEED) -> L
     ranks = np.arange(n_cand)
     # Frequent words are short, rare words long (Zipf's law of abbreviation).
     depth = np.minimum(np.log1p(ranks) / np.log1p(vocab_size), 1.0)
-    n_syl = np.clip(1 + rng.poisson(0.15 + 1.6 * depth), 1, 5)
+    n_syl = np.clip(1 + rng.poisson(2.0 * depth**2), 1, 5)
     candidates = _make_words(rng, n_syl)
     kind = rng.random(n_cand).tolist()
     accent_pos = rng.random(n_cand).tolist()
@@ -189,9 +193,9 @@ def build_language(vocab_size: int = VOCAB_SIZE, seed: int = LANGUAGE_SEED) -> L
             words.append(word)
     if len(words) < vocab_size:
         raise RuntimeError("not enough distinct synthetic words; raise n_cand")
-    # Zipf-Mandelbrot weights 1 / (rank + 2.7): only IEEE division and a sequential cumsum,
+    # Zipf-Mandelbrot weights 1 / (rank + ZIPF_OFFSET): only IEEE division and a sequential cumsum,
     # so the table is bit-identical on every platform.
-    cdf = np.cumsum(1.0 / (np.arange(vocab_size, dtype=np.float64) + 2.7))
+    cdf = np.cumsum(1.0 / (np.arange(vocab_size, dtype=np.float64) + ZIPF_OFFSET))
     cdf /= cdf[-1]
     edges = np.arange(1 << _BUCKET_BITS, dtype=np.float64) / (1 << _BUCKET_BITS)
     if np.diff(cdf).min() <= edges[1]:
@@ -237,8 +241,8 @@ def render_text(rng: np.random.Generator, lang: Language, n_words: int) -> str:
     form[0] += v
     form[ends + 1] += v  # capitalised sentence-start forms
 
-    # Numbers replace ~1.5% of words.
-    num_mask = rng.random(n_words) < 0.015
+    # Numbers replace ~2.5% of words.
+    num_mask = rng.random(n_words) < 0.025
     form[num_mask] = 2 * v + rng.integers(len(lang.numbers), size=int(num_mask.sum()))
 
     sep = _draw(_MID_SEP_CDF, rng.random(n_words))
@@ -246,6 +250,20 @@ def render_text(rng: np.random.Generator, lang: Language, n_words: int) -> str:
     brk = _draw(_END_BREAK_CDF, rng.random(len(ends)))
     sep[ends] = _FIRST_END_SEP + 3 * punct + brk
     sep[-1] = _LAST_SEP
+
+    # Short parenthesised or quoted spans (words first..last) inside one sentence, not nested.
+    first = np.unique(rng.integers(1, max(n_words - 1, 2), size=rng.binomial(n_words, 0.012)))
+    last = first + rng.integers(0, 5, size=len(first))
+    is_end = np.zeros(n_words, dtype=bool)
+    is_end[ends] = True
+    n_ends = np.cumsum(is_end)  # sentence ends at or before word i
+    next_first = np.append(first[1:], n_words)
+    ok = (last < n_words - 1) & (last + 1 < next_first)
+    ok[ok] &= n_ends[last[ok]] == n_ends[first[ok] - 1]
+    ok[ok] &= ~is_end[first[ok] - 1]
+    kind = 2 * (rng.random(len(first)) < 0.4)
+    sep[first[ok] - 1] = _FIRST_PAIR_SEP + kind[ok]
+    sep[last[ok]] = _FIRST_PAIR_SEP + 1 + kind[ok]
     text = "".join(lang.table[form * n_seps + sep].tolist())[:-1]  # drop the final space
 
     style = rng.random()
