@@ -5,12 +5,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SAMPLE := sample/corpus.jsonl
 TOKENIZER := packcli/assets/demo_tokenizer.json
+TORCH ?= torch==2.13.0
 
 .PHONY: demo test lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# The CPU build of torch (test-only); an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

@@ -5,21 +5,27 @@ way a real pretraining mix does, without shipping or downloading real data:
 
 * **Text.** A fixed synthetic "language" of a few thousand pronounceable words (frequent words are
   short, rare words long, as in natural languages) drawn with a Zipf law, arranged into sentences
-  (capitalised first word, commas, ``.``/``?``/``!``), paragraphs separated by blank lines,
-  occasional markdown-style titles and bullet lists, and numbers (years, counts, decimals,
-  percentages). Some words carry accented letters, a few are CJK or emoji, so a byte-level BPE
-  tokenizer sees multi-byte UTF-8. The vocabulary is fixed (independent of ``--seed``) so a
-  tokenizer trained on one seed fits corpora generated with another, like a real language.
+  (capitalised first word, commas, hyphens, parentheses, typographic quotes, ``.``/``?``/``!``),
+  paragraphs separated by blank lines, occasional markdown-style titles and bullet lists, and
+  numbers (years, counts, decimals, percentages). Some words carry accented letters, a few are CJK
+  or emoji, so a byte-level BPE tokenizer sees multi-byte UTF-8. The vocabulary is fixed
+  (independent of ``--seed``) so a tokenizer trained on one seed fits corpora generated with
+  another, like a real language.
 * **Lengths.** Real corpora are dominated by short documents (web pages, posts) with a heavy tail
-  (books, code dumps, papers). Document lengths are lognormal (median ~300 words) so a few percent
-  exceed the 4096-token short tier and land in the 128k tier, and a handful of very long documents
-  (110k-250k words, i.e. more than 131072 tokens) are spliced in at random positions so the
-  splitting path for over-long documents is exercised too. With the demo tokenizer
-  (``packcli/assets/demo_tokenizer.json``) the default 64 MiB corpus is ~17M tokens.
+  (books, code dumps, papers). Document lengths are lognormal (median ~300 words, capped at 60k
+  words), so a few percent exceed the 4096-token short tier and land in the 128k tier, and a
+  handful of very long documents (110k-250k words, i.e. well over 131072 tokens) are spliced in at
+  random positions so the splitting path for over-long documents is exercised too.
 
-Output is byte-identical for the same arguments: all randomness comes from
-``numpy.random.default_rng`` (PCG64, platform independent), the Zipf weights use only IEEE
-division and cumulative sums, and gzip output is written with a zero mtime and no file name.
+With the demo tokenizer (``packcli/assets/demo_tokenizer.json``, ~1.6 tokens per word, ~4 bytes
+per token on this text) the default 64 MiB corpus is ~16-17M tokens, ~5% of documents are over
+4096 tokens and 5 are over 131072 tokens.
+
+Determinism: output is byte-identical for the same arguments. All randomness comes from one
+``numpy.random.default_rng(seed)`` stream (PCG64 is platform independent); the synthetic language
+uses only integer draws, uniform draws and IEEE arithmetic; gzip output has a zero mtime and no
+file name. (Documents lengths go through numpy's normal/exp, identical on every platform in
+practice.) Text is produced in vectorised batches, ~64 MiB in a few seconds.
 
 Example::
 
@@ -31,10 +37,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
-import json
+import os
 import re
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -49,16 +56,18 @@ MIB = 1 << 20
 # The synthetic language is fixed: it does not depend on --seed.
 LANGUAGE_SEED = 7_654_321
 VOCAB_SIZE = 8000
-ZIPF_OFFSET = 2.7
+ZIPF_OFFSET = 2.7  # Zipf-Mandelbrot: p(rank) ~ 1 / (rank + ZIPF_OFFSET)
 
-# Lognormal document length in words: median and sigma of the underlying normal.
+# Lognormal document length in words: median and sigma of the underlying normal, clipped.
 MEDIAN_WORDS = 300.0
-SIGMA_WORDS = 1.35
+SIGMA_WORDS = 1.25
 MIN_WORDS = 8
-MAX_REGULAR_WORDS = 100_000
+MAX_REGULAR_WORDS = 60_000  # stays under 131072 tokens; only the spliced-in documents exceed it
 # Very long documents spliced in, per 64 MiB of output, and their length range in words.
 HUGE_DOCS_PER_64MB = 5
 HUGE_WORDS_RANGE = (110_000, 250_000)
+# Documents rendered per vectorised batch.
+BATCH_DOCS = 256
 # Rough planning ratio only, used for the printed estimate; measure with the real tokenizer.
 ASSUMED_TOKENS_PER_WORD = 1.3
 
@@ -70,7 +79,7 @@ _ONSETS = [""] * 8 + _SINGLE * 3 + _CLUSTERS
 _VOWELS = ["a", "e", "i", "o", "u"] * 4 + ["y", "ai", "ea", "ou", "io", "ee", "oa"]
 _CODAS = ["n", "r", "s", "l", "t", "m"] * 2 + ["nd", "st", "ng", "ck", "x", "rd", "ll"]
 _ACCENTED = ["é", "è", "ê", "á", "à", "ü", "ö", "ä", "ñ", "ç", "ø", "å", "í", "ó", "ú", "ß"]
-# A few hundred common CJK ideographs and some kana/hangul, for multi-byte coverage.
+# A few hundred CJK ideographs plus some kana and hangul, for 3-byte UTF-8.
 _CJK = (
     [chr(c) for c in range(0x4E00, 0x4E00 + 160)]
     + [chr(c) for c in range(0x6C00, 0x6C00 + 60)]
@@ -79,19 +88,19 @@ _CJK = (
 )
 _EMOJI = ["😀", "🙂", "🎉", "🚀", "🔥", "👍", "🌍", "📈", "💡", "✅", "⚠️", "❤️", "🤖", "📚", "☕"]
 
-
-# Separator written after each word: within a sentence, then bracketing pairs (the opener is
-# written after the word before the span, the closer after its last word), then sentence ends.
+# Separator written after each word: within a sentence; bracketing pairs (the opener is written
+# after the word before the span, the closer after its last word); sentence ends; document ends.
 _MID_SEPS = [" ", ", ", "; ", ": ", "-"]
 _MID_SEP_CDF = np.array([0.91, 0.98, 0.985, 0.99, 1.0])
 _PAIR_SEPS = [" (", ") ", " \u201c", "\u201d "]  # parentheses, typographic double quotes
-_FIRST_PAIR_SEP = len(_MID_SEPS)
 _END_SEPS = [p + a for p in (".", "?", "!") for a in (" ", "\n\n", "\n")]
+_FINAL_SEPS = [".", "?", "!"]
+_FIRST_PAIR_SEP = len(_MID_SEPS)
 _FIRST_END_SEP = _FIRST_PAIR_SEP + len(_PAIR_SEPS)
-_SEPS = _MID_SEPS + _PAIR_SEPS + _END_SEPS
+_FIRST_FINAL_SEP = _FIRST_END_SEP + len(_END_SEPS)
+_SEPS = _MID_SEPS + _PAIR_SEPS + _END_SEPS + _FINAL_SEPS
 _END_PUNCT_CDF = np.array([0.90, 0.96, 1.0])  # . ? !
 _END_BREAK_CDF = np.array([0.78, 0.96, 1.0])  # same line, new paragraph, new line
-_LAST_SEP = _FIRST_END_SEP  # code whose separator is ". " (stripped at the end of a text)
 _NUMBER_POOL = 8192
 _BUCKET_BITS = 18
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x09\x0b-\x1f]')
@@ -101,9 +110,9 @@ _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x09\x0b-\x1f]')
 class Language:
     """The fixed synthetic vocabulary, its Zipf sampling table and the rendering table.
 
-    ``table[(form * n_seps) + sep]`` is a word form followed by a separator, where forms are the
-    ``V`` lower-case words, then their ``V`` sentence-start forms, then a pool of numbers, so a
-    whole document renders with one fancy index and one ``str.join``.
+    ``table[form * len(_SEPS) + sep]`` is a word form followed by a separator, where forms are
+    the ``V`` lower-case words, their ``V`` sentence-start forms, then a pool of numbers, so a
+    batch of documents renders with one fancy index and one ``str.join``.
     """
 
     words: list[str]
@@ -111,6 +120,7 @@ class Language:
     bucket_base: np.ndarray  # int32, see _draw_words
     numbers: list[str]
     table: np.ndarray  # object array of str
+    table_len: np.ndarray  # int64 character length of each table entry
 
     @property
     def size(self) -> int:
@@ -159,10 +169,11 @@ def build_language(vocab_size: int = VOCAB_SIZE, seed: int = LANGUAGE_SEED) -> L
     """Build the fixed synthetic vocabulary (rank 0 = most frequent word)."""
     rng = np.random.default_rng(seed)
     n_cand = vocab_size * 2
-    ranks = np.arange(n_cand)
-    # Frequent words are short, rare words long (Zipf's law of abbreviation).
-    depth = np.minimum(np.log1p(ranks) / np.log1p(vocab_size), 1.0)
-    n_syl = np.clip(1 + rng.poisson(2.0 * depth**2), 1, 5)
+    # Frequent words are short, rare words long (Zipf's law of abbreviation): 1 + four Bernoulli
+    # trials whose probability grows with log2(rank), computed exactly via bit_length.
+    top_bits = vocab_size.bit_length()
+    depth = np.array([min(r.bit_length() / top_bits, 1.0) for r in range(1, n_cand + 1)])
+    n_syl = 1 + (rng.random((n_cand, 4)) < 0.5 * depth[:, None] ** 2).sum(axis=1)
     candidates = _make_words(rng, n_syl)
     kind = rng.random(n_cand).tolist()
     accent_pos = rng.random(n_cand).tolist()
@@ -193,8 +204,7 @@ def build_language(vocab_size: int = VOCAB_SIZE, seed: int = LANGUAGE_SEED) -> L
             words.append(word)
     if len(words) < vocab_size:
         raise RuntimeError("not enough distinct synthetic words; raise n_cand")
-    # Zipf-Mandelbrot weights 1 / (rank + ZIPF_OFFSET): only IEEE division and a sequential cumsum,
-    # so the table is bit-identical on every platform.
+    # Only IEEE division and a sequential cumsum: the table is bit-identical on every platform.
     cdf = np.cumsum(1.0 / (np.arange(vocab_size, dtype=np.float64) + ZIPF_OFFSET))
     cdf /= cdf[-1]
     edges = np.arange(1 << _BUCKET_BITS, dtype=np.float64) / (1 << _BUCKET_BITS)
@@ -203,12 +213,17 @@ def build_language(vocab_size: int = VOCAB_SIZE, seed: int = LANGUAGE_SEED) -> L
     bucket_base = np.searchsorted(cdf, edges, side="right").astype(np.int32)
     numbers = _make_numbers(rng, _NUMBER_POOL)
     forms = words + [w[:1].upper() + w[1:] for w in words] + numbers
-    table = np.array([f + sep for f in forms for sep in _SEPS], dtype=object)
+    entries = [f + sep for f in forms for sep in _SEPS]
     # _dumps relies on generated text never needing a JSON escape other than "\n".
     if _NEEDS_ESCAPE.search("".join(forms + _EMOJI + _SEPS)):
         raise RuntimeError("synthetic alphabet contains characters that need JSON escaping")
     return Language(
-        words=words, cdf=cdf, bucket_base=bucket_base, numbers=numbers, table=table
+        words=words,
+        cdf=cdf,
+        bucket_base=bucket_base,
+        numbers=numbers,
+        table=np.array(entries, dtype=object),
+        table_len=np.array([len(e) for e in entries], dtype=np.int64),
     )
 
 
@@ -228,58 +243,84 @@ def _draw_words(lang: Language, u: np.ndarray) -> np.ndarray:
     return base + (lang.cdf[base] <= u)
 
 
-def render_text(rng: np.random.Generator, lang: Language, n_words: int) -> str:
-    """Render ``n_words`` words of pseudo-natural text: vectorised draws, one join."""
+def render_batch(rng: np.random.Generator, lang: Language, n_words: Sequence[int]) -> list[str]:
+    """Render one document of pseudo-natural text per entry of ``n_words`` (each >= 1).
+
+    The whole batch is drawn as one word stream (vectorised), joined once and sliced.
+    """
+    counts = np.asarray(n_words, dtype=np.intp)
+    total = int(counts.sum())
+    doc_last = np.cumsum(counts) - 1
     v = lang.size
     n_seps = len(_SEPS)
-    form = _draw_words(lang, rng.random(n_words))
+    form = _draw_words(lang, rng.random(total))
 
-    # Sentence boundaries: 3 + Poisson(13) words per sentence.
-    sent_len = 3 + rng.poisson(13, size=n_words // 8 + 2)
+    # Sentences of 4-26 words; every document ends a sentence.
+    sent_len = (
+        4 + rng.integers(0, 12, size=total // 8 + 2) + rng.integers(0, 12, size=total // 8 + 2)
+    )
+    is_end = np.zeros(total, dtype=bool)
     ends = np.cumsum(sent_len) - 1
-    ends = ends[ends < n_words - 1]
+    is_end[ends[ends < total]] = True
+    is_end[doc_last] = True
+    ends = np.flatnonzero(is_end)
     form[0] += v
-    form[ends + 1] += v  # capitalised sentence-start forms
+    form[ends[:-1] + 1] += v  # capitalised sentence-start forms
 
     # Numbers replace ~2.5% of words.
-    num_mask = rng.random(n_words) < 0.025
+    num_mask = rng.random(total) < 0.025
     form[num_mask] = 2 * v + rng.integers(len(lang.numbers), size=int(num_mask.sum()))
 
-    sep = _draw(_MID_SEP_CDF, rng.random(n_words))
+    sep = _draw(_MID_SEP_CDF, rng.random(total))
     punct = _draw(_END_PUNCT_CDF, rng.random(len(ends)))
     brk = _draw(_END_BREAK_CDF, rng.random(len(ends)))
     sep[ends] = _FIRST_END_SEP + 3 * punct + brk
-    sep[-1] = _LAST_SEP
+    sep[doc_last] = _FIRST_FINAL_SEP + punct[np.searchsorted(ends, doc_last)]
 
     # Short parenthesised or quoted spans (words first..last) inside one sentence, not nested.
-    first = np.unique(rng.integers(1, max(n_words - 1, 2), size=rng.binomial(n_words, 0.012)))
+    first = np.flatnonzero(rng.random(total) < 0.012)
+    first = first[first >= 1]
     last = first + rng.integers(0, 5, size=len(first))
-    is_end = np.zeros(n_words, dtype=bool)
-    is_end[ends] = True
+    kind = 2 * (rng.random(len(first)) < 0.4)
     n_ends = np.cumsum(is_end)  # sentence ends at or before word i
-    next_first = np.append(first[1:], n_words)
-    ok = (last < n_words - 1) & (last + 1 < next_first)
+    next_first = np.append(first[1:], total)
+    ok = last + 1 < next_first
     ok[ok] &= n_ends[last[ok]] == n_ends[first[ok] - 1]
     ok[ok] &= ~is_end[first[ok] - 1]
-    kind = 2 * (rng.random(len(first)) < 0.4)
     sep[first[ok] - 1] = _FIRST_PAIR_SEP + kind[ok]
     sep[last[ok]] = _FIRST_PAIR_SEP + 1 + kind[ok]
-    text = "".join(lang.table[form * n_seps + sep].tolist())[:-1]  # drop the final space
 
-    style = rng.random()
-    if style < 0.25:
-        # A markdown-style title.
-        title = " ".join(lang.words[i] for i in _draw_words(lang, rng.random(rng.integers(2, 8))))
-        text = f"# {title[:1].upper()}{title[1:]}\n\n{text}"
-    elif style < 0.33:
-        # Turn some paragraphs into bullet lists.
-        paras = text.split("\n\n")
-        for i in range(1, len(paras), 3):
-            paras[i] = "- " + paras[i].replace(". ", ".\n- ")
-        text = "\n\n".join(paras)
-    if rng.random() < 0.03:
-        text += " " + _EMOJI[int(rng.integers(len(_EMOJI)))]
-    return text
+    pieces = form * n_seps + sep
+    text = "".join(lang.table[pieces].tolist())
+    bounds = np.cumsum(lang.table_len[pieces])[doc_last].tolist()
+    docs = [text[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+
+    # Per-document decoration: markdown title, bullet lists, a trailing emoji.
+    k = len(docs)
+    style = rng.random(k).tolist()
+    title_len = rng.integers(2, 8, size=k)
+    title_ids = _draw_words(lang, rng.random(int(title_len.sum()))).tolist()
+    title_end = np.cumsum(title_len).tolist()
+    emoji = rng.integers(-len(_EMOJI) * 32, len(_EMOJI), size=k).tolist()  # ~3% non-negative
+    for i in range(k):
+        if style[i] < 0.25:
+            title = " ".join(
+                lang.words[w] for w in title_ids[title_end[i] - title_len[i] : title_end[i]]
+            )
+            docs[i] = f"# {title[:1].upper()}{title[1:]}\n\n{docs[i]}"
+        elif style[i] < 0.33:
+            paras = docs[i].split("\n\n")
+            for j in range(1, len(paras), 3):
+                paras[j] = "- " + paras[j].replace(". ", ".\n- ")
+            docs[i] = "\n\n".join(paras)
+        if emoji[i] >= 0:
+            docs[i] += " " + _EMOJI[emoji[i]]
+    return docs
+
+
+def render_text(rng: np.random.Generator, lang: Language, n_words: int) -> str:
+    """Render a single document of ``n_words`` words."""
+    return render_batch(rng, lang, [n_words])[0]
 
 
 def _iter_documents(
@@ -291,18 +332,26 @@ def _iter_documents(
     if huge_docs is None:
         huge_docs = round(HUGE_DOCS_PER_64MB * size_bytes / (64 * MIB))
     # Splice the very long documents in at random byte positions of the stream.
-    huge_at = np.sort(rng.uniform(0.05, 0.95, size=huge_docs)) * size_bytes
-    huge_i = 0
+    huge_at = (np.sort(rng.uniform(0.05, 0.95, size=huge_docs)) * size_bytes).tolist()
+    queue: deque[tuple[str, int]] = deque()
     written = 0
     index = 0
     while written < size_bytes:
-        if huge_i < len(huge_at) and written >= huge_at[huge_i]:
+        if huge_at and written >= huge_at[0]:
+            huge_at.pop(0)
             n_words = int(rng.integers(HUGE_WORDS_RANGE[0], HUGE_WORDS_RANGE[1] + 1))
-            huge_i += 1
+            text = render_text(rng, lang, n_words)
         else:
-            n_words = int(MEDIAN_WORDS * np.exp(SIGMA_WORDS * rng.standard_normal()))
-            n_words = min(max(n_words, MIN_WORDS), MAX_REGULAR_WORDS)
-        record = {"text": render_text(rng, lang, n_words), "id": f"synth-{seed}-{index:08d}"}
+            if not queue:
+                z = rng.standard_normal(BATCH_DOCS)
+                counts = np.clip(
+                    (MEDIAN_WORDS * np.exp(SIGMA_WORDS * z)).astype(np.int64),
+                    MIN_WORDS,
+                    MAX_REGULAR_WORDS,
+                ).tolist()
+                queue.extend(zip(render_batch(rng, lang, counts), counts, strict=True))
+            text, n_words = queue.popleft()
+        record = {"text": text, "id": f"synth-{seed}-{index:08d}"}
         line = _dumps(record)
         written += len(line)
         index += 1
@@ -335,7 +384,7 @@ def _dumps(record: dict[str, str]) -> bytes:
 
 def _open_output(path: Path, compress: str) -> IO[bytes]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    raw = open(path, "wb")  # noqa: SIM115 - closed by the wrapper or the caller
+    raw = open(path, "wb")  # noqa: SIM115 - closed by the returned wrapper or the caller
     if compress == "gz":
         # No file name and a zero mtime in the header keep the bytes reproducible.
         return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0)
@@ -347,7 +396,7 @@ def _open_output(path: Path, compress: str) -> IO[bytes]:
 
 
 def output_paths(out: Path, num_files: int, compress: str) -> list[Path]:
-    """``corpus.jsonl`` or ``corpus-00000.jsonl`` ... (plus ``.gz``/``.zst``)."""
+    """``corpus.jsonl``, or ``corpus-00000.jsonl`` ... for several files (plus ``.gz``/``.zst``)."""
     name = out.name
     for ext in (".gz", ".zst"):
         name = name.removesuffix(ext)
@@ -368,14 +417,19 @@ def write_corpus(
     compress: str = "none",
     huge_docs: int | None = None,
 ) -> dict[str, Any]:
-    """Write the corpus (sharded contiguously by size) and return summary statistics."""
+    """Write the corpus, sharded contiguously by size, and return summary statistics.
+
+    Each file is written under a temporary name and renamed when complete, so readers never see
+    a half-written corpus.
+    """
     size_bytes = int(size_mb * MIB)
     paths = output_paths(out, num_files, compress)
+    tmp_paths = [p.with_name(p.name + ".tmp") for p in paths]
     shard_bytes = size_bytes / num_files
     n_words: list[int] = []
     total = 0
     shard = 0
-    fh = _open_output(paths[0], compress)
+    fh = _open_output(tmp_paths[0], compress)
     buf = io.BytesIO()
     try:
         for _, line, words in _iter_documents(seed, size_bytes, huge_docs):
@@ -384,7 +438,7 @@ def write_corpus(
                 buf = io.BytesIO()
                 fh.close()
                 shard += 1
-                fh = _open_output(paths[shard], compress)
+                fh = _open_output(tmp_paths[shard], compress)
             buf.write(line)
             if buf.tell() >= 8 * MIB:
                 fh.write(buf.getvalue())
@@ -395,8 +449,10 @@ def write_corpus(
     finally:
         fh.close()
     # Shards that received no documents (tiny sizes) still exist, empty.
-    for path in paths[shard + 1 :]:
+    for path in tmp_paths[shard + 1 :]:
         _open_output(path, compress).close()
+    for tmp, path in zip(tmp_paths, paths, strict=True):
+        os.replace(tmp, path)
     return {"paths": paths, "documents": len(n_words), "bytes": total, "words": np.array(n_words)}
 
 
@@ -418,8 +474,8 @@ def main(argv: list[str] | None = None) -> None:
         help=f">131072-token documents to include (default {HUGE_DOCS_PER_64MB} per 64 MiB)",
     )
     args = parser.parse_args(argv)
-    if args.num_files < 1 or args.size_mb <= 0:
-        parser.error("--num-files must be >= 1 and --size-mb > 0")
+    if args.num_files < 1 or args.size_mb <= 0 or (args.huge_docs or 0) < 0:
+        parser.error("--num-files must be >= 1, --size-mb > 0 and --huge-docs >= 0")
 
     t0 = time.perf_counter()
     stats = write_corpus(
@@ -435,8 +491,10 @@ def main(argv: list[str] | None = None) -> None:
     short_limit = int(4096 / ASSUMED_TOKENS_PER_WORD)
     long_limit = int(131072 / ASSUMED_TOKENS_PER_WORD)
     qs = [0.1, 0.5, 0.9, 0.99, 0.999]
-    quant = np.quantile(words, qs) if len(words) else np.zeros(len(qs))
-    print(f"wrote {len(stats['paths'])} file(s): {', '.join(map(str, stats['paths'][:3]))}")
+    quant = np.quantile(words, qs)
+    paths = stats["paths"]
+    more = f" ... ({len(paths)} files)" if len(paths) > 2 else ""
+    print(f"wrote {', '.join(map(str, paths[:2]))}{more}")
     print(
         f"documents: {stats['documents']:,}  bytes (uncompressed): {stats['bytes']:,}  "
         f"words: {int(words.sum()):,}  time: {elapsed:.2f}s"
@@ -444,14 +502,13 @@ def main(argv: list[str] | None = None) -> None:
     print(
         "words per document: "
         + "  ".join(f"p{q * 100:g}={v:,.0f}" for q, v in zip(qs, quant, strict=True))
-        + f"  max={int(words.max()) if len(words) else 0:,}"
+        + f"  max={int(words.max()):,}"
     )
     print(
-        f"note: assuming ~{ASSUMED_TOKENS_PER_WORD} tokens/word (demo tokenizer; measure for real): "
-        f"{int((words > short_limit).sum()):,} documents "
-        f"({(words > short_limit).mean() * 100 if len(words) else 0:.1f}%) > {short_limit:,} words "
-        f"(~4096 tokens), {int((words > long_limit).sum())} > {long_limit:,} words "
-        "(~131072 tokens)"
+        f"note: assuming ~{ASSUMED_TOKENS_PER_WORD} tokens/word (the demo tokenizer gives ~1.6; "
+        f"measure with yours): {int((words > short_limit).sum()):,} documents "
+        f"({(words > short_limit).mean() * 100:.1f}%) over {short_limit:,} words (~4096 tokens), "
+        f"{int((words > long_limit).sum())} over {long_limit:,} words (~131072 tokens)"
     )
 
 

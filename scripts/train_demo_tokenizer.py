@@ -8,8 +8,9 @@ tokens-per-word ratio on the demo corpus resembles a real tokenizer on real text
 Design: GPT-2/Llama-3-style split regex, then a ByteLevel pre-tokenizer (no prefix space) and a
 ByteLevel decoder, so any UTF-8 input round-trips. Special tokens ``<|endoftext|>`` (id 0),
 ``<|bos|>`` (1) and ``<|pad|>`` (2); there is deliberately no post-processor, so ``encode`` never
-adds special tokens on its own (packcli appends EOS itself). Training is deterministic (single
-threaded, fixed input) and the script writes compact JSON, so a rerun gives identical bytes.
+adds special tokens on its own (callers decide where BOS/EOS go). Training is deterministic (fixed
+generated input; the BPE trainer sums counts and breaks ties by pair ids, independent of thread
+count) and the script writes compact JSON, so a rerun gives identical bytes.
 
 Example::
 
@@ -26,14 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-# Pin the thread pool before tokenizers starts it, so word counting and merges are reproducible.
-os.environ.setdefault("RAYON_NUM_THREADS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_sample_corpus import MIB, generate_documents  # noqa: E402
+from make_sample_corpus import MIB, generate_documents
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "packcli" / "assets" / "demo_tokenizer.json"
@@ -71,14 +68,41 @@ def train(vocab_size: int, seed: int, train_mb: float) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = (
-        doc["text"] for doc in generate_documents(seed, int(train_mb * MIB), huge_docs=0)
-    )
+    texts = (doc["text"] for doc in generate_documents(seed, int(train_mb * MIB), huge_docs=0))
     tokenizer.train_from_iterator(texts, trainer=trainer)
     for i, token in enumerate(SPECIAL_TOKENS):
         if tokenizer.token_to_id(token) != i:
             raise RuntimeError(f"{token} did not get id {i}")
     return tokenizer
+
+
+def serialize(tokenizer: Tokenizer) -> bytes:
+    """Compact tokenizer.json, with merges as ``"a b"`` strings so tokenizers 0.19 can load it.
+
+    tokenizers >= 0.20 writes merges as ``[a, b]`` pairs, which older releases reject; every
+    release reads the string form, which is unambiguous here because byte-level tokens never
+    contain a literal space.
+    """
+    data = json.loads(tokenizer.to_str(pretty=False))
+    merges = data["model"]["merges"]
+    if merges and not isinstance(merges[0], str):
+        if any(" " in part for pair in merges for part in pair):
+            raise RuntimeError("a merge contains a space; cannot use the string form")
+        data["model"]["merges"] = [" ".join(pair) for pair in merges]
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    reloaded = Tokenizer.from_str(text)
+    probe = "Hello wörld, 2024 (test) \u201cquote\u201d 中文 😀\n\nNext paragraph.<|endoftext|>"
+    if reloaded.encode(probe).ids != tokenizer.encode(probe).ids:
+        raise RuntimeError("re-serialised tokenizer encodes differently")
+    return text.encode("utf-8")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temporary file and rename, so concurrent readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,11 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = train(args.vocab_size, args.seed, args.train_mb)
     elapsed = time.perf_counter() - t0
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    data = tokenizer.to_str(pretty=False).encode()
-    args.out.write_bytes(data)
+    data = serialize(tokenizer)
     config_path = args.out.with_name(CONFIG_NAME)
-    config_path.write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n", encoding="utf-8")
+    _write_atomic(args.out, data)
+    _write_atomic(config_path, (json.dumps(TOKENIZER_CONFIG, indent=2) + "\n").encode())
 
     sample = "Hello wörld 😀 中文 2024!\n\nSecond paragraph."
     decoded = tokenizer.decode(tokenizer.encode(sample).ids, skip_special_tokens=False)
