@@ -2,38 +2,45 @@
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-stamp
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
+DEV_STAMP := $(VENV)/.dev-stamp
 SAMPLE := sample/corpus.jsonl
 TOKENIZER := packcli/assets/demo_tokenizer.json
+# The CPU build of torch (test-only); an unpinned torch would pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# The CPU build of torch (test-only); an unpinned torch would pull a multi-GB CUDA build.
+
+$(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $@ $(RUNTIME_STAMP)
 
-$(SAMPLE): scripts/make_sample_corpus.py | $(STAMP)
+$(SAMPLE): scripts/make_sample_corpus.py | $(RUNTIME_STAMP)
 	$(BIN)/python scripts/make_sample_corpus.py --out $(SAMPLE)
 
-demo: $(STAMP) $(SAMPLE)
+demo: $(RUNTIME_STAMP) $(SAMPLE)
 	$(BIN)/packcli pack $(SAMPLE) --tokenizer $(TOKENIZER) --config configs/pretrain.yaml --out out/demo
 	$(BIN)/packcli verify out/demo
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/ruff check packcli tests scripts
 	$(BIN)/ruff format --check packcli tests scripts
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check packcli tests scripts
 	$(BIN)/ruff format --check packcli tests scripts
 
-format: $(STAMP)
+format: $(DEV_STAMP)
 	$(BIN)/ruff format packcli tests scripts
 	$(BIN)/ruff check --fix packcli tests scripts
 
