@@ -17,18 +17,17 @@ from itertools import chain
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Tokenizer
 
 from packcli.read import DocBatch
 from packcli.shards import SHARD_SCHEMA
+from packcli.tokenizer import BatchEncoder
 
 
 def encode_texts(
-    tokenizer: Tokenizer, texts: list[str], *, bos: int | None, eos: int | None
+    encoder: BatchEncoder, texts: list[str], *, bos: int | None, eos: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of ``texts`` back to back (int32) and each document's length (int64)."""
-    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    id_lists = [e.ids for e in encodings]
+    id_lists = encoder(texts)
     raw_lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
     flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=int(raw_lengths.sum()))
     extra = (bos is not None) + (eos is not None)
@@ -111,11 +110,11 @@ def prefetch(source: Iterator[DocBatch], depth: int = 4) -> Iterator[DocBatch]:
 
 def tokenize_batches(
     batches: Iterator[DocBatch],
-    tokenizer: Tokenizer,
+    encoder: BatchEncoder,
     *,
     bos: int | None,
     eos: int | None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
     for batch in batches:
-        ids, lengths = encode_texts(tokenizer, batch.texts, bos=bos, eos=eos)
+        ids, lengths = encode_texts(encoder, batch.texts, bos=bos, eos=eos)
         yield batch, batch_to_record_batch(batch, ids, lengths)

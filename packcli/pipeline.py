@@ -44,7 +44,12 @@ from packcli.shards import (
     atomic_write_bytes,
     atomic_write_json,
 )
-from packcli.tokenizer import LoadedTokenizer, load_tokenizer, resolve_special
+from packcli.tokenizer import (
+    LoadedTokenizer,
+    hf_batch_encoder,
+    load_tokenizer,
+    resolve_special,
+)
 from packcli.write import TokenSource, write_config
 
 log = logging.getLogger(__name__)
@@ -123,9 +128,10 @@ def tokenize_stage(
         ShardWriter(folder, cfg.tokenize.shard_tokens) as writer,
         _bar(quiet, total=total_bytes, unit="B", unit_scale=True, desc="tokenize") as bar,
     ):
+        encoder = hf_batch_encoder(loaded.tokenizer)
         batches = prefetch(iter_batches(paths, cfg.read.text_field, cfg.read.batch_size, stats))
         done = 0
-        for batch, record_batch in tokenize_batches(batches, loaded.tokenizer, bos=bos, eos=eos):
+        for batch, record_batch in tokenize_batches(batches, encoder, bos=bos, eos=eos):
             writer.add(record_batch)
             tokens += int(record_batch.column("length").to_numpy().sum())
             bar.update(batch.progress_bytes - done)
