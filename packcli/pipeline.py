@@ -33,7 +33,7 @@ from packcli import __version__
 from packcli.card import CONFIG_NAMES, render_card
 from packcli.config import RunConfig
 from packcli.encode import prefetch, tokenize_batches
-from packcli.errors import ConfigError, PackcliError
+from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.plan import plan_two_tier
 from packcli.read import ReadStats, iter_batches, resolve_inputs
 from packcli.report import build_report
@@ -136,7 +136,8 @@ def tokenize_stage(
             tokens += int(record_batch.column("length").to_numpy().sum())
             bar.update(batch.progress_bytes - done)
             done = batch.progress_bytes
-            bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
+            elapsed = max(bar.format_dict["elapsed"], 1e-9)
+            bar.set_postfix_str(f"{tokens:,} tokens, {tokens / elapsed:,.0f} tok/s", refresh=False)
     atomic_write_json(
         success,
         {
@@ -195,6 +196,11 @@ def run_pack(
 
     t0 = time.perf_counter()
     lengths = shards.column("length").astype(np.int64)
+    if lengths.size == 0:
+        raise InputError(
+            f"no documents in {len(paths)} input file(s) "
+            f"({shards.success['read_stats']['blank_lines']} blank lines); nothing to pack"
+        )
     doc_ids = shards.column("doc_id")
     if not np.array_equal(doc_ids, np.arange(lengths.size)):
         raise PackcliError(f"tokenized shards in {shards.folder} are inconsistent; delete them")

@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packcli.config import WriteConfig
-from packcli.plan import Plan, RowLayout
+from packcli.config import PlanConfig, WriteConfig
+from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.shards import ShardTokens, sha256_file
 
 ROW_SCHEMA = pa.schema(
@@ -169,3 +169,26 @@ def write_config(
             }
         )
     return manifests
+
+
+def pack_table(
+    table: pa.Table, config: PlanConfig, column: str = "input_ids"
+) -> tuple[pa.Table, pa.Table, Plan]:
+    """In-memory two-tier packing of already tokenized documents: ``(long, short, plan)``.
+
+    For callers that hold tokens in Arrow (e.g. a ``datasets.Dataset``'s table) rather than
+    jsonl on disk; the tables use the public row schema. Document ``i`` of ``table`` gets
+    doc id ``i``.
+    """
+    ids = table.column(column).combine_chunks()
+    if isinstance(ids, pa.ChunkedArray):  # an empty table has no chunk to combine
+        ids = pa.array([], type=pa.list_(pa.int32()))
+    if not pa.types.is_integer(ids.type.value_type):
+        raise ValueError(f"column {column!r} must be a list of integers, got {ids.type}")
+    offsets = ids.offsets.to_numpy().astype(np.int64)
+    values = ids.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    plan = plan_two_tier(np.diff(offsets), config)
+    source = TokenSource([ShardTokens(values=values, offsets=offsets, first_doc_id=0)])
+    long = rows_to_table(plan, plan.long, 0, plan.long.num_rows, source)
+    short = rows_to_table(plan, plan.short, 0, plan.short.num_rows, source)
+    return long, short, plan

@@ -346,3 +346,10 @@ def test_config_file_and_flags(toy_tokenizer_path: Path, tmp_path: Path) -> None
     bad.write_text("plan:\n  shortlen: 3\n")
     code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", bad)
     assert code == 1 and "unknown key" in output
+
+
+def test_empty_corpus_is_an_error(toy_tokenizer_path: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "empty.jsonl"
+    corpus.write_text("\n  \n")
+    code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", tmp_path / "o", "-q")
+    assert code == 1 and "no documents" in output and "2 blank lines" in output

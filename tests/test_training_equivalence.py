@@ -1,0 +1,410 @@
+"""Proof that packed rows train exactly like separate documents.
+
+Rows come from the real ``packcli pack`` on a generated corpus; the model is a tiny randomly
+initialised ``LlamaForCausalLM`` built from a config (no download), float32 on CPU, with
+sdpa and eager attention. For every collator mode, against every document run alone:
+
+* the logits of every segment agree to 1e-4 (max abs);
+* the mean loss of the packed batch equals the token-weighted mean of the separate losses;
+* the gradients of one step (sum of per-document losses) agree to 1e-4 relative;
+* negative controls: the same rows as plain sequences (no boundaries), a boolean 4D mask on
+  eager, and position_ids with the model's cache on all differ by a clear margin, so the
+  comparisons above can fail.
+
+flash-attn is not installed on CPU; its varlen kwargs are proven by a reference varlen
+attention registered in transformers' ``AttentionInterface`` that reads only
+``cu_seq_lens_q/k`` (the flash batch's ``position_ids`` also make sdpa/eager exact).
+The end also runs HF ``Trainer`` with the collator and executes every python snippet of
+``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+import torch
+import torch.nn.functional as F
+from corpora import write_corpus
+from tokenizers import Tokenizer
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+from typer.testing import CliRunner
+
+from packcli.cli import app
+from packcli.collate import (
+    PackedCollator,
+    cu_seqlens_from_lengths,
+    position_ids_from_lengths,
+    segment_ids_from_lengths,
+)
+
+TOL = 1e-4
+MARGIN = 1e-2  # a negative control must differ by at least this (100x the tolerance)
+IMPLS = ["sdpa", "eager"]
+MODES = ["position_ids", "mask4d", "flash"]
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "training.md"
+
+Segment = tuple[int, int, int]  # (row, start, end) within the row
+
+
+# --- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def packed_dir(toy_tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """46 documents (42 short, 4 long at --short-len 64 --long-len 256) packed by the CLI."""
+    folder = tmp_path_factory.mktemp("equivalence")
+    counts = [2 + (7 * i) % 29 for i in range(40)] + [40 + 13 * i for i in range(6)]
+    write_corpus(folder / "corpus.jsonl", counts, seed=3)
+    out = folder / "out"
+    args = ["pack", str(folder / "corpus.jsonl"), "-t", str(toy_tokenizer_path), "-o", str(out)]
+    result = CliRunner().invoke(app, [*args, "--short-len", "64", "--long-len", "256", "-q"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def rows(packed_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    loaded = {c: list(datasets.load_dataset(str(packed_dir), c, split="train")) for c in ("long", "short")}
+    assert max(len(r["seq_lengths"]) for r in loaded["long"]) > 1  # really packed
+    assert len({r["num_tokens"] for r in loaded["long"]}) > 1  # rows of unequal length: padding
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def vocab_size(toy_tokenizer_path: Path) -> int:
+    return Tokenizer.from_file(str(toy_tokenizer_path)).get_vocab_size()
+
+
+def build_model(vocab_size: int, impl: str) -> LlamaForCausalLM:
+    """Tiny Llama, same weights for every impl (seeded). initializer_range 0.1 (not 0.02)
+    gives logits of order 1, so 1e-4 is a tight tolerance and the controls differ clearly."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.1,
+    )
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model.set_attn_implementation(impl)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(vocab_size: int) -> dict[str, LlamaForCausalLM]:
+    return {impl: build_model(vocab_size, impl) for impl in IMPLS}
+
+
+def segments(batch_rows: list[dict[str, Any]], mode: str) -> Iterator[tuple[Segment, Segment]]:
+    """Each document as (row, start, end) in the rows and in the collated batch's layout."""
+    offset = 0
+    for r, row in enumerate(batch_rows):
+        cu = cu_seqlens_from_lengths(row["seq_lengths"]).tolist()
+        for a, b in zip(cu[:-1], cu[1:]):
+            where = (0, offset + a, offset + b) if mode == "flash" else (r, a, b)
+            yield (r, a, b), where
+        offset += cu[-1]
+
+
+@pytest.fixture(scope="module")
+def separate(
+    models: dict[str, LlamaForCausalLM], rows: dict[str, list[dict[str, Any]]]
+) -> dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]]:
+    """Every document run alone: (logits, loss) by (impl, config) and (row, start, end)."""
+    out: dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]] = {}
+    with torch.no_grad():
+        for impl, model in models.items():
+            for config, batch_rows in rows.items():
+                found = {}
+                for (r, a, b), _ in segments(batch_rows, "position_ids"):
+                    ids = torch.tensor(batch_rows[r]["input_ids"][a:b])[None]
+                    result = model(input_ids=ids, labels=ids, use_cache=False)
+                    found[(r, a, b)] = (result.logits[0], result.loss)
+                out[(impl, config)] = found
+    return out
+
+
+def max_segment_diff(
+    logits: torch.Tensor,
+    batch_rows: list[dict[str, Any]],
+    mode: str,
+    reference: dict[Segment, tuple[torch.Tensor, torch.Tensor]],
+) -> float:
+    return max(
+        (logits[w[0], w[1] : w[2]] - reference[s][0]).abs().max().item()
+        for s, w in segments(batch_rows, mode)
+    )
+
+
+def token_weighted_loss(reference: dict[Segment, tuple[torch.Tensor, torch.Tensor]]) -> float:
+    # A document of n tokens has n - 1 targets (its first token is never predicted).
+    weights = {s: s[2] - s[1] - 1 for s in reference}
+    total = sum(reference[s][1].item() * w for s, w in weights.items() if w > 0)
+    return total / sum(weights.values())
+
+
+# --- logits and loss -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", ["long", "short"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_packed_logits_and_loss_equal_separate(
+    impl: str, mode: str, config: str, models: dict, rows: dict, separate: dict
+) -> None:
+    batch_rows = rows[config]
+    batch = PackedCollator(mode=mode, pad_token_id=0)(batch_rows)
+    with torch.no_grad():
+        result = models[impl](**batch, use_cache=False)
+    reference = separate[(impl, config)]
+    assert max_segment_diff(result.logits, batch_rows, mode, reference) <= TOL
+    assert result.loss.item() == pytest.approx(token_weighted_loss(reference), abs=TOL, rel=TOL)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_negative_control_plain_concatenation_differs(
+    impl: str, models: dict, rows: dict, separate: dict
+) -> None:
+    """The same rows with no boundaries (plain positions, one causal mask per row, labels
+    crossing documents) fail both checks above by a clear margin."""
+    batch_rows = rows["long"]
+    reference = separate[(impl, "long")]
+    logits = []
+    losses, targets = 0.0, 0
+    with torch.no_grad():
+        for row in batch_rows:
+            ids = torch.tensor(row["input_ids"])[None]
+            result = models[impl](input_ids=ids, labels=ids, use_cache=False)
+            logits.append(F.pad(result.logits, (0, 0, 0, 256 - ids.shape[1])))
+            losses += result.loss.item() * (ids.shape[1] - 1)
+            targets += ids.shape[1] - 1
+    diff = max_segment_diff(torch.cat(logits), batch_rows, "position_ids", reference)
+    assert diff > MARGIN, diff
+    assert abs(losses / targets - token_weighted_loss(reference)) > 10 * TOL
+
+
+# --- gradients -----------------------------------------------------------------------------
+
+
+def gradients(model: LlamaForCausalLM, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.fixture(scope="module")
+def separate_grads(models: dict, rows: dict) -> dict[str, dict[str, torch.Tensor]]:
+    """Gradient of the sum of per-document losses (each a sum over its targets)."""
+    out = {}
+    for impl, model in models.items():
+        total = torch.zeros(())
+        for (r, a, b), _ in segments(rows["long"], "position_ids"):
+            ids = torch.tensor(rows["long"][r]["input_ids"][a:b])[None]
+            if b - a > 1:
+                total = total + model(input_ids=ids, labels=ids, use_cache=False).loss * (b - a - 1)
+        out[impl] = gradients(model, total)
+    return out
+
+
+def relative_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    num = math.sqrt(sum((got[k] - want[k]).pow(2).sum().item() for k in want))
+    return num / math.sqrt(sum(w.pow(2).sum().item() for w in want.values()))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_packed_gradients_equal_separate(
+    impl: str, mode: str, models: dict, rows: dict, separate_grads: dict
+) -> None:
+    model = models[impl]
+    batch = PackedCollator(mode=mode)(rows["long"])
+    n_targets = int((batch["labels"][..., 1:] != -100).sum())
+    packed = gradients(model, model(**batch, use_cache=False).loss * n_targets)
+    want = separate_grads[impl]
+    assert relative_diff(packed, want) <= TOL
+    for name in want:  # and tensor by tensor, so no small tensor hides in the global norm
+        assert relative_diff({name: packed[name]}, {name: want[name]}) <= TOL, name
+
+    # Negative control: the same rows without boundaries give clearly different gradients.
+    plain = torch.zeros(())
+    for row in rows["long"]:
+        ids = torch.tensor(row["input_ids"])[None]
+        plain = plain + model(input_ids=ids, labels=ids, use_cache=False).loss * (ids.shape[1] - 1)
+    assert relative_diff(gradients(model, plain), want) > MARGIN
+
+
+# --- flash-attention varlen kwargs, through a reference varlen attention ----------------------
+
+
+def varlen_reference_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """What flash_attn_varlen_func computes, in plain torch: causal attention within each
+    [cu[i], cu[i+1]) block. It reads only cu_seq_lens, never position_ids."""
+    assert attention_mask is None and query.shape[0] == 1
+    assert cu_seq_lens_q is not None and torch.equal(cu_seq_lens_q, cu_seq_lens_k)
+    assert max_length_q == max_length_k == int(cu_seq_lens_q.diff().max())
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    cu = cu_seq_lens_q.tolist()
+    blocks = [
+        F.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling
+        )
+        for a, b in zip(cu[:-1], cu[1:])
+    ]
+    return torch.cat(blocks, dim=2).transpose(1, 2).contiguous(), None
+
+
+def test_flash_kwargs_drive_varlen_attention(
+    vocab_size: int, rows: dict, separate: dict
+) -> None:
+    AttentionInterface.register("packcli_varlen_reference", varlen_reference_attention)
+    model = build_model(vocab_size, "packcli_varlen_reference")
+    batch_rows = rows["long"]
+    batch = PackedCollator(mode="flash", pad_to_multiple_of=64)(batch_rows)
+    reference = separate[("sdpa", "long")]
+    with torch.no_grad():
+        logits = model(**batch, use_cache=False).logits
+        assert max_segment_diff(logits, batch_rows, "flash", reference) <= TOL
+        # Negative control: one block spanning everything (no boundaries) differs.
+        whole = torch.tensor([0, batch["input_ids"].shape[1]], dtype=torch.int32)
+        n = int(whole[1])
+        wrong = {**batch, "cu_seq_lens_q": whole, "cu_seq_lens_k": whole}
+        wrong |= {"max_length_q": n, "max_length_k": n}
+        logits = model(**wrong, use_cache=False).logits
+        assert max_segment_diff(logits, batch_rows, "flash", reference) > MARGIN
+
+
+# --- the transformers traps the collator and the docs steer around ---------------------------
+
+
+def test_boolean_4d_mask_is_misread_by_eager(models: dict, rows: dict, separate: dict) -> None:
+    """Why the collator emits a float mask: eager *adds* the 4D mask to the scores, so a
+    boolean mask becomes biases 1/0 and masks nothing; sdpa reads the same boolean right."""
+    batch_rows = rows["long"]
+    batch = PackedCollator(mode="mask4d")(batch_rows)
+    as_bool = {**batch, "attention_mask": batch["attention_mask"] == 0}
+    with torch.no_grad():
+        for impl, expect_exact in (("sdpa", True), ("eager", False)):
+            logits = models[impl](**as_bool, use_cache=False).logits
+            diff = max_segment_diff(logits, batch_rows, "mask4d", separate[(impl, "long")])
+            assert (diff <= TOL) if expect_exact else (diff > MARGIN), (impl, diff)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_position_ids_need_the_cache_off(
+    impl: str, models: dict, rows: dict, separate: dict
+) -> None:
+    """config.use_cache is True by default; with a cache transformers skips the packed
+    sequence detection and position_ids alone no longer separate documents. The 4D mask does
+    not depend on it. (HF Trainer sets config.use_cache = args.use_cache, False by default.)"""
+    model, batch_rows = models[impl], rows["long"]
+    assert model.config.use_cache is True
+    reference = separate[(impl, "long")]
+    with torch.no_grad():
+        by_position = model(**PackedCollator(mode="position_ids")(batch_rows)).logits
+        by_mask = model(**PackedCollator(mode="mask4d")(batch_rows)).logits
+    assert max_segment_diff(by_position, batch_rows, "position_ids", reference) > MARGIN
+    assert max_segment_diff(by_mask, batch_rows, "mask4d", reference) <= TOL
+
+
+def test_helpers_match_stored_columns(rows: dict) -> None:
+    for row in rows["long"] + rows["short"]:
+        assert segment_ids_from_lengths(row["seq_lengths"]).tolist() == row["segment_ids"]
+        positions = position_ids_from_lengths(row["seq_lengths"])
+        assert len(positions) == row["num_tokens"] and (positions == 0).sum() == len(
+            row["seq_lengths"]
+        )
+
+
+# --- HF Trainer and the docs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hf_trainer_runs_with_the_collator(
+    mode: str, packed_dir: Path, vocab_size: int, tmp_path: Path
+) -> None:
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
+    from transformers import Trainer, TrainingArguments
+
+    train = datasets.load_dataset(str(packed_dir), "long", split="train")
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "ckpt"),
+        per_device_train_batch_size=2,
+        max_steps=2,
+        remove_unused_columns=False,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+    )
+    model = build_model(vocab_size, "sdpa")
+    before = model.model.embed_tokens.weight.detach().clone()
+    trainer = Trainer(
+        model=model, args=args, train_dataset=train, data_collator=PackedCollator(mode=mode)
+    )
+    result = trainer.train()
+    assert trainer.state.global_step == 2
+    assert math.isfinite(result.training_loss)
+    assert not torch.equal(before, model.model.embed_tokens.weight)  # it trained
+    assert model.config.use_cache is False  # what keeps position_ids packing effective
+
+
+def python_snippets(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+
+
+def test_docs_snippets_run(
+    packed_dir: Path, vocab_size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ```python block of docs/training.md runs, in order, in one namespace holding
+    `out` (a packcli output folder) and `model` (a causal LM on sdpa), as the guide says.
+    A block whose first line is `# requires: NAME` is skipped when NAME is not installed."""
+    snippets = python_snippets(DOCS.read_text(encoding="utf-8"))
+    assert len(snippets) >= 5
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"out": str(packed_dir), "model": build_model(vocab_size, "sdpa")}
+    ran = 0
+    for snippet in snippets:
+        first = snippet.splitlines()[0]
+        if first.startswith("# requires:"):
+            names = first.removeprefix("# requires:").split()
+            if any(_missing(name) for name in names):
+                continue
+        exec(compile(snippet, f"{DOCS.name}:snippet", "exec"), namespace)  # noqa: S102
+        ran += 1
+    assert ran >= 4
+    assert os.path.isdir(tmp_path)
+
+
+def _missing(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return True
+    return False
