@@ -44,6 +44,7 @@ the fast path only when the check passes (``auto``) or refuses loudly (``tiktoke
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -169,13 +170,28 @@ def _parse_pre_tokenizer(spec: dict | None) -> str:
         split, byte_level = parts
         pattern = split.get("pattern", {})
         _unsupported("Regex" not in pattern, "Split on a plain string (not a regex)")
-        _unsupported(
-            split.get("behavior") != "Isolated", f"Split behavior {split.get('behavior')}"
-        )
+        _unsupported(split.get("behavior") != "Isolated", f"Split behavior {split.get('behavior')}")
         _unsupported(bool(split.get("invert", False)), "Split with invert=true")
         _check_byte_level(byte_level, use_regex=False)
         return pattern["Regex"]
     raise FastPathUnsupported(f"pre-tokenizer {kind} (not byte-level BPE)")
+
+
+def _check_coverage(pattern: str) -> None:
+    """HF's isolated Split keeps the text between matches as pieces; tiktoken drops it."""
+    import regex  # tiktoken's own dependency; close to Oniguruma's syntax
+
+    try:
+        compiled = regex.compile(pattern)
+    except regex.error as exc:
+        raise FastPathUnsupported(f"split regex does not compile: {exc}") from exc
+    for text in adversarial_texts():
+        pieces = [m.group() for m in compiled.finditer(text)]
+        _unsupported("" in pieces, "split regex matches the empty string")
+        _unsupported(
+            "".join(pieces) != text,
+            f"split regex leaves text unmatched in {_show(text)} (tiktoken would drop it)",
+        )
 
 
 def _parse_merges(raw: list) -> list[tuple[str, str]]:
@@ -194,9 +210,7 @@ def _unreachable(vocab: dict[str, int], merges: list[tuple[str, str]], tokens: l
     """How many of ``tokens`` HF's own BPE (no whole-word lookup) does not encode to themselves."""
     probe = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
     encoded = probe.encode_batch_fast(tokens, add_special_tokens=False)
-    return sum(
-        1 for tok, enc in zip(tokens, encoded, strict=True) if enc.ids != [vocab[tok]]
-    )
+    return sum(1 for tok, enc in zip(tokens, encoded, strict=True) if enc.ids != [vocab[tok]])
 
 
 def _missing_splits(
@@ -227,6 +241,7 @@ def derive_spec(tokenizer: Tokenizer) -> TiktokenSpec:
     _unsupported(data.get("padding") is not None, "tokenizer.json enables padding")
     normalizer = _parse_normalizer(data.get("normalizer"))
     pattern = _parse_pre_tokenizer(data.get("pre_tokenizer"))
+    _check_coverage(pattern)
     ignore_merges = bool(model.get("ignore_merges", False))
 
     # Added tokens HF matches inside text (``encode_special_tokens`` turns that off for the
@@ -244,7 +259,7 @@ def derive_spec(tokenizer: Tokenizer) -> TiktokenSpec:
         specials[content] = int(added["id"])
         normalized_flags.add(bool(added.get("normalized")))
     ordered = sorted(specials)
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in itertools.pairwise(ordered):
         # HF matches leftmost-longest, tiktoken leftmost-first in an arbitrary order.
         _unsupported(b.startswith(a), f"added token {a!r} is a prefix of {b!r}")
     split_added = False
@@ -282,16 +297,9 @@ def derive_spec(tokenizer: Tokenizer) -> TiktokenSpec:
         last_merge[target] = index
         merge_count[target] = merge_count.get(target, 0) + 1
         pair_target[(left, right)] = target
-    for index, (left, right) in enumerate(merges):
-        target = left + right
-        for part in (left, right):
-            _unsupported(
-                last_merge.get(part, -1) >= first_merge[target],
-                f"merge {index} ({left!r} {right!r}) comes before a merge that makes its parts",
-            )
     # Merges of one token must be contiguous, or pair order and token order disagree.
     by_first = sorted(first_merge, key=first_merge.__getitem__)
-    for a, b in zip(by_first, by_first[1:], strict=False):
+    for a, b in itertools.pairwise(by_first):
         _unsupported(
             last_merge[a] > first_merge[b],
             f"the merges making {a!r} interleave with those making {b!r}",
@@ -315,22 +323,34 @@ def derive_spec(tokenizer: Tokenizer) -> TiktokenSpec:
         mergeable[tok] = int(tid)
     multi = [tok for tok in by_first if tok in mergeable]
 
+    # Proof A: one merge per token, every merge after those making its parts, and every
+    # token reachable. Proof B: the merges hold every split (no phantom pairs can exist).
     unique = all(count == 1 for count in merge_count.values())
-    unreachable = _unreachable(vocab, merges, multi) if unique or not ignore_merges else -1
+    bottom_up = all(
+        last_merge.get(part, -1) < index for index, pair in enumerate(merges) for part in pair
+    )
+    reachable_known = (unique and bottom_up) or not ignore_merges
+    unreachable = _unreachable(vocab, merges, multi) if reachable_known else -1
     if not ignore_merges:
         _unsupported(
             unreachable > 0,
             f"{unreachable} tokens are not reachable by their merges and ignore_merges is "
             "false (tiktoken returns a piece whole when it is a token)",
         )
-    if unique and unreachable == 0:
+    if unique and bottom_up and unreachable == 0:
         proof = "unique merges, all tokens reachable"
     else:
         missing = _missing_splits(multi, mergeable, pair_target)
+        why_not_a = (
+            "some token is made by several merges"
+            if not unique
+            else "some merge comes before one making its parts"
+            if not bottom_up
+            else f"{unreachable} tokens are not reachable by their merges"
+        )
         _unsupported(
             missing > 0,
-            f"{missing} splits of tokens into two tokens are not merges and "
-            f"{unreachable if unreachable >= 0 else 'some'} tokens are unreachable "
+            f"{missing} splits of tokens into two tokens are not merges and {why_not_a} "
             "(tiktoken's rank order could merge pairs HF never merges)",
         )
         proof = "merges hold every split of every token"
@@ -429,7 +449,9 @@ class FastPath:
                 pos = 0
                 for m in added_re.finditer(text):
                     if m.start() > pos:
-                        out += enc.encode_ordinary(unicodedata.normalize("NFC", text[pos : m.start()]))
+                        out += enc.encode_ordinary(
+                            unicodedata.normalize("NFC", text[pos : m.start()])
+                        )
                     out.append(ids[m.group()])
                     pos = m.end()
                 if pos < len(text):
@@ -459,7 +481,7 @@ class FastPath:
         )
         mapped = table[flat].tolist()
         bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-        return [mapped[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return [mapped[a:b] for a, b in itertools.pairwise(bounds)]
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
         if self.num_threads == 1 or len(texts) < 2:
@@ -505,7 +527,12 @@ class CheckResult:
         return f"ids differ on {self.mismatch}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "texts": self.texts, "tokens": self.tokens, "mismatch": self.mismatch}
+        return {
+            "ok": self.ok,
+            "texts": self.texts,
+            "tokens": self.tokens,
+            "mismatch": self.mismatch,
+        }
 
 
 def adversarial_texts(tokenizer: Tokenizer | None = None) -> list[str]:
@@ -531,14 +558,15 @@ def adversarial_texts(tokenizer: Tokenizer | None = None) -> list[str]:
         "1 12 123 1234 12345 123456 1234567 12345678 123456789 1234567890 12345678901234567890",
         "3.14159 2,718 1_000_000 -42 +7e10 0x1F 1/2 50% $9.99 #1",
         "\u0663\u0664\u0665 \uff11\uff12\uff13 \u2460\u2461 \u216b \u00b2\u00b3 \u0e51\u0e52",
-        "中文字符测试，标点符号。还有数字123和English混合",
+        "中文字符测试，标点符号。还有数字123和English混合",  # noqa: RUF001
         "日本語のテキスト、カタカナとひらがな。ｶﾀｶﾅ",
         "한국어 텍스트입니다. 한글 자모 \u1100\u1161\u11a8",
-        "Привет, мир! Ёлка. Γειά σου κόσμε. مرحبا بالعالم. שלום עולם. नमस्ते दुनिया. สวัสดี",
+        "Привет, мир! Ёлка. Γειά σου κόσμε. مرحبا بالعالم. שלום עולם. नमस्ते दुनिया. สวัสดี",  # noqa: RUF001
         "family \U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466 flag "
         "\U0001f3f3\ufe0f\u200d\U0001f308 skin \U0001f44d\U0001f3fd flags \U0001f1eb\U0001f1f7",
         "\U0001f600\U0001f600\U0001f600 emoji run \u2764\ufe0f \u263a",
-        "caf\u00e9 cafe\u0301 na\u00efve nai\u0308ve \u00c5 \u212b A\u030a \u212a \u2126 \ufb01 \u01c5",
+        "caf\u00e9 cafe\u0301 na\u00efve nai\u0308ve \u00c5 \u212b A\u030a",
+        "\u212a \u2126 \ufb01 \u01c5 \u2460 \u00bd \u1e9b\u0323",
         "e\u0301\u0301\u0301 a\u0323\u0302 \u1e69 s\u0323\u0307 \u0915\u093c \u05d1\u05bc",
         "\U0001e030 \U00011f00 \U00010d40 \U0001e4d0 \u0cf3 newer letters",
         "x" * 3000,
@@ -549,7 +577,8 @@ def adversarial_texts(tokenizer: Tokenizer | None = None) -> list[str]:
         "\u4e2d" * 700,
         "!!!??? ... ---- ==== **** ____ //// \\\\\\\\ |||| ;;;; :::: ,,,,",
         "\u2014\u2013- \u00ab\u00bb \u201c\u201d \u2018\u2019 {[()]}<> @#$%^&*~`",
-        "#!/usr/bin/env python\ndef f(x):\n    return x**2  # square\n\n\tif (a) {\n\t\treturn;\n\t}\n",
+        "#!/usr/bin/env python\ndef f(x):\n    return x**2  # square\n",
+        "\tif (a) {\n\t\treturn;\n\t}\n\n\n",
         "http://example.com/path?q=1&x=2#frag user@example.org",
         "don't DON'T Don't I'm I'M you're YOU'RE we've WE'VE she'll SHE'LL he'd HE'D it's IT'S",
         "'s 't 're 've 'm 'll 'd 'S 'T 'RE 'VE 'M 'LL 'D",
@@ -579,8 +608,7 @@ def adversarial_texts(tokenizer: Tokenizer | None = None) -> list[str]:
     pool = (
         "abcxyzABCXYZ0123456789 \t\n\r.,;:!?'\"-_()[]{}<>/\\|@#$%^&*+=~`"
         "éèàùçñøåßÆŒ\u0301\u0308ЖжЯяΩωλ中文日本語한국어ไทยअआ\u093cאבغ"
-        "\u00a0\u2009\u3000\u200b\u200d\U0001f600\U0001f44d\U0001f3fd\ufe0f"
-        + "".join(added)
+        "\u00a0\u2009\u3000\u200b\u200d\U0001f600\U0001f44d\U0001f3fd\ufe0f" + "".join(added)
     )
     for _ in range(64):
         texts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 120))))
@@ -634,7 +662,9 @@ def choose_encoder(
     ``ConfigError`` naming the reason.
     """
     if backend not in BACKENDS:
-        raise ConfigError(f"tokenizer backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise ConfigError(
+            f"tokenizer backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+        )
     hf = hf_batch_encoder(tokenizer)
     record: dict[str, Any] = {"requested": backend, "backend": "hf", "fallback_reason": None}
     if backend == "hf":

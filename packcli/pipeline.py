@@ -16,12 +16,14 @@ print; everything below logs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,9 @@ from packcli.card import CONFIG_NAMES, render_card
 from packcli.config import RunConfig
 from packcli.encode import prefetch, tokenize_batches
 from packcli.errors import ConfigError, InputError, PackcliError
+from packcli.faults import crash_point
 from packcli.plan import plan_two_tier
-from packcli.read import ReadStats, iter_batches, resolve_inputs
+from packcli.read import DocBatch, ReadStats, iter_batches, resolve_inputs
 from packcli.report import build_report
 from packcli.shards import (
     SUCCESS,
@@ -43,6 +46,7 @@ from packcli.shards import (
     TokenShards,
     atomic_write_bytes,
     atomic_write_json,
+    manifest_name,
 )
 from packcli.tokenizer import (
     LoadedTokenizer,
@@ -111,28 +115,32 @@ def tokenize_stage(
         }
     )
     success = folder / SUCCESS
-    if success.is_file():
-        try:
-            previous = json.loads(success.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            previous = {}
-        if previous.get("fingerprint") == fingerprint:
-            log.info("reusing tokenized shards in %s", folder)
-            return TokenShards(folder), True
-    if folder.exists():
-        shutil.rmtree(folder)
+    if _read_json(success).get("fingerprint") == fingerprint:
+        log.info("reusing tokenized shards in %s", folder)
+        return TokenShards(folder), True
+    done_shards = _resumable_shards(folder, fingerprint)
+    resume_doc = done_shards[-1]["last_doc_id"] + 1 if done_shards else 0
+    if done_shards:
+        log.info("resuming tokenization after %d completed shard(s)", len(done_shards))
     stats = ReadStats()
     total_bytes = sum(f["size"] for f in files)
-    tokens = 0
+    tokens = sum(m["num_tokens"] for m in done_shards)
     with (
-        ShardWriter(folder, cfg.tokenize.shard_tokens) as writer,
+        ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards) as writer,
         _bar(quiet, total=total_bytes, unit="B", unit_scale=True, desc="tokenize") as bar,
     ):
         encoder = hf_batch_encoder(loaded.tokenizer)
-        batches = prefetch(iter_batches(paths, cfg.read.text_field, cfg.read.batch_size, stats))
+        batches = prefetch(
+            _skip_documents(
+                iter_batches(paths, cfg.read.text_field, cfg.read.batch_size, stats), resume_doc
+            )
+        )
         done = 0
         for batch, record_batch in tokenize_batches(batches, encoder, bos=bos, eos=eos):
+            shards_before = len(writer.manifests)
             writer.add(record_batch)
+            if len(writer.manifests) > shards_before:
+                crash_point(f"tokenize:{len(writer.manifests)}")
             tokens += int(record_batch.column("length").to_numpy().sum())
             bar.update(batch.progress_bytes - done)
             done = batch.progress_bytes
@@ -156,6 +164,59 @@ def tokenize_stage(
     return TokenShards(folder), False
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
+    """Completed shards of an interrupted run with the same fingerprint; clears the rest.
+
+    A shard counts as complete when its manifest exists: the shard is renamed into place
+    first, its manifest second, both atomically. Anything else (temp files, a shard without a
+    manifest, shards of another fingerprint) is removed.
+    """
+    stamp = folder / "fingerprint.json"
+    if _read_json(stamp).get("fingerprint") != fingerprint:
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        atomic_write_json(stamp, {"fingerprint": fingerprint})
+        return []
+    manifests = []
+    while (m := _read_json(folder / manifest_name(len(manifests)))) and (
+        folder / m.get("file", "-")
+    ).is_file():
+        manifests.append(m)
+    keep = {stamp.name} | {m["file"] for m in manifests}
+    keep |= {manifest_name(i) for i in range(len(manifests))}
+    for f in folder.iterdir():
+        if f.name not in keep:
+            f.unlink()
+    return manifests
+
+
+def _skip_documents(batches: Iterator[DocBatch], start: int) -> Iterator[DocBatch]:
+    """Drop documents before ``start`` (already tokenized by an interrupted run). Reading and
+    parsing them again is ~100x cheaper than tokenizing, and keeps doc ids and stats exact."""
+    for batch in batches:
+        n = len(batch.texts)
+        if batch.doc_id_start + n <= start:
+            continue
+        cut = max(0, start - batch.doc_id_start)
+        if cut:
+            batch = DocBatch(
+                texts=batch.texts[cut:],
+                doc_id_start=batch.doc_id_start + cut,
+                file_index=batch.file_index[cut:],
+                line=batch.line[cut:],
+                progress_bytes=batch.progress_bytes,
+            )
+        yield batch
+
+
 def _relative_to_out(path: Path, out: Path) -> str:
     """Record the work folder relative to the output when inside it, so outputs can move."""
     try:
@@ -164,16 +225,32 @@ def _relative_to_out(path: Path, out: Path) -> str:
         return str(path.resolve())
 
 
-def _clear_outputs(out: Path) -> None:
-    """Un-mark a previous output and remove its data files (ours only) before rewriting."""
+def _prepare_write_stage(cfg: RunConfig, out: Path, tokens_fingerprint: str) -> bool:
+    """Un-mark a previous output; keep its Parquet files only if they come from the same
+    tokens, plan and write settings (an interrupted identical run), else remove them (ours
+    only). Returns whether existing complete files may be kept."""
     (out / MARKER).unlink(missing_ok=True)
+    fingerprint = _fingerprint(
+        {
+            "tokens": tokens_fingerprint,
+            "plan": dataclasses.asdict(cfg.plan),
+            "write": dataclasses.asdict(cfg.write),
+            "packcli": __version__,
+        }
+    )
+    stamp = cfg.work_path / "write.json"
+    resume = _read_json(stamp).get("fingerprint") == fingerprint
     for name in CONFIG_NAMES:
         folder = out / "data" / name
         if folder.is_dir():
-            for f in folder.glob("*.parquet"):
-                f.unlink()
             for f in folder.glob(".*.tmp-*"):
                 f.unlink()
+            if not resume:
+                for f in folder.glob("*.parquet"):
+                    f.unlink()
+    if not resume:
+        atomic_write_json(stamp, {"fingerprint": fingerprint})
+    return resume
 
 
 def run_pack(
@@ -207,10 +284,11 @@ def run_pack(
     with _bar(quiet, total=1, desc="plan") as bar:
         plan = plan_two_tier(lengths, cfg.plan)
         bar.update(1)
+    crash_point("plan")
     timings["plan"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    _clear_outputs(out)
+    resume = _prepare_write_stage(cfg, out, shards.success["fingerprint"])
     source = TokenSource(list(shards.iter_shards()))
     files: dict[str, list[dict[str, Any]]] = {}
     for name in CONFIG_NAMES:
@@ -218,7 +296,14 @@ def run_pack(
         total = int(layout.row_tokens.sum())
         with _bar(quiet, total=total, unit="tok", unit_scale=True, desc=f"write {name}") as bar:
             files[name] = write_config(
-                plan, layout, source, out / "data" / name, cfg.write, on_tokens=bar.update
+                plan,
+                layout,
+                source,
+                out / "data" / name,
+                cfg.write,
+                on_tokens=bar.update,
+                keep_existing=resume,
+                on_file=lambda i, name=name: crash_point(f"write:{name}:{i}"),
             )
     timings["write"] = time.perf_counter() - t0
 
@@ -256,6 +341,7 @@ def run_pack(
         "tokens_fingerprint": shards.success["fingerprint"],
         "work_dir": _relative_to_out(cfg.work_path, out),
     }
+    crash_point("finalize")
     atomic_write_bytes(out / "README.md", render_card(report, run_info, files).encode("utf-8"))
     atomic_write_json(
         out / MARKER,

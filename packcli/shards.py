@@ -62,6 +62,10 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.arrow"
 
 
+def manifest_name(index: int) -> str:
+    return f"shard-{index:05d}.json"
+
+
 class ShardWriter:
     """Collects tokenized record batches and rolls over to a new shard every ``shard_tokens``.
 
@@ -69,11 +73,15 @@ class ShardWriter:
     under its final name only once complete (temp file + rename).
     """
 
-    def __init__(self, folder: Path, shard_tokens: int) -> None:
+    def __init__(
+        self, folder: Path, shard_tokens: int, done: list[dict[str, Any]] | None = None
+    ) -> None:
+        """``done``: manifests of shards a previous, interrupted run completed; new shards
+        continue the numbering after them."""
         self.folder = folder
         self.shard_tokens = shard_tokens
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.manifests: list[dict[str, Any]] = []
+        self.manifests: list[dict[str, Any]] = list(done or [])
         self._pending: list[pa.RecordBatch] = []
         self._pending_tokens = 0
 
@@ -116,7 +124,7 @@ class ShardWriter:
             "last_doc_id": int(doc_ids[-1].as_py()),
             "sha256": sha256_file(final),
         }
-        atomic_write_json(final.with_suffix(".json"), manifest)
+        atomic_write_json(self.folder / manifest_name(index), manifest)
         self.manifests.append(manifest)
         self._pending = []
         self._pending_tokens = 0

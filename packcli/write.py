@@ -130,35 +130,28 @@ def write_config(
     folder: Path,
     config: WriteConfig,
     on_tokens: Callable[[int], None] | None = None,
+    keep_existing: bool = False,
+    on_file: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Write one config's Parquet files; returns a manifest entry per file."""
+    """Write one config's Parquet files; returns a manifest entry per file.
+
+    ``keep_existing``: a file already under its final name is complete (it was renamed into
+    place) and, by the caller's fingerprint check, identical to what would be written, so an
+    interrupted run resumes after it. ``on_file(i)`` runs after file ``i`` is in place.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     ranges = file_ranges(layout, config.shard_tokens)
     rows_per_group = max(1, config.row_group_tokens // layout.capacity)
-    compression = None if config.compression == "none" else config.compression
-    level = config.compression_level if compression in ("zstd", "gzip") else None
     manifests = []
     for i, (f0, f1) in enumerate(ranges):
         final = folder / f"train-{i:05d}-of-{len(ranges):05d}.parquet"
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        with pq.ParquetWriter(
-            str(tmp),
-            ROW_SCHEMA,
-            compression=compression,
-            compression_level=level,
-            use_dictionary=False,
-        ) as writer:
-            if f1 == f0:
-                writer.write_table(ROW_SCHEMA.empty_table())
-            for g0 in range(f0, f1, rows_per_group):
-                g1 = min(f1, g0 + rows_per_group)
-                table = rows_to_table(plan, layout, g0, g1, source)
-                writer.write_table(table, row_group_size=g1 - g0)
-                if on_tokens is not None:
-                    on_tokens(int(layout.row_tokens[g0:g1].sum()))
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        if keep_existing and final.is_file():
+            if on_tokens is not None:
+                on_tokens(int(layout.row_tokens[f0:f1].sum()))
+        else:
+            _write_file(plan, layout, source, final, config, f0, f1, rows_per_group, on_tokens)
+        if on_file is not None:
+            on_file(i)
         manifests.append(
             {
                 "file": final.name,
@@ -169,6 +162,40 @@ def write_config(
             }
         )
     return manifests
+
+
+def _write_file(
+    plan: Plan,
+    layout: RowLayout,
+    source: TokenSource,
+    final: Path,
+    config: WriteConfig,
+    f0: int,
+    f1: int,
+    rows_per_group: int,
+    on_tokens: Callable[[int], None] | None,
+) -> None:
+    """Rows ``f0..f1-1`` into one Parquet file: temp name, fsync, rename."""
+    compression = None if config.compression == "none" else config.compression
+    level = config.compression_level if compression in ("zstd", "gzip") else None
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    with pq.ParquetWriter(
+        str(tmp),
+        ROW_SCHEMA,
+        compression=compression,
+        compression_level=level,
+        use_dictionary=False,
+    ) as writer:
+        if f1 == f0:
+            writer.write_table(ROW_SCHEMA.empty_table())
+        for g0 in range(f0, f1, rows_per_group):
+            g1 = min(f1, g0 + rows_per_group)
+            writer.write_table(rows_to_table(plan, layout, g0, g1, source), row_group_size=g1 - g0)
+            if on_tokens is not None:
+                on_tokens(int(layout.row_tokens[g0:g1].sum()))
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
 
 
 def pack_table(

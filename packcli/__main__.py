@@ -1,0 +1,5 @@
+"""``python -m packcli`` runs the CLI (same as the ``packcli`` console script)."""
+
+from packcli.cli import main
+
+main()

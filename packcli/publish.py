@@ -1,0 +1,275 @@
+"""Push a finished output folder to a Hugging Face dataset repo.
+
+Why a command of our own rather than ``hf upload``: an output folder holds more than the
+dataset. The work folder ``.packcli/`` (tokenized shards, often larger than the dataset
+itself), temp files of an interrupted run (``.*.tmp-*``) and anything a user dropped there
+must never reach the Hub, and a half-written or corrupt output must not be published at all.
+So the upload set is exact: ``README.md``, ``packcli.json``, the Parquet files listed in
+``packcli.json`` and the plots ``packcli stats`` wrote (``stats/*.png``, by name), and the
+folder must pass ``verify_output(out, use_shards=False)`` first (structure, counts and the
+sha256 of every data file; no tokenized shards needed).
+
+The upload itself is ``huggingface_hub``'s resumable folder upload: ``upload_large_folder``
+where it exists (huggingface_hub 0.25 to 1.x), else ``upload_folder``, which from
+huggingface_hub 1.20 commits large folders in batches and resumes when rerun (2.x removed
+``upload_large_folder``). Rerunning ``packcli push`` after an interruption resumes: files
+already committed are skipped. After a successful upload, data files and plots of an earlier
+push that this output does not have are deleted (``prune``): the card loads
+``data/<config>/train-*.parquet``, so a stale shard left from a previous push with more files
+would silently join the dataset.
+
+Authentication is huggingface_hub's own (``HF_TOKEN`` or ``hf auth login``); packcli never
+sees the token.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from packcli import __version__
+from packcli.card import CONFIG_NAMES
+from packcli.errors import ConfigError, PackcliError, VerifyError
+
+log = logging.getLogger(__name__)
+
+REPO_TYPE = "dataset"
+MARKER = "packcli.json"
+# Remote files a push owns: deleted by ``prune`` when the pushed output does not have them.
+OWNED_PATTERNS = ("data/long/*.parquet", "data/short/*.parquet", "stats/*.png")
+
+PUSH_EPILOG = (
+    "Examples:\n\n"
+    "  packcli push out/ user/my-packed-corpus --dry-run\n\n"
+    "  packcli push out/ user/my-packed-corpus --private\n\n"
+    "  packcli push out/ org/corpus --revision v2"
+)
+
+
+class PushError(PackcliError):
+    """The output cannot be pushed (incomplete, fails verification) or the Hub refused it."""
+
+
+@dataclass(frozen=True)
+class UploadFile:
+    path: str  # POSIX path relative to the output folder, the same in the repo
+    size: int
+
+
+@dataclass
+class PushResult:
+    repo_id: str
+    url: str
+    files: list[UploadFile]
+    deleted: list[str] = field(default_factory=list)
+
+
+def upload_files(out: Path) -> list[UploadFile]:
+    """Exactly what a push uploads, in a stable order; raises ``PushError`` if incomplete.
+
+    Does not verify the data (see ``prepare_push``); reads only ``packcli.json`` and sizes.
+    """
+    from packcli.stats import PLOT_FILES, STATS_DIR
+
+    marker = out / MARKER
+    if not marker.is_file():
+        raise PushError(
+            f"{out}: no {MARKER}, so the output is missing or incomplete; "
+            "run packcli pack to completion first"
+        )
+    try:
+        meta = json.loads(marker.read_text(encoding="utf-8"))
+        listed = {name: [f["file"] for f in meta["files"][name]] for name in CONFIG_NAMES}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PushError(f"{marker}: unreadable or not written by packcli ({exc})") from exc
+    paths = ["README.md", MARKER]
+    for name in CONFIG_NAMES:
+        paths += [f"data/{name}/{f}" for f in listed[name]]
+    paths += [f"{STATS_DIR}/{p}" for p in PLOT_FILES if (out / STATS_DIR / p).is_file()]
+    files = []
+    for rel in paths:
+        p = out / rel
+        if not p.is_file():
+            raise PushError(f"{out}: {rel} is missing, so the output is incomplete")
+        files.append(UploadFile(rel, p.stat().st_size))
+    return files
+
+
+def prepare_push(out: Path) -> list[UploadFile]:
+    """The upload set of ``out`` after proving the folder is complete and intact."""
+    from packcli.verify import verify_output
+
+    files = upload_files(out)
+    try:
+        verify_output(out, use_shards=False)
+    except VerifyError as exc:
+        raise PushError(f"refusing to push {out}: {exc} (see packcli verify)") from exc
+    return files
+
+
+def check_repo_id(repo_id: str) -> None:
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ConfigError(f"invalid repo id {repo_id!r}: {exc}") from exc
+
+
+def load_call(repo_id: str, config: str = "long", revision: str | None = None) -> str:
+    """The ``load_dataset`` call that reads the pushed dataset back."""
+    rev = f", revision={revision!r}" if revision else ""
+    return f'datasets.load_dataset("{repo_id}", "{config}", split="train"{rev})'
+
+
+def _owned(path: str) -> bool:
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in OWNED_PATTERNS)
+
+
+def _hub_error(repo_id: str, exc: Exception) -> PushError:
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    hint = ""
+    if status in (401, 403):
+        hint = " (log in with `hf auth login` or set HF_TOKEN to a token with write access)"
+    return PushError(f"push to {repo_id} failed: {exc}{hint}")
+
+
+def push(
+    out: Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    prune: bool = True,
+    api: Any = None,
+) -> PushResult:
+    """Verify ``out`` and upload its exact file set to the dataset repo ``repo_id``.
+
+    Creates the repo (``private`` applies only to a new repo) and the branch ``revision``
+    when missing. Rerunning after an interruption resumes the upload.
+    """
+    from huggingface_hub import CommitOperationDelete, HfApi
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    check_repo_id(repo_id)
+    files = prepare_push(out)
+    api = api if api is not None else HfApi()
+    total = sum(f.size for f in files)
+    log.info("pushing %d files (%d bytes) from %s to %s", len(files), total, out, repo_id)
+    try:
+        repo_url = api.create_repo(
+            repo_id, repo_type=REPO_TYPE, private=True if private else None, exist_ok=True
+        )
+        repo_id = getattr(repo_url, "repo_id", None) or repo_id  # "name" -> "user/name"
+        if revision and revision != "main" and not revision.startswith("refs/"):
+            api.create_branch(repo_id, branch=revision, repo_type=REPO_TYPE, exist_ok=True)
+        # Exact names as glob patterns: escape glob metacharacters so each matches only itself.
+        patterns = [glob.escape(f.path) for f in files]
+        upload_large = getattr(api, "upload_large_folder", None)
+        if upload_large is not None:
+            upload_large(
+                repo_id=repo_id,
+                folder_path=out,
+                repo_type=REPO_TYPE,
+                revision=revision,
+                allow_patterns=patterns,
+            )
+        else:
+            api.upload_folder(
+                repo_id=repo_id,
+                folder_path=out,
+                repo_type=REPO_TYPE,
+                revision=revision,
+                allow_patterns=patterns,
+                commit_message=f"Upload packed dataset (packcli {__version__})",
+            )
+        deleted: list[str] = []
+        if prune:
+            local = {f.path for f in files}
+            remote = api.list_repo_files(repo_id, repo_type=REPO_TYPE, revision=revision)
+            deleted = sorted(p for p in remote if _owned(p) and p not in local)
+            if deleted:
+                log.info("deleting %d stale files of an earlier push: %s", len(deleted), deleted)
+                api.create_commit(
+                    repo_id,
+                    [CommitOperationDelete(path_in_repo=p) for p in deleted],
+                    commit_message="Remove data files of an earlier packcli push",
+                    repo_type=REPO_TYPE,
+                    revision=revision,
+                )
+    except (HfHubHTTPError, OfflineModeIsEnabled) as exc:
+        raise _hub_error(repo_id, exc) from exc
+    url = f"https://huggingface.co/datasets/{repo_id}"
+    if revision:
+        url += f"/tree/{revision}"
+    return PushResult(repo_id=repo_id, url=url, files=files, deleted=deleted)
+
+
+def _size(n: int) -> str:
+    if n < 1000:
+        return f"{n:,} B"
+    x = float(n)
+    for unit in ("KB", "MB", "GB", "TB"):
+        x /= 1000
+        if x < 1000 or unit == "TB":
+            break
+    return f"{x:,.1f} {unit}"
+
+
+def format_upload_list(files: list[UploadFile]) -> str:
+    width = max(len(f.path) for f in files)
+    lines = [f"  {f.path:<{width}}  {_size(f.size):>10}" for f in files]
+    lines.append(f"  {len(files)} files, {_size(sum(f.size for f in files))}")
+    return "\n".join(lines)
+
+
+def push_command(
+    out: Annotated[Path, typer.Argument(help="Output folder written by packcli pack.")],
+    repo_id: Annotated[
+        str, typer.Argument(help="Dataset repo on the Hub, e.g. user/name (created if missing).")
+    ],
+    private: Annotated[
+        bool,
+        typer.Option("--private", help="Create the repo private (an existing repo is unchanged)."),
+    ] = False,
+    revision: Annotated[
+        str | None, typer.Option(help="Branch to push to, created if missing [main].")
+    ] = None,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            help="After the upload, delete data files and plots of an earlier push that OUT "
+            "does not have (under data/long/, data/short/ and stats/ only)."
+        ),
+    ] = True,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Verify and list what would be uploaded; no upload.")
+    ] = False,
+) -> None:
+    """Verify OUT and upload it to a Hugging Face dataset repo; rerun to resume."""
+    check_repo_id(repo_id)
+    if dry_run:
+        files = prepare_push(out)
+        typer.echo(f"would upload to https://huggingface.co/datasets/{repo_id}:")
+        typer.echo(format_upload_list(files))
+        if prune:
+            typer.echo(
+                "then delete files under data/long/, data/short/ and stats/ in the repo that "
+                "are not listed above (--no-prune keeps them)"
+            )
+        typer.echo(f"load with: {load_call(repo_id, revision=revision)}")
+        return
+    result = push(out, repo_id, private=private, revision=revision, prune=prune)
+    typer.echo(format_upload_list(result.files))
+    if result.deleted:
+        typer.echo(f"deleted {len(result.deleted)} stale files: {', '.join(result.deleted)}")
+    typer.echo(f"pushed to {result.url}")
+    typer.echo(f"load with: {load_call(result.repo_id, revision=revision)}")
