@@ -121,7 +121,10 @@ def check_repo_id(repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as exc:
-        raise ConfigError(f"invalid repo id {repo_id!r}: {exc}") from exc
+        raise ConfigError(
+            f"invalid repo id {repo_id!r}: use user/name, org/name or name (letters, digits, "
+            "'-', '_' and '.'; at most 96 characters)"
+        ) from exc
 
 
 def load_call(repo_id: str, config: str = "long", revision: str | None = None) -> str:

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli.binpack import bin_loads, pack_granular, pack_into_open_bins, pack_lengths
+from packcli.binpack import (
+    bin_loads,
+    group_by_residue,
+    pack_granular,
+    pack_into_open_bins,
+    pack_lengths,
+)
 
 
 def naive_bfd(lengths: list[int], capacity: int, open_rem: list[int] | None = None) -> list[int]:
@@ -197,3 +203,32 @@ def test_granular_leaves_room_in_whole_granules() -> None:
     assert assign.tolist() == [0, 1, 1]
     assert remaining.tolist() == [28, 18]
     assert pack_lengths(np.array([100, 90, 20]), 128).tolist() == [0, 1, 0]
+
+
+def test_group_by_residue_example() -> None:
+    # Granule 10: 33 needs 7 more to reach a multiple -> takes 17 (residue 7); 24 needs 6 -> 6.
+    groups = group_by_residue(np.array([33, 17, 24, 6]), 100, 10)
+    assert groups.tolist() == [0, 0, 1, 1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 90), max_size=80),
+    granule=st.integers(1, 20),
+    capacity=st.integers(90, 200),
+)
+def test_group_by_residue_invariants(lengths: list[int], granule: int, capacity: int) -> None:
+    arr = np.array(lengths, dtype=np.int64)
+    groups = group_by_residue(arr, capacity, granule)
+    assert groups.shape == arr.shape
+    if arr.size:
+        n = int(groups.max()) + 1
+        assert set(groups.tolist()) == set(range(n))
+        totals = np.bincount(groups, weights=arr, minlength=n)
+        assert totals.max() <= capacity and totals.sum() == arr.sum()
+        # A group only grows while it gets closer to a multiple of the granule, so its
+        # shortfall never exceeds its first (largest) item's.
+        for g in range(n):
+            members = arr[groups == g]
+            first = (granule - members.max() % granule) % granule
+            assert (granule - int(members.sum()) % granule) % granule <= first

@@ -1,0 +1,255 @@
+"""Look inside one packed row: its segments, their documents and the text at each boundary.
+
+Why: the segment columns are the whole point of a packcli dataset, and the quickest way to
+trust them (or to debug a training run) is to see one row the way the trainer will: where
+each document starts and ends, which document it came from, which tokens carry no loss, and
+that the text on either side of a boundary really belongs to two different documents (each
+ending with the separator packcli appended).
+
+The row is located through the per-file ``rows`` counts in ``packcli.json`` and the row
+group sizes in the Parquet footer, so only one row group of one file is read (the token
+columns of at most ``write.row_group_tokens`` tokens), whatever the size of the dataset.
+Text is decoded with the tokenizer recorded in ``packcli.json`` (``--tokenizer`` overrides
+it), only around the boundaries. The module is not called ``inspect``: that name would
+shadow the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import typer
+
+from packcli.card import CONFIG_NAMES
+from packcli.errors import ConfigError, PackcliError
+from packcli.stats import capacities, read_meta, require_extra
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # label of a token that carries no loss
+PREVIEW_CHARS = 40
+_COLUMNS = ("input_ids", "seq_lengths", "doc_ids", "num_tokens")
+
+INSPECT_EPILOG = (
+    "Examples:\n\n"
+    "  packcli inspect out/ --row 0\n\n"
+    "  packcli inspect out/ --config short --row 17 --json\n\n"
+    "  packcli inspect out/ --row 3 --tokenizer path/to/tokenizer.json"
+)
+
+
+def locate_row(meta: dict[str, Any], config: str, row: int) -> tuple[str, int]:
+    """(file name, row within the file) of row ``row`` of ``config``."""
+    if config not in CONFIG_NAMES:
+        raise ConfigError(f"--config must be one of {', '.join(CONFIG_NAMES)}, got {config!r}")
+    files = meta["files"][config]
+    total = sum(int(f["rows"]) for f in files)
+    if not 0 <= row < total:
+        span = f"0..{total - 1}" if total else "none"
+        raise ConfigError(f"row {row} does not exist: config {config} has {total:,} rows ({span})")
+    for f in files:
+        if row < int(f["rows"]):
+            return f["file"], row
+        row -= int(f["rows"])
+    raise AssertionError("unreachable: row counted above")
+
+
+def read_row(path: Path, row_in_file: int) -> dict[str, Any]:
+    """One row as numpy arrays, reading only the row group that holds it."""
+    if not path.is_file():
+        raise PackcliError(f"{path} is missing; the output is damaged (see packcli verify)")
+    pf = pq.ParquetFile(path)
+    columns = [*_COLUMNS, *(["labels"] if "labels" in pf.schema_arrow.names else [])]
+    first = 0
+    for g in range(pf.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if row_in_file < first + n:
+            table = pf.read_row_group(g, columns=columns).slice(row_in_file - first, 1)
+            return {
+                c: (
+                    np.asarray(table.column(c)[0].values)
+                    if c != "num_tokens"
+                    else int(table.column(c)[0].as_py())
+                )
+                for c in columns
+            }
+        first += n
+    raise PackcliError(f"{path}: has {first} rows, packcli.json says more (see packcli verify)")
+
+
+def masked_spans(labels: np.ndarray, start: int = 0) -> list[tuple[int, int]]:
+    """Runs of ``IGNORE_INDEX`` in ``labels`` as half-open ``(start, end)`` token offsets."""
+    m = np.concatenate([[False], labels == IGNORE_INDEX, [False]])
+    edges = np.flatnonzero(np.diff(m.astype(np.int8)))
+    return [(start + int(a), start + int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def load_decoder(meta: dict[str, Any], override: str | None) -> tuple[Any, str]:
+    """The tokenizer to decode with, and where it came from; warns if it is not the recorded one."""
+    from packcli.tokenizer import load_tokenizer
+
+    recorded = meta["run"]["tokenizer"]
+    spec = override or recorded["source"]
+    try:
+        loaded = load_tokenizer(spec)
+    except ConfigError as exc:
+        hint = "" if override else " (pass --tokenizer PATH to the tokenizer.json used by pack)"
+        raise ConfigError(f"{exc}{hint}") from exc
+    if loaded.fingerprint != recorded.get("sha256"):
+        log.warning(
+            "tokenizer %s differs from the one recorded in packcli.json; text may be wrong", spec
+        )
+    return loaded.tokenizer, loaded.source
+
+
+# A multi-byte character cut at a token boundary decodes to up to 3 replacement characters at
+# the cut; decoding this many characters more than shown keeps them out of the preview.
+_CUT_MARGIN = 4
+
+
+def _head(tokenizer: Any, ids: np.ndarray, chars: int) -> str:
+    """First ``chars`` characters of the decoded ``ids``, decoding only as much as needed."""
+    n = min(ids.size, chars + 8)
+    while True:
+        text = tokenizer.decode(ids[:n].tolist(), skip_special_tokens=False)
+        if len(text) >= chars + _CUT_MARGIN or n >= ids.size:
+            return text[:chars]
+        n = min(ids.size, 2 * n)
+
+
+def _tail(tokenizer: Any, ids: np.ndarray, chars: int) -> str:
+    """Last ``chars`` characters of the decoded ``ids``, decoding only as much as needed."""
+    if chars == 0:
+        return ""
+    n = min(ids.size, chars + 8)
+    while True:
+        text = tokenizer.decode(ids[ids.size - n :].tolist(), skip_special_tokens=False)
+        if len(text) >= chars + _CUT_MARGIN or n >= ids.size:
+            return text[-chars:]
+        n = min(ids.size, 2 * n)
+
+
+def inspect_row(
+    out: Path,
+    config: str,
+    row: int,
+    *,
+    tokenizer: str | None = None,
+    chars: int = PREVIEW_CHARS,
+    decode: bool = True,
+) -> dict[str, Any]:
+    """The segments of one row with doc ids, offsets, loss-masked spans and text previews."""
+    meta = read_meta(out)
+    file, row_in_file = locate_row(meta, config, row)
+    data = read_row(out / "data" / config / file, row_in_file)
+    tok, source = load_decoder(meta, tokenizer) if decode else (None, None)
+    ids, lens, docs = data["input_ids"], data["seq_lengths"], data["doc_ids"]
+    labels = data.get("labels")
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    segments = []
+    for i, (s, n, d) in enumerate(zip(starts.tolist(), lens.tolist(), docs.tolist(), strict=True)):
+        seg: dict[str, Any] = {"index": i + 1, "doc_id": d, "length": n, "start": s, "end": s + n}
+        if labels is not None:
+            seg["masked_spans"] = [list(p) for p in masked_spans(labels[s : s + n], s)]
+        if tok is not None:
+            seg["head"] = _head(tok, ids[s : s + n], chars)
+            seg["tail"] = _tail(tok, ids[s : s + n], chars)
+        segments.append(seg)
+    return {
+        "config": config,
+        "row": row,
+        "file": f"data/{config}/{file}",
+        "row_in_file": row_in_file,
+        "num_tokens": data["num_tokens"],
+        "capacity": capacities(meta)[config],
+        "has_labels": labels is not None,
+        "tokenizer": source,
+        "segments": segments,
+    }
+
+
+def _spans(spans: list[list[int]] | None) -> str:
+    if spans is None:
+        return "-"
+    return ", ".join(f"{a}-{b}" for a, b in spans) or "none"
+
+
+def render_row(view: dict[str, Any]) -> list[Any]:
+    """rich renderables: a segment table and the text at each boundary."""
+    require_extra("rich", "packcli inspect tables (or pass --json)")
+    from rich.table import Table
+    from rich.text import Text
+
+    segs = view["segments"]
+    title = (
+        f"{view['config']} row {view['row']:,} ({view['file']}, row {view['row_in_file']:,}): "
+        f"{view['num_tokens']:,} / {view['capacity']:,} tokens, {len(segs)} segments"
+    )
+    t = Table(title=title)
+    for col in ("segment", "doc id", "length", "tokens [start, end)"):
+        t.add_column(col, justify="right")
+    if view["has_labels"]:
+        t.add_column("no-loss spans (label -100)")
+    for s in segs:
+        cells = [str(s["index"]), f"{s['doc_id']:,}", f"{s['length']:,}"]
+        cells.append(f"{s['start']:,} - {s['end']:,}")
+        if view["has_labels"]:
+            cells.append(_spans(s.get("masked_spans")))
+        t.add_row(*cells)
+    out: list[Any] = [t]
+    if segs and "head" in segs[0]:
+        b = Table(title=f"Text at the boundaries (decoded with {view['tokenizer']})")
+        b.add_column("at token", justify="right")
+        b.add_column("end of previous segment", justify="right", overflow="fold")
+        b.add_column("|", justify="center")
+        b.add_column("start of next segment", overflow="fold")
+        edges = [(None, segs[0]), *zip(segs, [*segs[1:], None], strict=True)]
+        for prev, nxt in edges:
+            at = nxt["start"] if nxt else prev["end"]  # type: ignore[index]
+            left = _visible(prev["tail"]) if prev else Text("(row start)", style="dim")
+            right = _visible(nxt["head"]) if nxt else Text("(row end)", style="dim")
+            b.add_row(f"{at:,}", left, "|", right)
+        out.append(b)
+    return out
+
+
+def _visible(text: str) -> Any:
+    """Text with line breaks and tabs shown as escapes, never interpreted as rich markup."""
+    from rich.text import Text
+
+    return Text(text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t"))
+
+
+def inspect_command(
+    out: Annotated[Path, typer.Argument(help="Output folder written by packcli pack.")],
+    row: Annotated[int, typer.Option("--row", "-r", help="Row index within the config, from 0.")],
+    config: Annotated[str, typer.Option(help="Dataset config: long or short.")] = "long",
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer", "-t", help="Tokenizer to decode with [the one in packcli.json]."
+        ),
+    ] = None,
+    chars: Annotated[
+        int, typer.Option(help="Characters of text shown on each side of a boundary.")
+    ] = PREVIEW_CHARS,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the row as JSON.")] = False,
+) -> None:
+    """Show one row of OUT: segments, doc ids, offsets, no-loss spans and boundary text."""
+    if chars < 0:
+        raise ConfigError(f"--chars must be >= 0, got {chars}")
+    view = inspect_row(out, config, row, tokenizer=tokenizer, chars=chars)
+    if json_out:
+        typer.echo(json.dumps(view, indent=2, ensure_ascii=False))
+        return
+    from rich.console import Console  # render_row checked that rich is installed
+
+    renderables = render_row(view)
+    console = Console()
+    for r in renderables:
+        console.print(r)

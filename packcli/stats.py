@@ -1,0 +1,453 @@
+"""Statistics and plots of a packed output: how full the rows are and what they cost to train.
+
+Why: the report says how many rows packing made; before spending GPU hours a user also wants
+the shape of the data - document lengths, how evenly rows are filled, how many documents
+share a row, and the per-row attention cost. With document masking a row costs
+``sum(len_i**2)`` in attention (not ``num_tokens**2``), so two rows of equal length can differ
+a lot in step time; the "balance ratio" (max / mean cost over rows) says how uneven the
+slowest data-parallel rank can be.
+
+Reads only the ``num_tokens`` and ``seq_lengths`` columns, one row group at a time, so the
+token columns are never decoded. Memory: 4 bytes per segment of the long config (kept for
+exact document-length quantiles) plus 24 bytes per row; the short config's segments are
+reduced per row group. "Document length" is the length of a segment of the long config: a
+document split by ``--overlong split`` counts once per piece.
+
+matplotlib and rich are an optional extra (``pip install 'packcli[stats]'``), imported only
+when plots or tables are made; ``stats --json --no-plots`` needs neither. Plots go to
+``OUT/stats/`` (written under a temp name, then renamed) and ``render_plots_section`` embeds
+them in the dataset card by relative path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import typer
+
+from packcli.card import CONFIG_NAMES
+from packcli.errors import PackcliError
+
+log = logging.getLogger(__name__)
+
+MARKER = "packcli.json"
+STATS_DIR = "stats"
+PLOT_DOC_LENGTHS = "doc_lengths.png"
+PLOT_ROW_FILL = "row_fill.png"
+PLOT_SEGMENTS = "segments_per_row.png"
+PLOT_ATTENTION = "attention_cost.png"
+PLOT_FILES = (PLOT_DOC_LENGTHS, PLOT_ROW_FILL, PLOT_SEGMENTS, PLOT_ATTENTION)
+_PLOT_TITLES = {
+    PLOT_DOC_LENGTHS: "Document lengths",
+    PLOT_ROW_FILL: "Row fill per config",
+    PLOT_SEGMENTS: "Documents (segments) per row",
+    PLOT_ATTENTION: "Attention cost per long row",
+}
+# (name, percentile); quantiles are observed values (numpy's "inverted_cdf"), never interpolated.
+QUANTILES = (("min", 0), ("p10", 10), ("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))
+EXTRA_HINT = "pip install 'packcli[stats]'"
+
+STATS_EPILOG = (
+    "Examples:\n\n"
+    "  packcli stats out/\n\n"
+    "  packcli stats out/ --json --no-plots\n\n"
+    "Plots are written to OUT/stats/*.png (needs: pip install 'packcli[stats]')."
+)
+
+
+class MissingExtraError(PackcliError):
+    """An optional dependency (the ``stats`` extra) is not installed."""
+
+
+def require_extra(module: str, purpose: str) -> Any:
+    """Import ``module`` or raise a ``MissingExtraError`` naming the pip command."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"{purpose} needs {module.split('.')[0]}, which is not installed: {EXTRA_HINT}"
+        ) from exc
+
+
+def read_meta(out: Path) -> dict[str, Any]:
+    """``packcli.json`` of a complete output, or a ``PackcliError`` saying what is wrong."""
+    marker = out / MARKER
+    if not marker.is_file():
+        raise PackcliError(f"{out}: no {MARKER}, so the output is missing or incomplete")
+    try:
+        meta = json.loads(marker.read_text(encoding="utf-8"))
+        capacities(meta)  # fail here, not halfway, on a foreign or damaged packcli.json
+        if not all(isinstance(meta["files"][name], list) for name in CONFIG_NAMES):
+            raise TypeError("'files' must list the Parquet files of each config")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PackcliError(f"{marker}: unreadable or not written by packcli ({exc})") from exc
+    return meta
+
+
+def capacities(meta: dict[str, Any]) -> dict[str, int]:
+    plan = meta["config"]["plan"]
+    return {"short": int(plan["short_len"]), "long": int(plan["long_len"])}
+
+
+@dataclass
+class TierData:
+    """Per-row arrays of one config (what the numbers and plots are made from)."""
+
+    name: str
+    capacity: int
+    num_tokens: np.ndarray  # int64 per row
+    segments: np.ndarray  # int64 per row: documents (segments) in the row
+    cost: np.ndarray  # int64 per row: sum of squared segment lengths
+    seg_lengths: np.ndarray | None  # int32 per segment, kept for the long config only
+
+
+def _row_group_arrays(table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(num_tokens, segments per row, sum len^2 per row, flat segment lengths) of a table."""
+    lens_col = table.column("seq_lengths").combine_chunks()
+    offsets = lens_col.offsets.to_numpy().astype(np.int64)
+    flat = lens_col.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    offsets -= offsets[0]
+    sq = np.zeros(flat.size + 1, dtype=np.int64)
+    np.cumsum(flat.astype(np.int64) ** 2, out=sq[1:])
+    num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
+    return num_tokens, np.diff(offsets), sq[offsets[1:]] - sq[offsets[:-1]], flat
+
+
+def read_tier(out: Path, meta: dict[str, Any], name: str, keep_segments: bool) -> TierData:
+    """Stream one config's ``num_tokens`` and ``seq_lengths``, one row group at a time."""
+    parts: list[tuple[np.ndarray, ...]] = []
+    seg_parts: list[np.ndarray] = []
+    for entry in meta["files"][name]:
+        path = out / "data" / name / entry["file"]
+        if not path.is_file():
+            raise PackcliError(f"{path} is missing; the output is damaged (see packcli verify)")
+        pf = pq.ParquetFile(path)
+        for g in range(pf.num_row_groups):
+            table = pf.read_row_group(g, columns=["num_tokens", "seq_lengths"])
+            num_tokens, segments, cost, flat = _row_group_arrays(table)
+            parts.append((num_tokens, segments, cost))
+            if keep_segments:
+                seg_parts.append(flat.astype(np.int32, copy=True))
+
+    def cat(i: int) -> np.ndarray:
+        return np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, np.int64)
+
+    return TierData(
+        name=name,
+        capacity=capacities(meta)[name],
+        num_tokens=cat(0),
+        segments=cat(1),
+        cost=cat(2),
+        seg_lengths=(np.concatenate(seg_parts) if seg_parts else np.zeros(0, np.int32))
+        if keep_segments
+        else None,
+    )
+
+
+def distribution(values: np.ndarray) -> dict[str, float | int | None]:
+    """Observed quantiles and the mean; ``None`` for an empty array."""
+    if values.size == 0:
+        return {**{k: None for k, _ in QUANTILES}, "mean": None}
+    qs = np.percentile(values, [q for _, q in QUANTILES], method="inverted_cdf")
+    as_int = np.issubdtype(values.dtype, np.integer)
+    out: dict[str, float | int | None] = {
+        k: int(v) if as_int else float(v) for (k, _), v in zip(QUANTILES, qs, strict=True)
+    }
+    out["mean"] = float(values.mean())
+    return out
+
+
+def tier_numbers(tier: TierData) -> dict[str, Any]:
+    rows = int(tier.num_tokens.size)
+    tokens = int(tier.num_tokens.sum())
+    cost_mean = float(tier.cost.mean()) if rows else 0.0
+    cost_max = int(tier.cost.max()) if rows else 0
+    unmasked = float((tier.num_tokens.astype(np.float64) ** 2).sum())
+    return {
+        "capacity": tier.capacity,
+        "rows": rows,
+        "tokens": tokens,
+        "segments": int(tier.segments.sum()),
+        "efficiency": tokens / (rows * tier.capacity) if rows else 1.0,
+        "fill": distribution(tier.num_tokens / tier.capacity),
+        "segments_per_row": distribution(tier.segments),
+        "attention_cost": {
+            "mean": cost_mean,
+            "p50": distribution(tier.cost)["p50"],
+            "max": cost_max,
+            # How much slower the costliest row is than the average one.
+            "balance_ratio": cost_max / cost_mean if cost_mean else 1.0,
+            # Masked cost relative to full causal attention over whole rows (lower = saved).
+            "vs_unmasked": float(tier.cost.sum()) / unmasked if unmasked else 1.0,
+        },
+    }
+
+
+def compute_stats(out: Path) -> tuple[dict[str, Any], dict[str, TierData]]:
+    """The numbers (JSON-ready) and the per-row arrays they were made from."""
+    meta = read_meta(out)
+    tiers = {
+        name: read_tier(out, meta, name, keep_segments=name == "long") for name in CONFIG_NAMES
+    }
+    long_lengths = tiers["long"].seg_lengths
+    assert long_lengths is not None
+    numbers = {
+        "tiers": {name: tier_numbers(t) for name, t in tiers.items()},
+        "document_lengths": {"count": int(long_lengths.size), **distribution(long_lengths)},
+    }
+    return numbers, tiers
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+
+def _save(fig: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fig.savefig(tmp, format="png", dpi=100)
+    os.replace(tmp, path)
+
+
+def _figure(panels: int) -> Any:
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    fig = Figure(figsize=(4 + 3 * panels, 4))
+    # Fixed margins: a layout engine ("constrained", "tight") doubles the drawing time.
+    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.13, top=0.91, wspace=0.25)
+    return fig
+
+
+def _empty(ax: Any, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes)
+
+
+def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
+    """Write the PNG plots to ``OUT/stats/``; returns their paths relative to ``out``."""
+    require_extra("matplotlib", "packcli stats plots (or pass --no-plots)")
+    from matplotlib.ticker import MaxNLocator
+
+    folder = out / STATS_DIR
+    folder.mkdir(exist_ok=True)
+    long = tiers["long"]
+    caps = {name: t.capacity for name, t in tiers.items()}
+
+    fig = _figure(1)
+    ax = fig.subplots()
+    lengths = long.seg_lengths if long.seg_lengths is not None else np.zeros(0, np.int32)
+    if lengths.size:
+        top = max(int(lengths.max()), 2)
+        edges = np.unique(np.geomspace(1, top + 1, 60).astype(np.int64))
+        counts, edges = np.histogram(lengths, bins=edges)
+        ax.stairs(counts, edges, fill=True, alpha=0.8)
+        ax.set_xscale("log")
+        for name, style in (("short", "--"), ("long", ":")):
+            ax.axvline(caps[name], color="black", linestyle=style, label=f"{name}_len")
+        ax.legend()
+    else:
+        _empty(ax, "documents")
+    ax.set_xlabel("tokens per document (log scale)")
+    ax.set_ylabel("documents")
+    ax.set_title(f"Document lengths ({lengths.size:,} documents)")
+    _save(fig, folder / PLOT_DOC_LENGTHS)
+
+    fig = _figure(2)
+    for ax, t in zip(fig.subplots(1, len(tiers)), tiers.values(), strict=True):
+        if t.num_tokens.size:
+            counts, edges = np.histogram(t.num_tokens / t.capacity, bins=50, range=(0.0, 1.0))
+            ax.stairs(counts, edges, fill=True, alpha=0.8)
+            ax.set_yscale("log")
+        else:
+            _empty(ax, "rows")
+        eff = t.num_tokens.sum() / (t.num_tokens.size * t.capacity) if t.num_tokens.size else 1
+        ax.set_title(f"{t.name}: {t.num_tokens.size:,} rows, efficiency {eff:.2%}")
+        ax.set_xlabel(f"row fill (tokens / {t.capacity:,})")
+        ax.set_ylabel("rows (log scale)")
+    _save(fig, folder / PLOT_ROW_FILL)
+
+    fig = _figure(2)
+    for ax, t in zip(fig.subplots(1, len(tiers)), tiers.values(), strict=True):
+        if t.segments.size:
+            top = int(t.segments.max())
+            bins = np.arange(0.5, top + 1.5) if top <= 60 else 60
+            counts, edges = np.histogram(t.segments, bins=bins)
+            ax.stairs(counts, edges, fill=True, alpha=0.8)
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        else:
+            _empty(ax, "rows")
+        ax.set_title(f"{t.name}: documents per row")
+        ax.set_xlabel("segments in the row")
+        ax.set_ylabel("rows")
+    _save(fig, folder / PLOT_SEGMENTS)
+
+    fig = _figure(1)
+    ax = fig.subplots()
+    if long.cost.size:
+        # In units of capacity**2: 1.0 is a row holding one document of the full capacity.
+        rel = long.cost / float(long.capacity) ** 2
+        counts, edges = np.histogram(rel, bins=50, range=(0.0, max(float(rel.max()), 1e-9)))
+        ax.stairs(counts, edges, fill=True, alpha=0.8)
+        mean = float(rel.mean())
+        ax.axvline(mean, color="black", linestyle="--", label=f"mean {mean:.3g}")
+        ax.axvline(
+            float(rel.max()),
+            color="red",
+            linestyle=":",
+            label=f"max = {rel.max() / mean if mean else 1:.2f} x mean",
+        )
+        ax.legend()
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        _empty(ax, "rows")
+    ax.set_xlabel(f"sum of squared document lengths / {long.capacity:,}²")
+    ax.set_ylabel("rows")
+    ax.set_title(f"Attention cost per long row ({long.capacity:,} tokens)")
+    _save(fig, folder / PLOT_ATTENTION)
+    return [f"{STATS_DIR}/{name}" for name in PLOT_FILES]
+
+
+# -- card extension --------------------------------------------------------------------------
+
+
+def render_plots_section(out: Path) -> str:
+    """Markdown embedding the plots in ``OUT/stats/`` by relative path; "" when there are none."""
+    present = [name for name in PLOT_FILES if (out / STATS_DIR / name).is_file()]
+    if not present:
+        return ""
+    images = "\n\n".join(f"![{_PLOT_TITLES[n]}]({STATS_DIR}/{n})" for n in present)
+    return f"## Statistics\n\nMade with `packcli stats`.\n\n{images}\n"
+
+
+def training_snippet(
+    dataset: str = "path/or/repo", config: str = "long", pad_token_id: int = 0
+) -> str:
+    """Markdown: how to train on the output with HF ``Trainer`` and ``PackedCollator``."""
+    batch = 1 if config == "long" else 8
+    return f"""## Training with it
+
+```python
+import datasets
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+from packcli.collate import PackedCollator
+
+ds = datasets.load_dataset("{dataset}", "{config}", split="train")
+model = AutoModelForCausalLM.from_pretrained("your/model", attn_implementation="sdpa")
+model.config.use_cache = False  # with a cache, position_ids do not separate documents
+args = TrainingArguments(
+    "run",
+    per_device_train_batch_size={batch},
+    remove_unused_columns=False,  # the collator needs seq_lengths, which forward() lacks
+)
+collator = PackedCollator(mode="position_ids", pad_token_id={pad_token_id})
+Trainer(model=model, args=args, train_dataset=ds, data_collator=collator).train()
+```
+
+`PackedCollator` restarts `position_ids` at every document and sets the label of each
+document's first token to -100, so no attention and no loss crosses a document boundary.
+With flash-attention use `mode="flash"` (varlen `cu_seq_lens`).
+"""
+
+
+# -- command ---------------------------------------------------------------------------------
+
+
+def _fmt(x: float | int | None, kind: str = "int") -> str:
+    if x is None:
+        return "-"
+    if kind == "pct":
+        return f"{x:.2%}"
+    if kind == "float":
+        return f"{x:,.1f}"
+    if kind == "sci":
+        return f"{x:.4g}"
+    return f"{int(x):,}"
+
+
+def render_tables(numbers: dict[str, Any]) -> list[Any]:
+    """rich tables of ``compute_stats`` numbers, for the terminal."""
+    require_extra("rich", "packcli stats tables (or pass --json)")
+    from rich.table import Table
+
+    qnames = [k for k, _ in QUANTILES]
+    tiers = numbers["tiers"]
+    tables = []
+
+    t = Table(title="Configs")
+    for col in ("config", "capacity", "rows", "tokens", "segments", "efficiency"):
+        t.add_column(col, justify="left" if col == "config" else "right")
+    for name, n in tiers.items():
+        t.add_row(
+            name,
+            *(_fmt(n[k]) for k in ("capacity", "rows", "tokens", "segments")),
+            _fmt(n["efficiency"], "pct"),
+        )
+    tables.append(t)
+
+    docs = numbers["document_lengths"]
+    t = Table(title="Document lengths (tokens; a split document counts once per piece)")
+    for col in ("documents", *qnames, "mean"):
+        t.add_column(col, justify="right")
+    t.add_row(_fmt(docs["count"]), *(_fmt(docs[k]) for k in qnames), _fmt(docs["mean"], "float"))
+    tables.append(t)
+
+    for key, title, kind in (
+        ("fill", "Row fill (tokens / capacity)", "pct"),
+        ("segments_per_row", "Documents (segments) per row", "int"),
+    ):
+        t = Table(title=title)
+        t.add_column("config")
+        for col in (*qnames, "mean"):
+            t.add_column(col, justify="right")
+        for name, n in tiers.items():
+            d = n[key]
+            mean_kind = "pct" if kind == "pct" else "float"
+            t.add_row(name, *(_fmt(d[k], kind) for k in qnames), _fmt(d["mean"], mean_kind))
+        tables.append(t)
+
+    t = Table(title="Attention cost per row (sum of squared document lengths)")
+    t.add_column("config")
+    for col in ("mean", "p50", "max", "balance (max/mean)", "vs unmasked"):
+        t.add_column(col, justify="right")
+    for name, n in tiers.items():
+        a = n["attention_cost"]
+        t.add_row(
+            name,
+            _fmt(a["mean"], "sci"),
+            _fmt(a["p50"], "sci"),
+            _fmt(a["max"], "sci"),
+            f"{a['balance_ratio']:.2f}",
+            _fmt(a["vs_unmasked"], "pct"),
+        )
+    tables.append(t)
+    return tables
+
+
+def stats_command(
+    out: Annotated[Path, typer.Argument(help="Output folder written by packcli pack.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Write PNG plots to OUT/stats/.")
+    ] = True,
+) -> None:
+    """Row fill, document lengths, documents per row and attention cost of OUT, with plots."""
+    numbers, tiers = compute_stats(out)
+    numbers["plots"] = write_plots(out, tiers) if plots else []
+    if json_out:
+        typer.echo(json.dumps(numbers, indent=2))
+        return
+    from rich.console import Console  # render_tables checked that rich is installed
+
+    tables = render_tables(numbers)
+    console = Console()
+    for table in tables:
+        console.print(table)
+    if numbers["plots"]:
+        console.print(f"plots: {', '.join(str(out / p) for p in numbers['plots'])}")
