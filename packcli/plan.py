@@ -156,8 +156,9 @@ def _pack_long_tier(
     short pack, then the short packs fill that room by best fit and open new rows as needed.
     Plain best fit over all units leaves on average half a short pack of waste in every row
     holding long documents (1.0104x the lower bound on the demo corpus, 1.0028x on a
-    pretraining mix; 1.0000x and 1.00007x with this). ``ffd`` packs all units at once; ``wrapped`` fills rows with the units
-    in input order (plain concatenation, without cutting documents) as a baseline.
+    pretraining mix; 1.0000x and 1.00007x with this). ``ffd`` packs all units at once;
+    ``wrapped`` fills rows with the units in input order (plain concatenation, without
+    cutting documents) as a baseline.
     """
     L = config.long_len
     if config.algorithm == "bfd":
