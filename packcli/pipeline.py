@@ -1,17 +1,24 @@
-"""The orchestrator: wires read -> tokenize -> shards -> plan -> write, with progress and resume.
+"""The orchestrator: read -> tokenize -> shards -> plan -> write -> finalize, with resume.
 
-Output folder layout::
+Each stage is a function that can run alone (``packcli tokenize|plan|write|finalize``, as
+cluster tasks) or all together (``packcli pack``); both paths run the same code and give
+byte-identical Parquet files. Output folder layout::
 
-    OUT/README.md                       dataset card (Hub YAML configs)
+    OUT/README.md                       dataset card (Hub YAML configs + dataset_info)
     OUT/packcli.json                    resolved config + report + file hashes; written last,
                                         so its presence marks a complete output
     OUT/data/{long,short}/train-*.parquet
-    OUT/.packcli/tokens/                tokenized shards (work folder; --work-dir moves it)
+    OUT/.packcli/                       work folder (--work-dir moves it):
+        tokens/stage.json               tokenize settings, input files, tokenizer
+        tokens/files/<key>/             one input file's shards + _SUCCESS.json
+        tokens/_SUCCESS.json            index of all shards (global doc ids)
+        plan.npz, plan.json             the plan (reads only lengths)
+        write/<config>-<i>.json         one record per finished Parquet file
 
-Resume: the tokenize stage is skipped when its ``_SUCCESS.json`` carries the same
-fingerprint (input files' paths, sizes and mtimes, tokenizer, separators, text field), so a
-rerun after a crash in planning or writing re-tokenizes nothing. Only this module and the CLI
-print; everything below logs.
+Resume: a stage's unit of work (an input file, a tokenized shard, an output file) is skipped
+when its completion record carries the current fingerprint, which covers everything the
+result depends on (input paths, sizes and mtimes, tokenizer, settings, packcli version). Only
+this module and the CLI print; everything below logs.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from packcli.config import RunConfig
 from packcli.encode import prefetch, tokenize_batches
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.faults import crash_point
-from packcli.plan import plan_two_tier
+from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.read import DocBatch, ReadStats, iter_batches, resolve_inputs
 from packcli.report import build_report
 from packcli.shards import (
@@ -47,14 +54,11 @@ from packcli.shards import (
     atomic_write_bytes,
     atomic_write_json,
     manifest_name,
+    sha256_file,
 )
-from packcli.tokenizer import (
-    LoadedTokenizer,
-    hf_batch_encoder,
-    load_tokenizer,
-    resolve_special,
-)
-from packcli.write import TokenSource, write_config
+from packcli.tasks import assign_by_size
+from packcli.tokenizer import LoadedTokenizer, hf_batch_encoder, load_tokenizer, resolve_special
+from packcli.write import TokenSource, file_ranges, write_config_file
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,17 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _bar(quiet: bool, **kwargs: Any) -> tqdm:
+    return tqdm(disable=quiet, file=sys.stderr, dynamic_ncols=True, **kwargs)
+
+
 def check_output_folder(out: Path, overwrite: bool) -> None:
     """Refuse to write into a non-empty folder that is not a packcli output."""
     if out.exists() and not out.is_dir():
@@ -86,89 +101,179 @@ def check_output_folder(out: Path, overwrite: bool) -> None:
         )
 
 
-def _bar(quiet: bool, **kwargs: Any) -> tqdm:
-    return tqdm(disable=quiet, file=sys.stderr, dynamic_ncols=True, **kwargs)
+def _require_out(cfg: RunConfig) -> Path:
+    if not cfg.out:
+        raise ConfigError("no output folder given: pass --out OUT")
+    return cfg.out_path
 
 
-def tokenize_stage(
+# --------------------------------------------------------------------------- tokenize
+
+
+def _file_key(path: str) -> str:
+    return hashlib.sha256(path.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class _Tokenizing:
+    """What the tokenize stage's result depends on, resolved once per task."""
+
+    loaded: LoadedTokenizer
+    eos: int | None
+    bos: int | None
+    settings: dict[str, Any]  # fingerprinted
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return {
+            "source": self.loaded.source,
+            "sha256": self.loaded.fingerprint,
+            "vocab_size": self.loaded.vocab_size,
+            "eos_id": self.eos,
+            "bos_id": self.bos,
+        }
+
+
+def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
+    loaded = load_tokenizer(cfg.tokenize.tokenizer)
+    eos = resolve_special(loaded, cfg.tokenize.eos, "eos")
+    bos = resolve_special(loaded, cfg.tokenize.bos, "bos")
+    settings = {
+        "text_field": cfg.read.text_field,
+        "tokenizer_sha256": loaded.fingerprint,
+        "eos": eos,
+        "bos": bos,
+        "shard_tokens": cfg.tokenize.shard_tokens,
+        "packcli": __version__,
+    }
+    return _Tokenizing(loaded, eos, bos, settings)
+
+
+def tokenize_task(
+    cfg: RunConfig, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = False
+) -> bool:
+    """Tokenize this task's share of the input files; returns True if all were reused.
+
+    Every task writes the same ``stage.json`` (same inputs and settings give the same bytes),
+    so tasks need no coordination; the plan stage checks that every file is complete.
+    """
+    out = _require_out(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).unlink(missing_ok=True)
+    paths = resolve_inputs(cfg.read.inputs)
+    tok = _resolve_tokenizing(cfg)
+    stage_fp = _fingerprint(tok.settings)
+    files = []
+    for p in paths:
+        st = p.stat()
+        path = str(p.resolve())
+        entry = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        entry["key"] = _file_key(path)
+        entry["fingerprint"] = _fingerprint({"stage": stage_fp, **entry})
+        files.append(entry)
+    folder = cfg.work_path / "tokens"
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(
+        folder / "stage.json",
+        {
+            "fingerprint": _fingerprint({"stage": stage_fp, "files": files}),
+            "settings": tok.settings,
+            "tokenizer": tok.record,
+            "config": {"read": dataclasses.asdict(cfg.read), "tokenize": cfg.to_dict()["tokenize"]},
+            "files": files,
+        },
+    )
+    task_of = assign_by_size([f["size"] for f in files], num_tasks)
+    mine = [k for k in range(len(files)) if task_of[k] == task_index]
+    if num_tasks == 1:  # the only task: drop shards of files no longer in the input
+        keys = {f["key"] for f in files}
+        for stale in (folder / "files").glob("*"):
+            if stale.name not in keys:
+                shutil.rmtree(stale)
+    encoder = hf_batch_encoder(tok.loaded.tokenizer)
+    total = sum(files[k]["size"] for k in mine)
+    reused = True
+    with _bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
+        progress = _TokenizeProgress(bar)
+        for k in mine:
+            reused &= _tokenize_file(cfg, k, files[k], encoder, tok.eos, tok.bos, progress)
+    if reused:
+        log.info("reusing tokenized shards for all %d input file(s) of this task", len(mine))
+    return reused
+
+
+class _TokenizeProgress:
+    """Bytes on the bar, tokens and tokens/s in its postfix, across the task's files."""
+
+    def __init__(self, bar: tqdm) -> None:
+        self.bar = bar
+        self.tokens = 0
+        self.new_shards = 0
+
+    def update(self, nbytes: int, tokens: int) -> None:
+        self.bar.update(nbytes)
+        self.tokens += tokens
+        elapsed = max(self.bar.format_dict["elapsed"], 1e-9)
+        self.bar.set_postfix_str(
+            f"{self.tokens:,} tokens, {self.tokens / elapsed:,.0f} tok/s", refresh=False
+        )
+
+
+def _tokenize_file(
     cfg: RunConfig,
-    paths: list[Path],
-    loaded: LoadedTokenizer,
+    k: int,
+    entry: dict[str, Any],
+    encoder: Any,
     eos: int | None,
     bos: int | None,
-    quiet: bool,
-) -> tuple[TokenShards, bool]:
-    folder = cfg.work_path / "tokens"
-    files = [
-        {"path": str(p.resolve()), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
-        for p in paths
-    ]
-    fingerprint = _fingerprint(
-        {
-            "files": files,
-            "text_field": cfg.read.text_field,
-            "tokenizer": loaded.fingerprint,
-            "eos": eos,
-            "bos": bos,
-            "shard_tokens": cfg.tokenize.shard_tokens,
-            "packcli": __version__,
-        }
-    )
+    progress: _TokenizeProgress,
+) -> bool:
+    folder = cfg.work_path / "tokens" / "files" / entry["key"]
     success = folder / SUCCESS
-    if _read_json(success).get("fingerprint") == fingerprint:
-        log.info("reusing tokenized shards in %s", folder)
-        return TokenShards(folder), True
-    done_shards = _resumable_shards(folder, fingerprint)
-    resume_doc = done_shards[-1]["last_doc_id"] + 1 if done_shards else 0
+    if _read_json(success).get("fingerprint") == entry["fingerprint"]:
+        progress.update(entry["size"], 0)
+        return True
+    done_shards = _resumable_shards(folder, entry["fingerprint"])
+    resume_doc = done_shards[-1]["last_doc_index"] + 1 if done_shards else 0
     if done_shards:
-        log.info("resuming tokenization after %d completed shard(s)", len(done_shards))
-    stats = ReadStats()
-    total_bytes = sum(f["size"] for f in files)
-    tokens = sum(m["num_tokens"] for m in done_shards)
-    with (
-        ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards) as writer,
-        _bar(quiet, total=total_bytes, unit="B", unit_scale=True, desc="tokenize") as bar,
-    ):
-        encoder = hf_batch_encoder(loaded.tokenizer)
-        batches = prefetch(
-            _skip_documents(
-                iter_batches(paths, cfg.read.text_field, cfg.read.batch_size, stats), resume_doc
-            )
+        log.info(
+            "resuming tokenization of %s after %d completed shard(s)",
+            entry["path"],
+            len(done_shards),
         )
-        done = 0
+    stats = ReadStats()
+    done_bytes = 0
+    with ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards) as writer:
+        source = iter_batches(
+            [Path(entry["path"])], cfg.read.text_field, cfg.read.batch_size, stats
+        )
+        batches = prefetch(_skip_documents(source, resume_doc, k))
         for batch, record_batch in tokenize_batches(batches, encoder, bos=bos, eos=eos):
             shards_before = len(writer.manifests)
             writer.add(record_batch)
             if len(writer.manifests) > shards_before:
-                crash_point(f"tokenize:{len(writer.manifests)}")
-            tokens += int(record_batch.column("length").to_numpy().sum())
-            bar.update(batch.progress_bytes - done)
-            done = batch.progress_bytes
-            elapsed = max(bar.format_dict["elapsed"], 1e-9)
-            bar.set_postfix_str(f"{tokens:,} tokens, {tokens / elapsed:,.0f} tok/s", refresh=False)
+                progress.new_shards += 1
+                crash_point(f"tokenize:{progress.new_shards}")
+            tokens = int(record_batch.column("length").to_numpy().sum())
+            progress.update(batch.progress_bytes - done_bytes, tokens)
+            done_bytes = batch.progress_bytes
+    progress.update(entry["size"] - done_bytes, 0)
     atomic_write_json(
         success,
         {
-            "fingerprint": fingerprint,
-            "files": files,
+            "fingerprint": entry["fingerprint"],
+            "path": entry["path"],
+            "num_docs": sum(m["num_docs"] for m in writer.manifests),
+            "num_tokens": sum(m["num_tokens"] for m in writer.manifests),
             "shards": writer.manifests,
             "read_stats": {
-                "files": stats.files,
                 "documents": stats.documents,
                 "blank_lines": stats.blank_lines,
                 "bytes_read": stats.bytes_read,
             },
-            "tokens": tokens,
         },
     )
-    return TokenShards(folder), False
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
+    return False
 
 
 def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
@@ -198,23 +303,261 @@ def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
     return manifests
 
 
-def _skip_documents(batches: Iterator[DocBatch], start: int) -> Iterator[DocBatch]:
-    """Drop documents before ``start`` (already tokenized by an interrupted run). Reading and
-    parsing them again is ~100x cheaper than tokenizing, and keeps doc ids and stats exact."""
+def _skip_documents(batches: Iterator[DocBatch], start: int, file_index: int) -> Iterator[DocBatch]:
+    """Drop documents before ``start`` (already tokenized by an interrupted run) and stamp
+    the global file index. Re-reading is ~100x cheaper than tokenizing and keeps stats exact."""
     for batch in batches:
         n = len(batch.texts)
         if batch.doc_id_start + n <= start:
             continue
         cut = max(0, start - batch.doc_id_start)
-        if cut:
-            batch = DocBatch(
-                texts=batch.texts[cut:],
-                doc_id_start=batch.doc_id_start + cut,
-                file_index=batch.file_index[cut:],
-                line=batch.line[cut:],
-                progress_bytes=batch.progress_bytes,
+        yield DocBatch(
+            texts=batch.texts[cut:],
+            doc_id_start=batch.doc_id_start + cut,
+            file_index=np.full(n - cut, file_index, dtype=np.int32),
+            line=batch.line[cut:],
+            progress_bytes=batch.progress_bytes,
+        )
+
+
+def collect_tokens(cfg: RunConfig) -> TokenShards:
+    """Check that every input file is tokenized and write the global shard index."""
+    folder = cfg.work_path / "tokens"
+    stage = _read_json(folder / "stage.json")
+    if not stage:
+        raise PackcliError(f"no tokenize stage in {folder}: run `packcli tokenize` first")
+    index_path = folder / SUCCESS
+    if _read_json(index_path).get("fingerprint") == stage["fingerprint"]:
+        return TokenShards(folder)
+    shards: list[dict[str, Any]] = []
+    missing = []
+    totals = {"documents": 0, "blank_lines": 0, "bytes_read": 0}
+    next_doc = 0
+    for entry in stage["files"]:
+        done = _read_json(folder / "files" / entry["key"] / SUCCESS)
+        if done.get("fingerprint") != entry["fingerprint"]:
+            missing.append(entry["path"])
+            continue
+        for m in done["shards"]:
+            shards.append(
+                {
+                    **m,
+                    "file": f"files/{entry['key']}/{m['file']}",
+                    "first_doc_id": next_doc + m["first_doc_index"],
+                }
             )
-        yield batch
+        next_doc += done["num_docs"]
+        for key in totals:
+            totals[key] += done["read_stats"][key]
+    if missing:
+        raise PackcliError(
+            f"tokenize task(s) not finished: {len(missing)} of {len(stage['files'])} input "
+            f"file(s) have no complete shards, e.g. {missing[0]}"
+        )
+    atomic_write_json(
+        index_path,
+        {
+            "fingerprint": stage["fingerprint"],
+            "files": [{k: f[k] for k in ("path", "size", "mtime_ns")} for f in stage["files"]],
+            "shards": shards,
+            "read_stats": {"files": len(stage["files"]), **totals},
+            "tokens": sum(m["num_tokens"] for m in shards),
+            "tokenizer": stage["tokenizer"],
+        },
+    )
+    return TokenShards(folder)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _plan_fingerprint(cfg: RunConfig, tokens_fingerprint: str) -> str:
+    return _fingerprint(
+        {"tokens": tokens_fingerprint, "plan": dataclasses.asdict(cfg.plan), "v": __version__}
+    )
+
+
+def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShards]:
+    """Global plan over the lengths of all tokenized documents; saved for the write tasks."""
+    out = _require_out(cfg)
+    (out / MARKER).unlink(missing_ok=True)
+    shards = collect_tokens(cfg)
+    lengths = shards.column("length").astype(np.int64)
+    if lengths.size == 0:
+        raise InputError(
+            f"no documents in {len(shards.success['files'])} input file(s) "
+            f"({shards.success['read_stats']['blank_lines']} blank lines); nothing to pack"
+        )
+    with _bar(quiet, total=1, desc="plan") as bar:
+        plan = plan_two_tier(lengths, cfg.plan)
+        bar.update(1)
+    _save_plan(cfg, plan, _plan_fingerprint(cfg, shards.success["fingerprint"]))
+    crash_point("plan")
+    return plan, shards
+
+
+def _save_plan(cfg: RunConfig, plan: Plan, fingerprint: str) -> None:
+    path = cfg.work_path / "plan.npz"
+    tmp = path.with_name(".plan.tmp.npz")
+    arrays = {"piece_doc": plan.piece_doc, "piece_start": plan.piece_start}
+    arrays["piece_len"] = plan.piece_len
+    for name in CONFIG_NAMES:
+        layout: RowLayout = getattr(plan, name)
+        arrays[f"{name}_row_offsets"] = layout.row_offsets
+        arrays[f"{name}_row_pieces"] = layout.row_pieces
+        arrays[f"{name}_row_tokens"] = layout.row_tokens
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+    atomic_write_json(
+        cfg.work_path / "plan.json",
+        {"fingerprint": fingerprint, "stats": plan.stats, "plan": dataclasses.asdict(cfg.plan)},
+    )
+
+
+def load_plan(cfg: RunConfig, shards: TokenShards) -> Plan:
+    meta = _read_json(cfg.work_path / "plan.json")
+    if meta.get("fingerprint") != _plan_fingerprint(cfg, shards.success["fingerprint"]):
+        raise PackcliError(
+            f"no plan for these tokens and plan settings in {cfg.work_path}: "
+            "run `packcli plan` first (with the same config)"
+        )
+    with np.load(cfg.work_path / "plan.npz") as z:
+        layouts = {
+            name: RowLayout(
+                cfg.plan.short_len if name == "short" else cfg.plan.long_len,
+                z[f"{name}_row_offsets"],
+                z[f"{name}_row_pieces"],
+                z[f"{name}_row_tokens"],
+            )
+            for name in CONFIG_NAMES
+        }
+        return Plan(
+            z["piece_doc"], z["piece_start"], z["piece_len"], stats=meta["stats"], **layouts
+        )
+
+
+# --------------------------------------------------------------------------- write
+
+
+def _write_fingerprint(cfg: RunConfig, shards: TokenShards) -> str:
+    return _fingerprint(
+        {
+            "plan": _plan_fingerprint(cfg, shards.success["fingerprint"]),
+            "write": dataclasses.asdict(cfg.write),
+        }
+    )
+
+
+def _output_files(cfg: RunConfig, plan: Plan) -> list[tuple[str, int, int, int, int]]:
+    """Every output file as (config, index, count, first row, end row), in a fixed order."""
+    jobs = []
+    for name in CONFIG_NAMES:
+        ranges = file_ranges(getattr(plan, name), cfg.write.shard_tokens)
+        jobs += [(name, i, len(ranges), r0, r1) for i, (r0, r1) in enumerate(ranges)]
+    return jobs
+
+
+def write_task(
+    cfg: RunConfig,
+    plan: Plan,
+    shards: TokenShards,
+    *,
+    task_index: int = 0,
+    num_tasks: int = 1,
+    quiet: bool = False,
+) -> None:
+    """Write this task's share of the output files (round robin over all files)."""
+    out = _require_out(cfg)
+    (out / MARKER).unlink(missing_ok=True)
+    fingerprint = _write_fingerprint(cfg, shards)
+    records = cfg.work_path / "write"
+    records.mkdir(parents=True, exist_ok=True)
+    jobs = _output_files(cfg, plan)[task_index::num_tasks]
+    total = sum(int(getattr(plan, j[0]).row_tokens[j[3] : j[4]].sum()) for j in jobs)
+    source = TokenSource(list(shards.iter_shards()))
+    with _bar(quiet, total=total, unit="tok", unit_scale=True, desc="write") as bar:
+        for name, i, count, r0, r1 in jobs:
+            layout = getattr(plan, name)
+            final = out / "data" / name / f"train-{i:05d}-of-{count:05d}.parquet"
+            record_path = records / f"{name}-{i:05d}.json"
+            record = _read_json(record_path)
+            if record.get("fingerprint") == fingerprint and final.is_file():
+                bar.update(int(layout.row_tokens[r0:r1].sum()))
+                continue
+            record_path.unlink(missing_ok=True)
+            write_config_file(plan, layout, source, final, cfg.write, r0, r1, bar.update)
+            atomic_write_json(
+                record_path,
+                {
+                    "fingerprint": fingerprint,
+                    "file": final.name,
+                    "rows": r1 - r0,
+                    "tokens": int(layout.row_tokens[r0:r1].sum()),
+                    "bytes": final.stat().st_size,
+                    "sha256": sha256_file(final),
+                },
+            )
+            crash_point(f"write:{name}:{i}")
+
+
+# --------------------------------------------------------------------------- finalize
+
+
+def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = None) -> dict:
+    """Check every output file is written, remove strays, write the card and the marker."""
+    out = _require_out(cfg)
+    shards = collect_tokens(cfg)
+    plan = plan if plan is not None else load_plan(cfg, shards)
+    fingerprint = _write_fingerprint(cfg, shards)
+    files: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIG_NAMES}
+    missing = []
+    for name, i, _, _, _ in _output_files(cfg, plan):
+        record = _read_json(cfg.work_path / "write" / f"{name}-{i:05d}.json")
+        if record.get("fingerprint") != fingerprint:
+            missing.append(f"{name}-{i:05d}")
+            continue
+        files[name].append({k: v for k, v in record.items() if k != "fingerprint"})
+    if missing:
+        raise PackcliError(
+            f"write task(s) not finished: {len(missing)} output file(s) missing, "
+            f"e.g. {missing[0]}; run `packcli write` for every task first"
+        )
+    for name in CONFIG_NAMES:  # files of an earlier, different plan; temp files of crashes
+        keep = {f["file"] for f in files[name]}
+        for f in (out / "data" / name).glob("*"):
+            if f.name not in keep and (f.suffix == ".parquet" or ".tmp-" in f.name):
+                f.unlink()
+    lengths = shards.column("length").astype(np.int64)
+    largest = int(lengths.argmax())
+    report = build_report(
+        plan,
+        lengths,
+        short_len=cfg.plan.short_len,
+        long_len=cfg.plan.long_len,
+        input_stats={
+            "files": len(shards.success["files"]),
+            "blank_lines": shards.success["read_stats"]["blank_lines"],
+            "bytes": sum(f["size"] for f in shards.success["files"]),
+        },
+        largest_provenance={
+            "file": shards.success["files"][int(shards.column("file_index")[largest])]["path"],
+            "line": int(shards.column("line")[largest]),
+        },
+    )
+    run_info = {
+        "packcli_version": __version__,
+        "command": command,
+        "tokenizer": shards.success["tokenizer"],
+        "inputs": shards.success["files"],
+        "tokens_fingerprint": shards.success["fingerprint"],
+        "work_dir": _relative_to_out(cfg.work_path, out),
+    }
+    crash_point("finalize")
+    atomic_write_bytes(out / "README.md", render_card(report, run_info, files).encode("utf-8"))
+    atomic_write_json(
+        out / MARKER, {"config": cfg.to_dict(), "run": run_info, "report": report, "files": files}
+    )
+    return report
 
 
 def _relative_to_out(path: Path, out: Path) -> str:
@@ -225,126 +568,23 @@ def _relative_to_out(path: Path, out: Path) -> str:
         return str(path.resolve())
 
 
-def _prepare_write_stage(cfg: RunConfig, out: Path, tokens_fingerprint: str) -> bool:
-    """Un-mark a previous output; keep its Parquet files only if they come from the same
-    tokens, plan and write settings (an interrupted identical run), else remove them (ours
-    only). Returns whether existing complete files may be kept."""
-    (out / MARKER).unlink(missing_ok=True)
-    fingerprint = _fingerprint(
-        {
-            "tokens": tokens_fingerprint,
-            "plan": dataclasses.asdict(cfg.plan),
-            "write": dataclasses.asdict(cfg.write),
-            "packcli": __version__,
-        }
-    )
-    stamp = cfg.work_path / "write.json"
-    resume = _read_json(stamp).get("fingerprint") == fingerprint
-    for name in CONFIG_NAMES:
-        folder = out / "data" / name
-        if folder.is_dir():
-            for f in folder.glob(".*.tmp-*"):
-                f.unlink()
-            if not resume:
-                for f in folder.glob("*.parquet"):
-                    f.unlink()
-    if not resume:
-        atomic_write_json(stamp, {"fingerprint": fingerprint})
-    return resume
+# --------------------------------------------------------------------------- all stages
 
 
 def run_pack(
     cfg: RunConfig, *, quiet: bool = False, overwrite: bool = False, command: str = ""
 ) -> RunResult:
-    out = cfg.out_path
-    if not cfg.out:
-        raise ConfigError("no output folder given: pass --out OUT")
+    """The whole job in one process: every stage as its single task."""
+    check_output_folder(_require_out(cfg), overwrite)
     timings: dict[str, float] = {}
-    check_output_folder(out, overwrite)
-    paths = resolve_inputs(cfg.read.inputs)
-    loaded = load_tokenizer(cfg.tokenize.tokenizer)
-    eos = resolve_special(loaded, cfg.tokenize.eos, "eos")
-    bos = resolve_special(loaded, cfg.tokenize.bos, "bos")
-    out.mkdir(parents=True, exist_ok=True)
-
     t0 = time.perf_counter()
-    shards, reused = tokenize_stage(cfg, paths, loaded, eos, bos, quiet)
+    reused = tokenize_task(cfg, quiet=quiet)
     timings["tokenize"] = time.perf_counter() - t0
-
     t0 = time.perf_counter()
-    lengths = shards.column("length").astype(np.int64)
-    if lengths.size == 0:
-        raise InputError(
-            f"no documents in {len(paths)} input file(s) "
-            f"({shards.success['read_stats']['blank_lines']} blank lines); nothing to pack"
-        )
-    doc_ids = shards.column("doc_id")
-    if not np.array_equal(doc_ids, np.arange(lengths.size)):
-        raise PackcliError(f"tokenized shards in {shards.folder} are inconsistent; delete them")
-    with _bar(quiet, total=1, desc="plan") as bar:
-        plan = plan_two_tier(lengths, cfg.plan)
-        bar.update(1)
-    crash_point("plan")
+    plan, shards = plan_stage(cfg, quiet=quiet)
     timings["plan"] = time.perf_counter() - t0
-
     t0 = time.perf_counter()
-    resume = _prepare_write_stage(cfg, out, shards.success["fingerprint"])
-    source = TokenSource(list(shards.iter_shards()))
-    files: dict[str, list[dict[str, Any]]] = {}
-    for name in CONFIG_NAMES:
-        layout = plan.long if name == "long" else plan.short
-        total = int(layout.row_tokens.sum())
-        with _bar(quiet, total=total, unit="tok", unit_scale=True, desc=f"write {name}") as bar:
-            files[name] = write_config(
-                plan,
-                layout,
-                source,
-                out / "data" / name,
-                cfg.write,
-                on_tokens=bar.update,
-                keep_existing=resume,
-                on_file=lambda i, name=name: crash_point(f"write:{name}:{i}"),
-            )
+    write_task(cfg, plan, shards, quiet=quiet)
     timings["write"] = time.perf_counter() - t0
-
-    largest = int(lengths.argmax()) if lengths.size else -1
-    provenance = None
-    if largest >= 0:
-        file_index = int(shards.column("file_index")[largest])
-        provenance = {
-            "file": shards.success["files"][file_index]["path"],
-            "line": int(shards.column("line")[largest]),
-        }
-    report = build_report(
-        plan,
-        lengths,
-        short_len=cfg.plan.short_len,
-        long_len=cfg.plan.long_len,
-        input_stats={
-            "files": len(paths),
-            "blank_lines": shards.success["read_stats"]["blank_lines"],
-            "bytes": sum(f["size"] for f in shards.success["files"]),
-        },
-        largest_provenance=provenance,
-    )
-    run_info = {
-        "packcli_version": __version__,
-        "command": command,
-        "tokenizer": {
-            "source": loaded.source,
-            "sha256": loaded.fingerprint,
-            "vocab_size": loaded.vocab_size,
-            "eos_id": eos,
-            "bos_id": bos,
-        },
-        "inputs": shards.success["files"],
-        "tokens_fingerprint": shards.success["fingerprint"],
-        "work_dir": _relative_to_out(cfg.work_path, out),
-    }
-    crash_point("finalize")
-    atomic_write_bytes(out / "README.md", render_card(report, run_info, files).encode("utf-8"))
-    atomic_write_json(
-        out / MARKER,
-        {"config": cfg.to_dict(), "run": run_info, "report": report, "files": files},
-    )
+    report = finalize_stage(cfg, command=command, plan=plan)
     return RunResult(report=report, timings=timings, reused_tokens=reused)

@@ -7,8 +7,10 @@ force decompressing whole shards per access. The planner reads only the ``length
 which the IPC reader can load alone.
 
 Every shard is written under a temporary name and renamed into place, and its manifest
-(counts, doc-id range, sha256) is written the same way *after* the shard, so a shard with a
-manifest is complete. ``_SUCCESS.json`` marks the whole stage complete for one fingerprint.
+(counts, document range, sha256) is written the same way *after* the shard, so a shard with
+a manifest is complete. Each input file gets its own series of shards (so tokenize tasks can
+split the files); the index ``_SUCCESS.json`` lists every shard in input order with its
+global first document id, and marks the whole stage complete for one fingerprint.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ SHARD_SCHEMA = pa.schema(
     [
         pa.field("input_ids", pa.list_(pa.int32())),
         pa.field("length", pa.int32()),
-        pa.field("doc_id", pa.int64()),
+        pa.field("doc_index", pa.int64()),  # position in its input file (global ids come later)
         pa.field("file_index", pa.int32()),
         pa.field("line", pa.int64()),
     ]
@@ -115,13 +117,13 @@ class ShardWriter:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
-        doc_ids = table.column("doc_id")
+        doc_index = table.column("doc_index")
         manifest = {
             "file": final.name,
             "num_docs": table.num_rows,
             "num_tokens": self._pending_tokens,
-            "first_doc_id": int(doc_ids[0].as_py()),
-            "last_doc_id": int(doc_ids[-1].as_py()),
+            "first_doc_index": int(doc_index[0].as_py()),
+            "last_doc_index": int(doc_index[-1].as_py()),
             "sha256": sha256_file(final),
         }
         atomic_write_json(self.folder / manifest_name(index), manifest)
@@ -140,7 +142,7 @@ class ShardTokens:
 
 
 class TokenShards:
-    """Read access to a completed tokenize stage."""
+    """Read access to a completed tokenize stage, through its index."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder

@@ -16,7 +16,6 @@ import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numba
 import numpy as np
@@ -25,7 +24,7 @@ import pyarrow.parquet as pq
 
 from packcli.config import PlanConfig, WriteConfig
 from packcli.plan import Plan, RowLayout, plan_two_tier
-from packcli.shards import ShardTokens, sha256_file
+from packcli.shards import ShardTokens
 
 ROW_SCHEMA = pa.schema(
     [
@@ -123,48 +122,7 @@ def file_ranges(layout: RowLayout, shard_tokens: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
-def write_config(
-    plan: Plan,
-    layout: RowLayout,
-    source: TokenSource,
-    folder: Path,
-    config: WriteConfig,
-    on_tokens: Callable[[int], None] | None = None,
-    keep_existing: bool = False,
-    on_file: Callable[[int], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Write one config's Parquet files; returns a manifest entry per file.
-
-    ``keep_existing``: a file already under its final name is complete (it was renamed into
-    place) and, by the caller's fingerprint check, identical to what would be written, so an
-    interrupted run resumes after it. ``on_file(i)`` runs after file ``i`` is in place.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    ranges = file_ranges(layout, config.shard_tokens)
-    rows_per_group = max(1, config.row_group_tokens // layout.capacity)
-    manifests = []
-    for i, (f0, f1) in enumerate(ranges):
-        final = folder / f"train-{i:05d}-of-{len(ranges):05d}.parquet"
-        if keep_existing and final.is_file():
-            if on_tokens is not None:
-                on_tokens(int(layout.row_tokens[f0:f1].sum()))
-        else:
-            _write_file(plan, layout, source, final, config, f0, f1, rows_per_group, on_tokens)
-        if on_file is not None:
-            on_file(i)
-        manifests.append(
-            {
-                "file": final.name,
-                "rows": f1 - f0,
-                "tokens": int(layout.row_tokens[f0:f1].sum()),
-                "bytes": final.stat().st_size,
-                "sha256": sha256_file(final),
-            }
-        )
-    return manifests
-
-
-def _write_file(
+def write_config_file(
     plan: Plan,
     layout: RowLayout,
     source: TokenSource,
@@ -172,10 +130,15 @@ def _write_file(
     config: WriteConfig,
     f0: int,
     f1: int,
-    rows_per_group: int,
-    on_tokens: Callable[[int], None] | None,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> None:
-    """Rows ``f0..f1-1`` into one Parquet file: temp name, fsync, rename."""
+    """Rows ``f0..f1-1`` of a config into one Parquet file: temp name, fsync, rename.
+
+    A file under its final name is therefore always complete, which is what lets an
+    interrupted run keep it.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    rows_per_group = max(1, config.row_group_tokens // layout.capacity)
     compression = None if config.compression == "none" else config.compression
     level = config.compression_level if compression in ("zstd", "gzip") else None
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")

@@ -59,7 +59,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path):
 @pytest.mark.parametrize(
     ("point", "resumed"),
     [
-        ("tokenize:3", "resuming tokenization after 3 completed shard(s)"),
+        ("tokenize:3", "after 3 completed shard(s)"),
         ("plan", "reusing tokenized shards"),
         ("write:long:1", "reusing tokenized shards"),
         ("write:short:0", "reusing tokenized shards"),
