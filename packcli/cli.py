@@ -18,8 +18,9 @@ from typing import Annotated, Any
 import typer
 
 from packcli import __version__
-from packcli.config import build_config, load_yaml
+from packcli.config import RunConfig, build_config, load_yaml
 from packcli.errors import PackcliError
+from packcli.tasks import resolve_task
 
 app = typer.Typer(
     add_completion=False,
@@ -68,6 +69,58 @@ def _special(value: str | None) -> str | int | None:
     return int(value) if value.isdigit() else value
 
 
+# Options shared by several commands, declared once.
+Inputs = Annotated[
+    list[str], typer.Argument(help="jsonl / jsonl.gz / jsonl.zst files, folders or globs.")
+]
+Out = Annotated[str, typer.Option("--out", "-o", help="Output dataset folder.")]
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option("--tokenizer", "-t", help="tokenizer.json, its folder, or a Hub repo id."),
+]
+ConfigFile = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML config; flags override it.")
+]
+TextField = Annotated[str | None, typer.Option(help="JSON field holding the text [text].")]
+Eos = Annotated[
+    str | None,
+    typer.Option(help="EOS appended to every document: token, id, auto or none [auto]."),
+]
+Bos = Annotated[
+    str | None,
+    typer.Option(help="BOS prepended to every document: token, id, auto or none [none]."),
+]
+ShortLen = Annotated[int | None, typer.Option(help="Short-pack capacity in tokens [4096].")]
+LongLen = Annotated[int | None, typer.Option(help="Long-row capacity in tokens [131072].")]
+Overlong = Annotated[
+    str | None,
+    typer.Option(help="Documents longer than --long-len: split, truncate or drop [split]."),
+]
+Algorithm = Annotated[str | None, typer.Option(help="Bin packing: bfd, ffd or wrapped [bfd].")]
+Seed = Annotated[int | None, typer.Option(help="Seed for the row shuffle [0].")]
+BatchSize = Annotated[int | None, typer.Option(help="Documents per tokenizer batch [1024].")]
+WorkDir = Annotated[
+    str | None, typer.Option(help="Work folder for shards and plan [OUT/.packcli].")
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+TaskIndex = Annotated[
+    int | None,
+    typer.Option(help="This task's index, 0-based [SLURM_ARRAY_TASK_ID, else 0]."),
+]
+NumTasks = Annotated[
+    int | None, typer.Option(help="Number of tasks [SLURM_ARRAY_TASK_COUNT, else 1].")
+]
+
+
+def _config(config: Path | None, **sections: dict[str, Any]) -> RunConfig:
+    file_values: dict[str, Any] = load_yaml(config) if config else {}
+    return build_config(file_values, sections, source=str(config) if config else "options")
+
+
+def _command() -> str:
+    return "packcli " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
 @app.command(
     epilog=(
         "Examples:\n\n"
@@ -79,81 +132,46 @@ def _special(value: str | None) -> str | int | None:
 )
 @_errors_to_exit
 def pack(
-    inputs: Annotated[
-        list[str], typer.Argument(help="jsonl / jsonl.gz / jsonl.zst files, folders or globs.")
-    ],
-    out: Annotated[str, typer.Option("--out", "-o", help="Output dataset folder.")],
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer", "-t", help="tokenizer.json, a folder holding one, or a Hub id."
-        ),
-    ] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="YAML config; flags override it.")
-    ] = None,
-    text_field: Annotated[
-        str | None, typer.Option(help="JSON field holding the text [default: text].")
-    ] = None,
-    eos: Annotated[
-        str | None,
-        typer.Option(help="EOS appended to every document: token, id, auto or none [auto]."),
-    ] = None,
-    bos: Annotated[
-        str | None,
-        typer.Option(help="BOS prepended to every document: token, id, auto or none [none]."),
-    ] = None,
-    short_len: Annotated[
-        int | None, typer.Option(help="Short-pack capacity in tokens [4096].")
-    ] = None,
-    long_len: Annotated[
-        int | None, typer.Option(help="Long-row capacity in tokens [131072].")
-    ] = None,
-    overlong: Annotated[
-        str | None,
-        typer.Option(help="Documents longer than --long-len: split, truncate or drop [split]."),
-    ] = None,
-    algorithm: Annotated[
-        str | None, typer.Option(help="Bin packing: bfd, ffd or wrapped [bfd].")
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for the row shuffle [0].")] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Documents per tokenizer batch [1024].")
-    ] = None,
-    work_dir: Annotated[
-        str | None, typer.Option(help="Folder for tokenized shards [OUT/.packcli].")
-    ] = None,
+    inputs: Inputs,
+    out: Out,
+    tokenizer: TokenizerOpt = None,
+    config: ConfigFile = None,
+    text_field: TextField = None,
+    eos: Eos = None,
+    bos: Bos = None,
+    short_len: ShortLen = None,
+    long_len: LongLen = None,
+    overlong: Overlong = None,
+    algorithm: Algorithm = None,
+    seed: Seed = None,
+    batch_size: BatchSize = None,
+    work_dir: WorkDir = None,
     overwrite: Annotated[
         bool, typer.Option(help="Allow writing into a non-empty folder that is not ours.")
     ] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON instead of a table.")
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: Quiet = False,
 ) -> None:
-    """Read, tokenize, two-tier pack and write a Hugging Face dataset to OUT."""
+    """Read, tokenize, two-tier pack and write a Hugging Face dataset to OUT (all stages)."""
     from packcli.pipeline import run_pack
     from packcli.report import format_report
 
-    file_values: dict[str, Any] = load_yaml(config) if config else {}
-    cfg = build_config(
-        file_values,
-        {
-            "run": {"out": out, "work_dir": work_dir},
-            "read": {"inputs": tuple(inputs), "text_field": text_field, "batch_size": batch_size},
-            "tokenize": {"tokenizer": tokenizer, "eos": _special(eos), "bos": _special(bos)},
-            "plan": {
-                "short_len": short_len,
-                "long_len": long_len,
-                "overlong": overlong,
-                "algorithm": algorithm,
-                "seed": seed,
-            },
+    cfg = _config(
+        config,
+        run={"out": out, "work_dir": work_dir},
+        read={"inputs": tuple(inputs), "text_field": text_field, "batch_size": batch_size},
+        tokenize={"tokenizer": tokenizer, "eos": _special(eos), "bos": _special(bos)},
+        plan={
+            "short_len": short_len,
+            "long_len": long_len,
+            "overlong": overlong,
+            "algorithm": algorithm,
+            "seed": seed,
         },
-        source=str(config) if config else "options",
     )
-    command = "packcli " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    result = run_pack(cfg, quiet=quiet, overwrite=overwrite, command=command)
+    result = run_pack(cfg, quiet=quiet, overwrite=overwrite, command=_command())
     if json_out:
         typer.echo(json.dumps(result.report, indent=2))
         return
@@ -165,6 +183,113 @@ def pack(
         f"write {t['write']:.1f}s"
     )
     typer.echo(f"wrote     {out}  (load with datasets.load_dataset({out!r}, 'long'))")
+
+
+@app.command(
+    epilog=(
+        "Examples (a Slurm array sets the task flags itself):\n\n"
+        "  packcli tokenize 'corpus/*.jsonl.zst' -t tok.json -o out/ --task-index 3 "
+        "--num-tasks 16\n\n"
+        "  sbatch --array=0-15 scripts/slurm/tokenize.sbatch"
+    )
+)
+@_errors_to_exit
+def tokenize(
+    inputs: Inputs,
+    out: Out,
+    tokenizer: TokenizerOpt = None,
+    config: ConfigFile = None,
+    text_field: TextField = None,
+    eos: Eos = None,
+    bos: Bos = None,
+    batch_size: BatchSize = None,
+    work_dir: WorkDir = None,
+    task_index: TaskIndex = None,
+    num_tasks: NumTasks = None,
+    quiet: Quiet = False,
+) -> None:
+    """Stage 1 of 4: tokenize this task's share of the input files into shards."""
+    from packcli.pipeline import check_output_folder, tokenize_task
+
+    cfg = _config(
+        config,
+        run={"out": out, "work_dir": work_dir},
+        read={"inputs": tuple(inputs), "text_field": text_field, "batch_size": batch_size},
+        tokenize={"tokenizer": tokenizer, "eos": _special(eos), "bos": _special(bos)},
+    )
+    check_output_folder(cfg.out_path, overwrite=False)
+    index, count = resolve_task(task_index, num_tasks)
+    reused = tokenize_task(cfg, task_index=index, num_tasks=count, quiet=quiet)
+    typer.echo(f"tokenize task {index} of {count} done" + (" (reused)" if reused else ""))
+
+
+@app.command(epilog="Examples:\n\n  packcli plan -o out/ --short-len 4096 --long-len 131072")
+@_errors_to_exit
+def plan(
+    out: Out,
+    config: ConfigFile = None,
+    short_len: ShortLen = None,
+    long_len: LongLen = None,
+    overlong: Overlong = None,
+    algorithm: Algorithm = None,
+    seed: Seed = None,
+    work_dir: WorkDir = None,
+    quiet: Quiet = False,
+) -> None:
+    """Stage 2 of 4: the global plan over all documents' lengths (one task)."""
+    from packcli.pipeline import plan_stage
+    from packcli.plan import tier_summary
+
+    cfg = _config(
+        config,
+        run={"out": out, "work_dir": work_dir},
+        plan={
+            "short_len": short_len,
+            "long_len": long_len,
+            "overlong": overlong,
+            "algorithm": algorithm,
+            "seed": seed,
+        },
+    )
+    planned, _ = plan_stage(cfg, quiet=quiet)
+    for name in ("short", "long"):
+        t = tier_summary(getattr(planned, name))
+        typer.echo(f"{name:<6}{t['rows']:>12,} rows  {t['rows_over_bound']:.5f}x lower bound")
+
+
+@app.command(epilog="Examples:\n\n  packcli write -o out/ --task-index 0 --num-tasks 8")
+@_errors_to_exit
+def write(
+    out: Out,
+    config: ConfigFile = None,
+    work_dir: WorkDir = None,
+    task_index: TaskIndex = None,
+    num_tasks: NumTasks = None,
+    quiet: Quiet = False,
+) -> None:
+    """Stage 3 of 4: write this task's share of the Parquet files from the saved plan."""
+    from packcli.pipeline import write_stage
+
+    cfg = _config(config, run={"out": out, "work_dir": work_dir})
+    index, count = resolve_task(task_index, num_tasks)
+    write_stage(cfg, task_index=index, num_tasks=count, quiet=quiet)
+    typer.echo(f"write task {index} of {count} done")
+
+
+@app.command(epilog="Examples:\n\n  packcli finalize -o out/ && packcli verify out/")
+@_errors_to_exit
+def finalize(
+    out: Out,
+    work_dir: WorkDir = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Stage 4 of 4: check all files are written; write the dataset card and packcli.json."""
+    from packcli.pipeline import finalize_stage
+    from packcli.report import format_report
+
+    cfg = _config(None, run={"out": out, "work_dir": work_dir})
+    report = finalize_stage(cfg, command=_command())
+    typer.echo(json.dumps(report, indent=2) if json_out else format_report(report))
 
 
 @app.command(

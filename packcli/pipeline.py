@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from packcli import __version__
 from packcli.card import CONFIG_NAMES, render_card
-from packcli.config import RunConfig
+from packcli.config import PlanConfig, ReadConfig, RunConfig, TokenizeConfig, WriteConfig
 from packcli.encode import prefetch, tokenize_batches
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.faults import crash_point
@@ -371,9 +371,9 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
 # --------------------------------------------------------------------------- plan
 
 
-def _plan_fingerprint(cfg: RunConfig, tokens_fingerprint: str) -> str:
+def _plan_fingerprint(plan_cfg: PlanConfig, tokens_fingerprint: str) -> str:
     return _fingerprint(
-        {"tokens": tokens_fingerprint, "plan": dataclasses.asdict(cfg.plan), "v": __version__}
+        {"tokens": tokens_fingerprint, "plan": dataclasses.asdict(plan_cfg), "v": __version__}
     )
 
 
@@ -391,12 +391,12 @@ def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShard
     with _bar(quiet, total=1, desc="plan") as bar:
         plan = plan_two_tier(lengths, cfg.plan)
         bar.update(1)
-    _save_plan(cfg, plan, _plan_fingerprint(cfg, shards.success["fingerprint"]))
+    _save_plan(cfg, plan, shards.success["fingerprint"])
     crash_point("plan")
     return plan, shards
 
 
-def _save_plan(cfg: RunConfig, plan: Plan, fingerprint: str) -> None:
+def _save_plan(cfg: RunConfig, plan: Plan, tokens_fingerprint: str) -> None:
     path = cfg.work_path / "plan.npz"
     tmp = path.with_name(".plan.tmp.npz")
     arrays = {"piece_doc": plan.piece_doc, "piece_start": plan.piece_start}
@@ -410,30 +410,60 @@ def _save_plan(cfg: RunConfig, plan: Plan, fingerprint: str) -> None:
     tmp.replace(path)
     atomic_write_json(
         cfg.work_path / "plan.json",
-        {"fingerprint": fingerprint, "stats": plan.stats, "plan": dataclasses.asdict(cfg.plan)},
+        {
+            "fingerprint": _plan_fingerprint(cfg.plan, tokens_fingerprint),
+            "tokens_fingerprint": tokens_fingerprint,
+            "stats": plan.stats,
+            "plan": dataclasses.asdict(cfg.plan),
+        },
     )
 
 
-def load_plan(cfg: RunConfig, shards: TokenShards) -> Plan:
-    meta = _read_json(cfg.work_path / "plan.json")
-    if meta.get("fingerprint") != _plan_fingerprint(cfg, shards.success["fingerprint"]):
+def load_plan(work: Path, shards: TokenShards) -> tuple[Plan, PlanConfig]:
+    """The saved plan and the settings it was made with (write tasks need no plan flags)."""
+    meta = _read_json(work / "plan.json")
+    if not meta or meta.get("tokens_fingerprint") != shards.success["fingerprint"]:
         raise PackcliError(
-            f"no plan for these tokens and plan settings in {cfg.work_path}: "
-            "run `packcli plan` first (with the same config)"
+            f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
         )
-    with np.load(cfg.work_path / "plan.npz") as z:
+    plan_cfg = PlanConfig(**meta["plan"])
+    with np.load(work / "plan.npz") as z:
         layouts = {
             name: RowLayout(
-                cfg.plan.short_len if name == "short" else cfg.plan.long_len,
+                plan_cfg.short_len if name == "short" else plan_cfg.long_len,
                 z[f"{name}_row_offsets"],
                 z[f"{name}_row_pieces"],
                 z[f"{name}_row_tokens"],
             )
             for name in CONFIG_NAMES
         }
-        return Plan(
+        plan = Plan(
             z["piece_doc"], z["piece_start"], z["piece_len"], stats=meta["stats"], **layouts
         )
+    return plan, plan_cfg
+
+
+def stored_config(cfg: RunConfig) -> RunConfig:
+    """The run config as the stages recorded it: tokenize settings from the tokenize stage,
+    plan settings from the plan stage, write settings from the write tasks. ``finalize``
+    reports this, so the output says how it was made whichever commands made it."""
+    work = cfg.work_path
+    stage = _read_json(work / "tokens" / "stage.json")
+    plan = _read_json(work / "plan.json")
+    write = _read_json(work / "write" / "config.json")
+    values = {
+        "read": stage.get("config", {}).get("read", dataclasses.asdict(cfg.read)),
+        "tokenize": stage.get("config", {}).get("tokenize", dataclasses.asdict(cfg.tokenize)),
+        "plan": plan.get("plan", dataclasses.asdict(cfg.plan)),
+        "write": write.get("write", dataclasses.asdict(cfg.write)),
+    }
+    return dataclasses.replace(
+        cfg,
+        read=ReadConfig(**values["read"]),
+        tokenize=TokenizeConfig(**values["tokenize"]),
+        plan=PlanConfig(**values["plan"]),
+        write=WriteConfig(**values["write"]),
+    )
 
 
 # --------------------------------------------------------------------------- write
@@ -442,7 +472,7 @@ def load_plan(cfg: RunConfig, shards: TokenShards) -> Plan:
 def _write_fingerprint(cfg: RunConfig, shards: TokenShards) -> str:
     return _fingerprint(
         {
-            "plan": _plan_fingerprint(cfg, shards.success["fingerprint"]),
+            "plan": _plan_fingerprint(cfg.plan, shards.success["fingerprint"]),
             "write": dataclasses.asdict(cfg.write),
         }
     )
@@ -472,6 +502,7 @@ def write_task(
     fingerprint = _write_fingerprint(cfg, shards)
     records = cfg.work_path / "write"
     records.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(records / "config.json", {"write": dataclasses.asdict(cfg.write)})
     jobs = _output_files(cfg, plan)[task_index::num_tasks]
     total = sum(int(getattr(plan, j[0]).row_tokens[j[3] : j[4]].sum()) for j in jobs)
     source = TokenSource(list(shards.iter_shards()))
@@ -500,6 +531,16 @@ def write_task(
             crash_point(f"write:{name}:{i}")
 
 
+def write_stage(
+    cfg: RunConfig, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = False
+) -> None:
+    """``packcli write``: one write task over the saved plan, with the plan's own settings."""
+    shards = collect_tokens(cfg)
+    plan, plan_cfg = load_plan(cfg.work_path, shards)
+    cfg = dataclasses.replace(cfg, plan=plan_cfg)
+    write_task(cfg, plan, shards, task_index=task_index, num_tasks=num_tasks, quiet=quiet)
+
+
 # --------------------------------------------------------------------------- finalize
 
 
@@ -507,7 +548,9 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
     """Check every output file is written, remove strays, write the card and the marker."""
     out = _require_out(cfg)
     shards = collect_tokens(cfg)
-    plan = plan if plan is not None else load_plan(cfg, shards)
+    if plan is None:
+        plan, _ = load_plan(cfg.work_path, shards)
+    cfg = stored_config(cfg)
     fingerprint = _write_fingerprint(cfg, shards)
     files: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIG_NAMES}
     missing = []
