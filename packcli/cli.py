@@ -19,7 +19,7 @@ import typer
 
 from packcli import __version__
 from packcli.config import RunConfig, build_config, load_yaml
-from packcli.errors import PackcliError
+from packcli.errors import ConfigError, PackcliError
 from packcli.tasks import resolve_task
 
 app = typer.Typer(
@@ -152,9 +152,19 @@ def pack(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON instead of a table.")
     ] = False,
+    executor: Annotated[
+        str, typer.Option(help="Run tokenize/write tasks here (local) or on Ray (ray).")
+    ] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option(help="Existing Ray cluster [start a local one].")
+    ] = None,
+    num_tasks: Annotated[
+        int | None, typer.Option(help="Tokenize/write tasks [1 local; Ray: cluster CPUs].")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Read, tokenize, two-tier pack and write a Hugging Face dataset to OUT (all stages)."""
+    from packcli.executors import Executor
     from packcli.pipeline import run_pack
     from packcli.report import format_report
 
@@ -171,7 +181,16 @@ def pack(
             "seed": seed,
         },
     )
-    result = run_pack(cfg, quiet=quiet, overwrite=overwrite, command=_command())
+    if num_tasks is not None and num_tasks < 1:
+        raise ConfigError(f"--num-tasks must be >= 1, got {num_tasks}")
+    result = run_pack(
+        cfg,
+        quiet=quiet,
+        overwrite=overwrite,
+        command=_command(),
+        executor=Executor(executor, ray_address),
+        num_tasks=num_tasks,
+    )
     if json_out:
         typer.echo(json.dumps(result.report, indent=2))
         return

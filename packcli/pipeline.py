@@ -43,6 +43,7 @@ from packcli.card import CONFIG_NAMES, render_card
 from packcli.config import PlanConfig, ReadConfig, RunConfig, TokenizeConfig, WriteConfig
 from packcli.encode import prefetch, tokenize_batches
 from packcli.errors import ConfigError, InputError, PackcliError
+from packcli.executors import Executor
 from packcli.faults import crash_point
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.read import DocBatch, ReadStats, iter_batches, resolve_inputs
@@ -615,19 +616,31 @@ def _relative_to_out(path: Path, out: Path) -> str:
 
 
 def run_pack(
-    cfg: RunConfig, *, quiet: bool = False, overwrite: bool = False, command: str = ""
+    cfg: RunConfig,
+    *,
+    quiet: bool = False,
+    overwrite: bool = False,
+    command: str = "",
+    executor: Executor | None = None,
+    num_tasks: int | None = None,
 ) -> RunResult:
-    """The whole job in one process: every stage as its single task."""
+    """The whole job from one command: tokenize and write as ``num_tasks`` tasks each on the
+    executor (one in-process task by default), plan and finalize in this process."""
     check_output_folder(_require_out(cfg), overwrite)
+    executor = executor or Executor("local")
+    n = num_tasks or executor.default_tasks()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    reused = tokenize_task(cfg, quiet=quiet)
+    reused = all(executor.map(tokenize_task, (cfg,), n, quiet=quiet))
     timings["tokenize"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     plan, shards = plan_stage(cfg, quiet=quiet)
     timings["plan"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    write_task(cfg, plan, shards, quiet=quiet)
+    if executor.kind == "local" and n == 1:
+        write_task(cfg, plan, shards, quiet=quiet)  # reuse the plan already in memory
+    else:
+        executor.map(write_stage, (cfg,), n, quiet=quiet)
     timings["write"] = time.perf_counter() - t0
     report = finalize_stage(cfg, command=command, plan=plan)
     return RunResult(report=report, timings=timings, reused_tokens=reused)

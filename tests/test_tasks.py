@@ -77,3 +77,40 @@ def test_split_stages_match_single_process(toy_tokenizer_path: Path, tmp_path: P
     assert len(data_hashes(single)) > 2
     assert data_hashes(out) == data_hashes(single)
     assert "all invariants hold" in invoke("verify", out)
+
+
+def test_local_executor_with_several_tasks_matches(
+    toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    counts = mixed_lengths(200, seed=4)
+    for i in range(3):
+        write_corpus(corpus / f"p{i}.jsonl", counts[i::3], seed=i)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CFG)
+    one, many = tmp_path / "one", tmp_path / "many"
+    invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", one, "-c", cfg, "-q")
+    invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", many, "-c", cfg, "-q", "--num-tasks", 3)
+    assert data_hashes(many) == data_hashes(one)
+
+
+def test_ray_executor_matches_local(toy_tokenizer_path: Path, tmp_path: Path) -> None:
+    import ray  # in the dev extras, so CI always runs this
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    counts = mixed_lengths(200, seed=6)
+    for i in range(3):
+        write_corpus(corpus / f"p{i}.jsonl", counts[i::3], seed=i)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CFG)
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", local, "-c", cfg, "-q")
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
+    try:
+        args = ["pack", corpus, "-t", toy_tokenizer_path, "-o", on_ray, "-c", cfg, "-q"]
+        invoke(*args, "--executor", "ray", "--num-tasks", 2)
+    finally:
+        ray.shutdown()
+    assert data_hashes(on_ray) == data_hashes(local)
+    assert "all invariants hold" in invoke("verify", on_ray)
