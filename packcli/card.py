@@ -6,6 +6,8 @@ The YAML ``configs`` section is what makes ``datasets.load_dataset(out, "long")`
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -70,9 +72,18 @@ def card_front_matter(
 
 
 def render_card(
-    report: dict[str, Any], run: dict[str, Any], files: dict[str, list[dict[str, Any]]]
+    report: dict[str, Any],
+    run: dict[str, Any],
+    files: dict[str, list[dict[str, Any]]],
+    out: Path | None = None,
 ) -> str:
+    """The card's markdown; ``out`` (when given) lets it embed plots from ``packcli stats``."""
+    from packcli.stats import render_plots_section, training_snippet
+
     front = yaml.safe_dump(card_front_matter(report, files), sort_keys=False)
+    plots = render_plots_section(out) if out is not None else ""
+    pad = run["tokenizer"].get("eos_id")
+    training = training_snippet(pad_token_id=pad if pad is not None else 0)
     tiers = report["tiers"]
     pol = report["policy"]
     rows = "\n".join(
@@ -120,5 +131,19 @@ import datasets
 ds = datasets.load_dataset("path/or/repo", "long", split="train")
 ```
 
-Made with: `{run["command"]}`
+{training}
+{plots}
+## Provenance
+
+Made with packcli {run["packcli_version"]}: `{run["command"]}`
 """
+
+
+def refresh_card(out: Path) -> None:
+    """Re-render ``OUT/README.md`` from ``packcli.json`` (e.g. after ``packcli stats`` made
+    plots), atomically."""
+    from packcli.shards import atomic_write_bytes
+
+    meta = json.loads((out / "packcli.json").read_text(encoding="utf-8"))
+    text = render_card(meta["report"], meta["run"], meta["files"], out)
+    atomic_write_bytes(out / "README.md", text.encode("utf-8"))

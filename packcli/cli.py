@@ -343,5 +343,18 @@ def verify(
     typer.echo(f"OK: all invariants hold {against}")
 
 
+def _register_tools() -> None:
+    from packcli.publish import PUSH_EPILOG, push_command
+    from packcli.rowview import INSPECT_EPILOG, inspect_command
+    from packcli.stats import STATS_EPILOG, stats_command
+
+    app.command("push", epilog=PUSH_EPILOG)(_errors_to_exit(push_command))
+    app.command("stats", epilog=STATS_EPILOG)(_errors_to_exit(stats_command))
+    app.command("inspect", epilog=INSPECT_EPILOG)(_errors_to_exit(inspect_command))
+
+
+_register_tools()
+
+
 def main() -> None:
     app()

@@ -596,8 +596,11 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         "tokens_fingerprint": shards.success["fingerprint"],
         "work_dir": _relative_to_out(cfg.work_path, out),
     }
+    for stale in (out / "stats").glob("*.png"):  # plots of an earlier run; `stats` remakes them
+        stale.unlink()
     crash_point("finalize")
-    atomic_write_bytes(out / "README.md", render_card(report, run_info, files).encode("utf-8"))
+    card = render_card(report, run_info, files, out)
+    atomic_write_bytes(out / "README.md", card.encode("utf-8"))
     atomic_write_json(
         out / MARKER, {"config": cfg.to_dict(), "run": run_info, "report": report, "files": files}
     )

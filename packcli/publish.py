@@ -5,9 +5,10 @@ dataset. The work folder ``.packcli/`` (tokenized shards, often larger than the 
 itself), temp files of an interrupted run (``.*.tmp-*``) and anything a user dropped there
 must never reach the Hub, and a half-written or corrupt output must not be published at all.
 So the upload set is exact: ``README.md``, ``packcli.json``, the Parquet files listed in
-``packcli.json`` and the plots ``packcli stats`` wrote (``stats/*.png``, by name), and the
-folder must pass ``verify_output(out, use_shards=False)`` first (structure, counts and the
-sha256 of every data file; no tokenized shards needed).
+``packcli.json`` and the plots ``packcli stats`` wrote (``stats/*.png``, by name; skipped
+when older than ``packcli.json``, as they would describe an earlier pack), and the folder
+must pass ``verify_output(out, use_shards=False)`` first (structure, counts and the sha256
+of every data file; no tokenized shards needed).
 
 The upload itself is ``huggingface_hub``'s resumable folder upload: ``upload_large_folder``
 where it exists (huggingface_hub 0.25 to 1.x), else ``upload_folder``, which from
@@ -92,7 +93,16 @@ def upload_files(out: Path) -> list[UploadFile]:
     paths = ["README.md", MARKER]
     for name in CONFIG_NAMES:
         paths += [f"data/{name}/{f}" for f in listed[name]]
-    paths += [f"{STATS_DIR}/{p}" for p in PLOT_FILES if (out / STATS_DIR / p).is_file()]
+    made = marker.stat().st_mtime_ns
+    for name in PLOT_FILES:
+        plot = out / STATS_DIR / name
+        if not plot.is_file():
+            continue
+        # pack writes packcli.json last, stats plots after it: an older plot shows old data.
+        if plot.stat().st_mtime_ns < made:
+            log.warning("not uploading %s: it predates packcli.json; rerun packcli stats", plot)
+            continue
+        paths.append(f"{STATS_DIR}/{name}")
     files = []
     for rel in paths:
         p = out / rel

@@ -10,8 +10,9 @@ The row is located through the per-file ``rows`` counts in ``packcli.json`` and 
 group sizes in the Parquet footer, so only one row group of one file is read (the token
 columns of at most ``write.row_group_tokens`` tokens), whatever the size of the dataset.
 Text is decoded with the tokenizer recorded in ``packcli.json`` (``--tokenizer`` overrides
-it), only around the boundaries. The module is not called ``inspect``: that name would
-shadow the standard library.
+it), only around the boundaries. numpy and pyarrow are imported inside the functions, so
+registering the command keeps ``packcli --help`` fast. The module is not called ``inspect``:
+that name would shadow the standard library.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
-import pyarrow.parquet as pq
 import typer
 
 from packcli.card import CONFIG_NAMES
 from packcli.errors import ConfigError, PackcliError
 from packcli.stats import capacities, read_meta, require_extra
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -61,40 +63,63 @@ def locate_row(meta: dict[str, Any], config: str, row: int) -> tuple[str, int]:
 
 def read_row(path: Path, row_in_file: int) -> dict[str, Any]:
     """One row as numpy arrays, reading only the row group that holds it."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
     if not path.is_file():
         raise PackcliError(f"{path} is missing; the output is damaged (see packcli verify)")
-    pf = pq.ParquetFile(path)
-    columns = [*_COLUMNS, *(["labels"] if "labels" in pf.schema_arrow.names else [])]
-    first = 0
-    for g in range(pf.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        if row_in_file < first + n:
-            table = pf.read_row_group(g, columns=columns).slice(row_in_file - first, 1)
-            return {
-                c: (
-                    np.asarray(table.column(c)[0].values)
-                    if c != "num_tokens"
-                    else int(table.column(c)[0].as_py())
-                )
-                for c in columns
-            }
-        first += n
-    raise PackcliError(f"{path}: has {first} rows, packcli.json says more (see packcli verify)")
+    with pq.ParquetFile(path) as pf:
+        columns = [*_COLUMNS, *(["labels"] if "labels" in pf.schema_arrow.names else [])]
+        first = 0
+        for g in range(pf.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if row_in_file < first + n:
+                table = pf.read_row_group(g, columns=columns).slice(row_in_file - first, 1)
+                break
+            first += n
+        else:
+            raise PackcliError(
+                f"{path}: has {first} rows, packcli.json says more (see packcli verify)"
+            )
+    row = {c: np.asarray(table.column(c)[0].values) for c in columns if c != "num_tokens"}
+    row["num_tokens"] = int(table.column("num_tokens")[0].as_py())
+    return row
 
 
 def masked_spans(labels: np.ndarray, start: int = 0) -> list[tuple[int, int]]:
     """Runs of ``IGNORE_INDEX`` in ``labels`` as half-open ``(start, end)`` token offsets."""
+    import numpy as np
+
     m = np.concatenate([[False], labels == IGNORE_INDEX, [False]])
     edges = np.flatnonzero(np.diff(m.astype(np.int8)))
     return [(start + int(a), start + int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
-def load_decoder(meta: dict[str, Any], override: str | None) -> tuple[Any, str]:
+def _recorded_source(out: Path, meta: dict[str, Any]) -> str:
+    """The recorded tokenizer, found also when it was given relative to pack's directory.
+
+    ``run.tokenizer.source`` is recorded as given, so a relative path only resolves from the
+    directory pack ran in. That directory is recoverable when ``--out`` was relative too:
+    it is the resolved output folder minus the ``--out`` path.
+    """
+    source = meta["run"]["tokenizer"]["source"]
+    given = Path(meta["config"].get("out") or "")
+    if Path(source).exists() or Path(source).is_absolute() or given.is_absolute():
+        return source
+    parts = [p for p in given.parts if p != "."]
+    resolved = out.resolve().parts
+    if not parts or ".." in parts or list(resolved[-len(parts) :]) != parts:
+        return source
+    candidate = Path(*resolved[: -len(parts)]) / source
+    return str(candidate) if candidate.exists() else source
+
+
+def load_decoder(out: Path, meta: dict[str, Any], override: str | None) -> tuple[Any, str]:
     """The tokenizer to decode with, and where it came from; warns if it is not the recorded one."""
     from packcli.tokenizer import load_tokenizer
 
     recorded = meta["run"]["tokenizer"]
-    spec = override or recorded["source"]
+    spec = override or _recorded_source(out, meta)
     try:
         loaded = load_tokenizer(spec)
     except ConfigError as exc:
@@ -144,10 +169,12 @@ def inspect_row(
     decode: bool = True,
 ) -> dict[str, Any]:
     """The segments of one row with doc ids, offsets, loss-masked spans and text previews."""
+    import numpy as np
+
     meta = read_meta(out)
     file, row_in_file = locate_row(meta, config, row)
     data = read_row(out / "data" / config / file, row_in_file)
-    tok, source = load_decoder(meta, tokenizer) if decode else (None, None)
+    tok, source = load_decoder(out, meta, tokenizer) if decode else (None, None)
     ids, lens, docs = data["input_ids"], data["seq_lengths"], data["doc_ids"]
     labels = data.get("labels")
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
@@ -190,7 +217,7 @@ def render_row(view: dict[str, Any]) -> list[Any]:
         f"{view['config']} row {view['row']:,} ({view['file']}, row {view['row_in_file']:,}): "
         f"{view['num_tokens']:,} / {view['capacity']:,} tokens, {len(segs)} segments"
     )
-    t = Table(title=title)
+    t = Table()
     for col in ("segment", "doc id", "length", "tokens [start, end)"):
         t.add_column(col, justify="right")
     if view["has_labels"]:
@@ -201,7 +228,7 @@ def render_row(view: dict[str, Any]) -> list[Any]:
         if view["has_labels"]:
             cells.append(_spans(s.get("masked_spans")))
         t.add_row(*cells)
-    out: list[Any] = [t]
+    out: list[Any] = [Text(title, style="bold"), t]
     if segs and "head" in segs[0]:
         b = Table(title=f"Text at the boundaries (decoded with {view['tokenizer']})")
         b.add_column("at token", justify="right")

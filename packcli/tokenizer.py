@@ -87,7 +87,7 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
             raise ConfigError(f"cannot load tokenizer {path}: {exc}") from exc
         config = _config_beside(path)
-        source = str(path)
+        source = str(path.resolve())  # absolute, so `packcli inspect` can reload it anywhere
     elif path.suffix == ".json" or spec.startswith((".", "/")):
         raise ConfigError(f"tokenizer file not found: {spec}")
     else:
