@@ -206,7 +206,7 @@ def test_card_holds_report_numbers_and_embeds_plots_after_stats(
         t = report["tiers"][tier]
         assert f"| `{tier}` | {t['capacity']:,} | {t['rows']:,} | {t['tokens']:,} |" in card
     assert f"Input: {report['input']['documents']:,} documents" in card
-    assert "PackedCollator" in card and "packcli pack" in card
+    assert "PackedCollator" in card and "Made with packcli" in card
     # `stats` (run by the stats_json fixture) re-rendered the card with the plots.
     for name in PLOT_FILES:
         assert f"]({STATS_DIR}/{name})" in card
