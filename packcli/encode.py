@@ -4,15 +4,18 @@ Tokenization is the physical limit of the whole job (~100x the cost of everythin
 this stage does as little as possible besides calling the tokenizer: one
 ``encode_batch_fast`` per batch (parallel in Rust across the batch, and it skips computing
 character offsets, ~2x faster than ``encode_batch``), then numpy to add separators and build
-Arrow list arrays without per-token Python. Reading runs in a background thread so parsing
-the next batch overlaps the tokenizer (which releases the GIL).
+Arrow list arrays without per-token Python. Three things overlap, since the tokenizer releases
+the GIL: reading/parsing the next batches (a reader thread), tokenizing one batch (a worker
+thread driving the tokenizer's own Rust threads), and assembling/writing the previous batch
+(the caller's thread).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
 
 import numpy as np
@@ -27,7 +30,13 @@ def encode_texts(
     encoder: BatchEncoder, texts: list[str], *, bos: int | None, eos: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of ``texts`` back to back (int32) and each document's length (int64)."""
-    id_lists = encoder(texts)
+    return assemble(encoder(texts), bos=bos, eos=eos)
+
+
+def assemble(
+    id_lists: Sequence[Sequence[int]], *, bos: int | None, eos: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten per-document ids and add the separators, with numpy (no per-token Python)."""
     raw_lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
     flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=int(raw_lengths.sum()))
     extra = (bos is not None) + (eos is not None)
@@ -115,6 +124,26 @@ def tokenize_batches(
     bos: int | None,
     eos: int | None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
-    for batch in batches:
-        ids, lengths = encode_texts(encoder, batch.texts, bos=bos, eos=eos)
-        yield batch, batch_to_record_batch(batch, ids, lengths)
+    """Tokenize batch i+1 in a worker thread while batch i is assembled and written.
+
+    The tokenizer releases the GIL while it works, so the Python-side work of the previous
+    batch (flattening ids, building Arrow arrays, writing shards) overlaps it instead of
+    leaving the tokenizer's threads idle. Order is preserved.
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-encode") as pool:
+        pending: tuple[DocBatch, Future] | None = None
+        for batch in batches:
+            future = pool.submit(encoder, batch.texts)
+            if pending is not None:
+                yield _finish(pending, bos, eos)
+            pending = (batch, future)
+        if pending is not None:
+            yield _finish(pending, bos, eos)
+
+
+def _finish(
+    pending: tuple[DocBatch, Future], bos: int | None, eos: int | None
+) -> tuple[DocBatch, pa.RecordBatch]:
+    batch, future = pending
+    ids, lengths = assemble(future.result(), bos=bos, eos=eos)
+    return batch, batch_to_record_batch(batch, ids, lengths)

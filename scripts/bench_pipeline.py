@@ -1,0 +1,150 @@
+"""End-to-end throughput against the tokenizer's own limit, measured in the same run.
+
+Tokenization is the physical limit of ``packcli pack``; everything else (reading,
+decompressing, planning, writing) should hide behind it. This script generates a corpus
+(``scripts/make_sample_corpus.py``), then measures on the same texts and cores:
+
+(a) the raw throughput of the same tokenizer's fastest batched call, ``encode_batch_fast``
+    over the texts already in memory, in batches of the same size packcli uses;
+(b) ``packcli pack`` end to end (in-process, fresh output folder), with its stage times;
+
+and prints MB/s and tokens/s for both and the ratio (b)/(a). With ``--memory`` it also runs
+the tokenize stage alone in a subprocess on two corpus sizes 10x apart and prints the peak
+RSS of each, to show that tokenizing memory does not grow with the corpus.
+
+    python scripts/bench_pipeline.py --size-mb 300 --memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+from tokenizers import Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from make_sample_corpus import main as make_corpus_main  # noqa: E402
+
+from packcli.config import build_config  # noqa: E402
+from packcli.pipeline import run_pack  # noqa: E402
+
+DEFAULT_TOKENIZER = ROOT / "packcli" / "assets" / "demo_tokenizer.json"
+
+
+def make_corpus(path: Path, size_mb: int, seed: int) -> None:
+    if path.exists():
+        return
+    argv = sys.argv
+    sys.argv = ["make_sample_corpus", "--out", str(path), "--size-mb", str(size_mb)]
+    sys.argv += ["--seed", str(seed)]
+    try:
+        make_corpus_main()
+    finally:
+        sys.argv = argv
+
+
+def raw_tokenizer(path: Path, tokenizer: Path, batch_size: int) -> tuple[float, int, int]:
+    """Seconds, bytes and tokens of encode_batch_fast over the texts held in memory."""
+    texts = [orjson.loads(line)["text"] for line in path.open("rb") if line.strip()]
+    nbytes = sum(len(t.encode("utf-8")) for t in texts)
+    tok = Tokenizer.from_file(str(tokenizer))
+    t0 = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(texts), batch_size):
+        batch = tok.encode_batch_fast(texts[i : i + batch_size], add_special_tokens=False)
+        tokens += sum(len(e.ids) for e in batch)
+    return time.perf_counter() - t0, nbytes, tokens
+
+
+def packcli_pack(path: Path, tokenizer: Path, out: Path) -> tuple[float, dict, dict]:
+    if out.exists():
+        shutil.rmtree(out)
+    cfg = build_config(
+        overrides={
+            "run": {"out": str(out)},
+            "read": {"inputs": (str(path),)},
+            "tokenize": {"tokenizer": str(tokenizer)},
+        }
+    )
+    t0 = time.perf_counter()
+    result = run_pack(cfg, quiet=True)
+    return time.perf_counter() - t0, result.timings, result.report
+
+
+def tokenize_peak_rss_mb(path: Path, tokenizer: Path, out: Path) -> float:
+    """Peak RSS of ``packcli tokenize`` alone, in a fresh subprocess."""
+    if out.exists():
+        shutil.rmtree(out)
+    code = (
+        "import resource, sys\n"
+        "from packcli.cli import app\n"
+        "try:\n"
+        f"    app(['tokenize', {str(path)!r}, '-t', {str(tokenizer)!r}, '-o', {str(out)!r},"
+        " '-q'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(res.stdout.strip().splitlines()[-1]) / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=int, default=300)
+    ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--memory", action="store_true", help="also measure peak RSS at 2 sizes")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--seed", type=int, default=20240917)
+    args = ap.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="packcli-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / f"corpus-{args.size_mb}mb.jsonl"
+    make_corpus(corpus, args.size_mb, args.seed)
+
+    raw, pack, stages = [], [], []
+    for _ in range(args.repeats):
+        raw.append(raw_tokenizer(corpus, args.tokenizer, args.batch_size))
+        secs, timings, report = packcli_pack(corpus, args.tokenizer, work / "out")
+        pack.append(secs)
+        stages.append(timings)
+    raw_s = statistics.median(r[0] for r in raw)
+    _, nbytes, raw_tokens = raw[0]
+    pack_s = statistics.median(pack)
+    tokens = report["input"]["tokens"]
+    print(f"corpus {corpus.name}: {nbytes / 1e6:.1f} MB of text, {tokens:,} tokens (with EOS)")
+    print(f"{'what':<34}{'seconds':>9}{'MB/s':>8}{'Mtok/s':>8}{'ratio':>7}")
+    print(
+        f"{'(a) encode_batch_fast, in memory':<34}{raw_s:>9.1f}{nbytes / raw_s / 1e6:>8.2f}"
+        f"{raw_tokens / raw_s / 1e6:>8.2f}{1:>7.2f}"
+    )
+    print(
+        f"{'(b) packcli pack, end to end':<34}{pack_s:>9.1f}{nbytes / pack_s / 1e6:>8.2f}"
+        f"{tokens / pack_s / 1e6:>8.2f}{raw_s / pack_s:>7.2f}"
+    )
+    stage = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
+    print("stages of (b): " + ", ".join(f"{k} {v:.1f}s" for k, v in stage.items()))
+    print(json.dumps({"ratio_b_over_a": raw_s / pack_s, "stages": stage}))
+    if args.memory:
+        small = work / f"corpus-{max(1, args.size_mb // 10)}mb.jsonl"
+        make_corpus(small, max(1, args.size_mb // 10), args.seed)
+        for path in (small, corpus):
+            rss = tokenize_peak_rss_mb(path, args.tokenizer, work / "out-mem")
+            print(f"tokenize peak RSS on {path.name}: {rss:.0f} MB")
+    print(f"(workdir {work})")
+
+
+if __name__ == "__main__":
+    main()
