@@ -68,6 +68,14 @@ def _order_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
+def _tree_add(cnt: np.ndarray, size: int, leaf: int, delta: int) -> None:
+    node = size + leaf
+    while node >= 1:
+        cnt[node] += delta
+        node >>= 1
+
+
+@numba.njit(cache=True)
 def _find_at_least(cnt: np.ndarray, size: int, x: int) -> int:
     """Smallest leaf index >= x with a non-zero count, or -1."""
     node = size + x
@@ -113,10 +121,7 @@ def _best_fit(
         if r > 0:
             nxt[b] = head[r]
             head[r] = b
-            node = size + r
-            while node >= 1:
-                cnt[node] += 1
-                node >>= 1
+            _tree_add(cnt, size, r, 1)
     n_bins = k
 
     for j in range(n):
@@ -126,10 +131,7 @@ def _best_fit(
         if found >= 0:
             b = head[found]
             head[found] = nxt[b]
-            node = size + found
-            while node >= 1:
-                cnt[node] -= 1
-                node >>= 1
+            _tree_add(cnt, size, found, -1)
             rem = found - s
         else:
             b = n_bins
@@ -139,10 +141,7 @@ def _best_fit(
         if rem > 0:
             nxt[b] = head[rem]
             head[rem] = b
-            node = size + rem
-            while node >= 1:
-                cnt[node] += 1
-                node >>= 1
+            _tree_add(cnt, size, rem, 1)
     return assign, n_bins
 
 
@@ -236,10 +235,7 @@ def _granular_fit(
         if best >= 0:
             b = head[best]
             head[best] = nxt[b]
-            node = size + best
-            while node >= 1:
-                cnt[node] -= 1
-                node >>= 1
+            _tree_add(cnt, size, best, -1)
             rem = best - s
         else:
             b = n_bins
@@ -250,10 +246,7 @@ def _granular_fit(
         if rem > 0:
             nxt[b] = head[rem]
             head[rem] = b
-            node = size + rem
-            while node >= 1:
-                cnt[node] += 1
-                node >>= 1
+            _tree_add(cnt, size, rem, 1)
     return assign, n_bins, remaining[:n_bins].copy()
 
 
@@ -273,14 +266,6 @@ def _largest_at_most(cnt: np.ndarray, size: int, x: int) -> int:
             return node - size
         node >>= 1
     return -1
-
-
-@numba.njit(cache=True)
-def _tree_add(cnt: np.ndarray, size: int, leaf: int, delta: int) -> None:
-    node = size + leaf
-    while node >= 1:
-        cnt[node] += delta
-        node >>= 1
 
 
 @numba.njit(cache=True)
