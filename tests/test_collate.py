@@ -8,6 +8,7 @@ flash-mode output is checked against transformers' own ``DataCollatorWithFlatten
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from typing import Any
@@ -117,7 +118,7 @@ def test_flash_mode_matches_transformers_flattening_collator() -> None:
     documents = []
     for row in rows:
         cu = cu_seqlens_from_lengths(row["seq_lengths"])
-        documents += [{"input_ids": row["input_ids"][a:b]} for a, b in zip(cu[:-1], cu[1:])]
+        documents += [{"input_ids": row["input_ids"][a:b]} for a, b in itertools.pairwise(cu)]
     theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(
         documents
     )

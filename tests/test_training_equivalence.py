@@ -20,8 +20,8 @@ The end also runs HF ``Trainer`` with the collator and executes every python sni
 
 from __future__ import annotations
 
+import itertools
 import math
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +45,7 @@ from packcli.collate import (
 )
 
 TOL = 1e-4
+LOSS_TOL = 1e-5  # a float32 mean of ~1000 losses near 6 is good to ~1e-6
 MARGIN = 1e-2  # a negative control must differ by at least this (100x the tolerance)
 IMPLS = ["sdpa", "eager"]
 MODES = ["position_ids", "mask4d", "flash"]
@@ -54,6 +55,16 @@ Segment = tuple[int, int, int]  # (row, start, end) within the row
 
 
 # --- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Matrices this small gain nothing from threads, and on a busy 2-core machine two
+    OpenMP threads made every matmul ~16 ms instead of ~20 us."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +82,9 @@ def packed_dir(toy_tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def rows(packed_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    loaded = {c: list(datasets.load_dataset(str(packed_dir), c, split="train")) for c in ("long", "short")}
+    loaded = {
+        c: list(datasets.load_dataset(str(packed_dir), c, split="train")) for c in ("long", "short")
+    }
     assert max(len(r["seq_lengths"]) for r in loaded["long"]) > 1  # really packed
     assert len({r["num_tokens"] for r in loaded["long"]}) > 1  # rows of unequal length: padding
     return loaded
@@ -83,8 +96,8 @@ def vocab_size(toy_tokenizer_path: Path) -> int:
 
 
 def build_model(vocab_size: int, impl: str) -> LlamaForCausalLM:
-    """Tiny Llama, same weights for every impl (seeded). initializer_range 0.1 (not 0.02)
-    gives logits of order 1, so 1e-4 is a tight tolerance and the controls differ clearly."""
+    """Tiny Llama, same weights for every impl (seeded). initializer_range 0.2 (not 0.02)
+    gives logits of order 1-5, so 1e-4 is a tight tolerance and the controls differ clearly."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -94,7 +107,7 @@ def build_model(vocab_size: int, impl: str) -> LlamaForCausalLM:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
-        initializer_range=0.1,
+        initializer_range=0.2,
     )
     model = LlamaForCausalLM(config).to(torch.float32).eval()
     model.set_attn_implementation(impl)
@@ -111,7 +124,7 @@ def segments(batch_rows: list[dict[str, Any]], mode: str) -> Iterator[tuple[Segm
     offset = 0
     for r, row in enumerate(batch_rows):
         cu = cu_seqlens_from_lengths(row["seq_lengths"]).tolist()
-        for a, b in zip(cu[:-1], cu[1:]):
+        for a, b in itertools.pairwise(cu):
             where = (0, offset + a, offset + b) if mode == "flash" else (r, a, b)
             yield (r, a, b), where
         offset += cu[-1]
@@ -169,7 +182,7 @@ def test_packed_logits_and_loss_equal_separate(
         result = models[impl](**batch, use_cache=False)
     reference = separate[(impl, config)]
     assert max_segment_diff(result.logits, batch_rows, mode, reference) <= TOL
-    assert result.loss.item() == pytest.approx(token_weighted_loss(reference), abs=TOL, rel=TOL)
+    assert abs(result.loss.item() - token_weighted_loss(reference)) <= LOSS_TOL
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -191,7 +204,7 @@ def test_negative_control_plain_concatenation_differs(
             targets += ids.shape[1] - 1
     diff = max_segment_diff(torch.cat(logits), batch_rows, "position_ids", reference)
     assert diff > MARGIN, diff
-    assert abs(losses / targets - token_weighted_loss(reference)) > 10 * TOL
+    assert abs(losses / targets - token_weighted_loss(reference)) > 100 * LOSS_TOL
 
 
 # --- gradients -----------------------------------------------------------------------------
@@ -275,14 +288,12 @@ def varlen_reference_attention(
         F.scaled_dot_product_attention(
             query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling
         )
-        for a, b in zip(cu[:-1], cu[1:])
+        for a, b in itertools.pairwise(cu)
     ]
     return torch.cat(blocks, dim=2).transpose(1, 2).contiguous(), None
 
 
-def test_flash_kwargs_drive_varlen_attention(
-    vocab_size: int, rows: dict, separate: dict
-) -> None:
+def test_flash_kwargs_drive_varlen_attention(vocab_size: int, rows: dict, separate: dict) -> None:
     AttentionInterface.register("packcli_varlen_reference", varlen_reference_attention)
     model = build_model(vocab_size, "packcli_varlen_reference")
     batch_rows = rows["long"]
@@ -386,7 +397,7 @@ def test_docs_snippets_run(
     `out` (a packcli output folder) and `model` (a causal LM on sdpa), as the guide says.
     A block whose first line is `# requires: NAME` is skipped when NAME is not installed."""
     snippets = python_snippets(DOCS.read_text(encoding="utf-8"))
-    assert len(snippets) >= 5
+    assert len(snippets) >= 6
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"out": str(packed_dir), "model": build_model(vocab_size, "sdpa")}
     ran = 0
@@ -396,10 +407,9 @@ def test_docs_snippets_run(
             names = first.removeprefix("# requires:").split()
             if any(_missing(name) for name in names):
                 continue
-        exec(compile(snippet, f"{DOCS.name}:snippet", "exec"), namespace)  # noqa: S102
+        exec(compile(snippet, f"{DOCS.name}:snippet", "exec"), namespace)
         ran += 1
     assert ran >= 4
-    assert os.path.isdir(tmp_path)
 
 
 def _missing(module: str) -> bool:
