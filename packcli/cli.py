@@ -99,6 +99,13 @@ Overlong = Annotated[
 Algorithm = Annotated[str | None, typer.Option(help="Bin packing: bfd, ffd or wrapped [bfd].")]
 Seed = Annotated[int | None, typer.Option(help="Seed for the row shuffle [0].")]
 BatchSize = Annotated[int | None, typer.Option(help="Documents per tokenizer batch [1024].")]
+Backend = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer-backend",
+        help="auto: tiktoken fast path when it reproduces HF ids on a sample, else hf [auto].",
+    ),
+]
 WorkDir = Annotated[
     str | None, typer.Option(help="Work folder for shards and plan [OUT/.packcli].")
 ]
@@ -145,6 +152,7 @@ def pack(
     algorithm: Algorithm = None,
     seed: Seed = None,
     batch_size: BatchSize = None,
+    tokenizer_backend: Backend = None,
     work_dir: WorkDir = None,
     overwrite: Annotated[
         bool, typer.Option(help="Allow writing into a non-empty folder that is not ours.")
@@ -172,7 +180,12 @@ def pack(
         config,
         run={"out": out, "work_dir": work_dir},
         read={"inputs": tuple(inputs), "text_field": text_field, "batch_size": batch_size},
-        tokenize={"tokenizer": tokenizer, "eos": _special(eos), "bos": _special(bos)},
+        tokenize={
+            "tokenizer": tokenizer,
+            "eos": _special(eos),
+            "bos": _special(bos),
+            "backend": tokenizer_backend,
+        },
         plan={
             "short_len": short_len,
             "long_len": long_len,
@@ -222,6 +235,7 @@ def tokenize(
     eos: Eos = None,
     bos: Bos = None,
     batch_size: BatchSize = None,
+    tokenizer_backend: Backend = None,
     work_dir: WorkDir = None,
     task_index: TaskIndex = None,
     num_tasks: NumTasks = None,
@@ -234,7 +248,12 @@ def tokenize(
         config,
         run={"out": out, "work_dir": work_dir},
         read={"inputs": tuple(inputs), "text_field": text_field, "batch_size": batch_size},
-        tokenize={"tokenizer": tokenizer, "eos": _special(eos), "bos": _special(bos)},
+        tokenize={
+            "tokenizer": tokenizer,
+            "eos": _special(eos),
+            "bos": _special(bos),
+            "backend": tokenizer_backend,
+        },
     )
     check_output_folder(cfg.out_path, overwrite=False)
     index, count = resolve_task(task_index, num_tasks)

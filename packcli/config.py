@@ -44,8 +44,13 @@ class TokenizeConfig:
     eos: str | int = "auto"
     bos: str | int = "none"
     shard_tokens: int = 64 * 1024 * 1024
+    backend: str = "auto"  # auto | hf | tiktoken (see packcli/fastpath.py)
 
     def __post_init__(self) -> None:
+        if self.backend not in ("auto", "hf", "tiktoken"):
+            raise ConfigError(
+                f"tokenize.backend must be auto, hf or tiktoken, got {self.backend!r}"
+            )
         if self.shard_tokens < 1024:
             raise ConfigError(f"tokenize.shard_tokens must be >= 1024, got {self.shard_tokens}")
         for name in ("eos", "bos"):
@@ -105,6 +110,35 @@ class WriteConfig:
             )
 
 
+FORMATS = ("text", "chat")
+TRAIN_ON = ("assistant", "last", "all")
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """``format: chat`` reads one dialogue per line (``messages_field``), renders it with a
+    chat template and trains only on ``train_on`` tokens (see ``packcli/chat.py``)."""
+
+    format: str = "text"
+    messages_field: str = "messages"
+    chat_template: str | None = None
+    train_on: str = "assistant"
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ConfigError(f"chat.format must be text or chat, got {self.format!r}")
+        if self.train_on not in TRAIN_ON:
+            raise ConfigError(
+                f"chat.train_on must be one of {', '.join(TRAIN_ON)}, got {self.train_on!r}"
+            )
+        if not self.messages_field:
+            raise ConfigError("chat.messages_field must be a non-empty field name")
+
+    @property
+    def is_chat(self) -> bool:
+        return self.format == "chat"
+
+
 @dataclass(frozen=True)
 class RunConfig:
     out: str = ""
@@ -113,6 +147,14 @@ class RunConfig:
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
+
+    def __post_init__(self) -> None:
+        if self.chat.is_chat and self.plan.overlong == "split":
+            raise ConfigError(
+                "a dialogue is never split between rows: use --overlong drop (default for "
+                "chat) or --overlong truncate (cut after the last whole turn that fits)"
+            )
 
     @property
     def out_path(self) -> Path:
@@ -132,6 +174,7 @@ _SECTIONS: dict[str, type] = {
     "tokenize": TokenizeConfig,
     "plan": PlanConfig,
     "write": WriteConfig,
+    "chat": ChatConfig,
 }
 
 
@@ -181,11 +224,20 @@ def build_config(
     """Merge YAML values with CLI overrides (``None`` override = not given) into a RunConfig."""
     file_values = file_values or {}
     overrides = overrides or {}
-    sections: dict[str, Any] = {}
-    for name, cls in _SECTIONS.items():
+    merged_values: dict[str, dict[str, Any]] = {}
+    for name in _SECTIONS:
         merged = dict(file_values.get(name) or {})
         merged.update({k: v for k, v in (overrides.get(name) or {}).items() if v is not None})
-        sections[name] = _section(cls, merged, f"{source}: section {name!r}")
+        merged_values[name] = merged
+    if merged_values["chat"].get("format") == "chat":
+        # Chat defaults differ: the template writes the turn markers, and a dialogue is
+        # never split. Explicit values still win.
+        merged_values["plan"].setdefault("overlong", "drop")
+        merged_values["tokenize"].setdefault("eos", "none")
+    sections = {
+        name: _section(cls, merged_values[name], f"{source}: section {name!r}")
+        for name, cls in _SECTIONS.items()
+    }
     top = {k: file_values.get(k) for k in ("out", "work_dir") if file_values.get(k) is not None}
     top.update({k: v for k, v in (overrides.get("run") or {}).items() if v is not None})
     return RunConfig(**{k: str(v) for k, v in top.items()}, **sections)

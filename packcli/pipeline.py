@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -44,6 +45,7 @@ from packcli.config import PlanConfig, ReadConfig, RunConfig, TokenizeConfig, Wr
 from packcli.encode import prefetch, tokenize_batches
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
+from packcli.fastpath import choose_encoder
 from packcli.faults import crash_point
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.read import DocBatch, ReadStats, iter_batches, resolve_inputs
@@ -58,7 +60,7 @@ from packcli.shards import (
     sha256_file,
 )
 from packcli.tasks import assign_by_size
-from packcli.tokenizer import LoadedTokenizer, hf_batch_encoder, load_tokenizer, resolve_special
+from packcli.tokenizer import LoadedTokenizer, load_tokenizer, resolve_special
 from packcli.write import TokenSource, file_ranges, write_config_file
 
 log = logging.getLogger(__name__)
@@ -191,7 +193,8 @@ def tokenize_task(
         for stale in (folder / "files").glob("*"):
             if stale.name not in keys:
                 shutil.rmtree(stale)
-    encoder = hf_batch_encoder(tok.loaded.tokenizer)
+    encoder, backend = _choose_backend(cfg, tok, files)
+    atomic_write_json(folder / "backend.json", backend)
     total = sum(files[k]["size"] for k in mine)
     reused = True
     with _bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
@@ -201,6 +204,28 @@ def tokenize_task(
     if reused:
         log.info("reusing tokenized shards for all %d input file(s) of this task", len(mine))
     return reused
+
+
+SAMPLE_DOCS = 256
+
+
+def _choose_backend(
+    cfg: RunConfig, tok: _Tokenizing, files: list[dict[str, Any]]
+) -> tuple[Any, dict[str, Any]]:
+    """HF, or the tiktoken fast path after it reproduced HF's ids on a sample.
+
+    The sample is the first documents of the first input file, the same for every task, so
+    all tasks make the same choice. (Ids are identical either way; the check is what makes
+    that true rather than hoped.)
+    """
+    sample: list[str] = []
+    if cfg.tokenize.backend != "hf" and files:
+        batches = iter_batches([Path(files[0]["path"])], cfg.read.text_field, SAMPLE_DOCS)
+        first = next(iter(batches), None)
+        sample = first.texts if first is not None else []
+    return choose_encoder(
+        tok.loaded.tokenizer, cfg.tokenize.backend, sample, num_threads=os.cpu_count() or 1
+    )
 
 
 class _TokenizeProgress:
@@ -364,6 +389,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             "read_stats": {"files": len(stage["files"]), **totals},
             "tokens": sum(m["num_tokens"] for m in shards),
             "tokenizer": stage["tokenizer"],
+            "backend": _read_json(folder / "backend.json"),
         },
     )
     return TokenShards(folder)
@@ -592,6 +618,7 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         "packcli_version": __version__,
         "command": command,
         "tokenizer": shards.success["tokenizer"],
+        "tokenizer_backend": shards.success.get("backend", {}),
         "inputs": shards.success["files"],
         "tokens_fingerprint": shards.success["fingerprint"],
         "work_dir": _relative_to_out(cfg.work_path, out),

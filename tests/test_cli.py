@@ -121,6 +121,31 @@ def test_pack_outputs_load_and_hold_every_token(
     assert "against the tokenized shards" in output
 
 
+def test_fast_path_used_and_identical_to_hf(
+    packed: Path, corpus_dir: Path, toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    backend = json.loads((packed / "packcli.json").read_text())["run"]["tokenizer_backend"]
+    assert backend["backend"] == "tiktoken" and backend["check"]["ok"]
+    hf = tmp_path / "hf"
+    code, output = invoke(
+        "pack",
+        str(corpus_dir / "*.jsonl*"),
+        "-t",
+        toy_tokenizer_path,
+        "-o",
+        hf,
+        *SMALL,
+        "--tokenizer-backend",
+        "hf",
+    )
+    assert code == 0, output
+    assert (
+        json.loads((hf / "packcli.json").read_text())["run"]["tokenizer_backend"]["backend"] == "hf"
+    )
+    for p in (packed / "data").rglob("*.parquet"):
+        assert sha256_file(p) == sha256_file(hf / p.relative_to(packed))
+
+
 def test_rerun_reuses_shards_and_is_byte_identical(
     packed: Path, corpus_dir: Path, toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:

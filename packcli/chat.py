@@ -1,0 +1,1361 @@
+"""Chat (SFT) dialogues: validate them, render them with the chat template, mask the loss.
+
+Why this module exists: an SFT row must train on what the assistant says and on nothing else,
+and the only faithful source for "what the assistant says" is the chat template's rendered
+text, not a guess about role headers. So a dialogue (one jsonl line, ``{"messages": [...]}``)
+is rendered once with the model's own Jinja chat template, the character spans of the
+assistant turns are taken from that rendering, and the spans are mapped onto tokens through
+the fast tokenizer's character offsets. The whole dialogue stays one sequence (one packed
+segment), so every assistant turn is trained in one forward pass.
+
+Spans, in order of preference:
+
+1. ``{% generation %}...{% endgeneration %}`` blocks in the template (transformers'
+   ``AssistantTracker`` convention): exactly those characters are trained.
+2. Otherwise each assistant turn is located in the rendered text. The messages are walked in
+   order with a cursor, so text repeated across messages (the same answer twice, a user
+   quoting the answer) is matched where it belongs. A turn starts after the assistant header
+   (the template's generation prompt, e.g. ``<|im_start|>assistant\\n``, found by rendering a
+   probe dialogue once per template), or at its content when the template has no header,
+   and ends after the template's end-of-turn marker (see ``turn_markers``). Reasoning, the
+   content and tool calls that the template writes inside the turn are all trained.
+
+Token rule: a token is trained when any of its characters lies in a trained span (the rule
+of transformers' ``assistant_masks``, so the masks agree token for token). Every trained
+character is therefore in a trained token; a byte-level token that straddles a boundary,
+such as ``"\\n "`` = the header's newline + the content's leading space, is trained.
+Control-token text inside a message (a literal ``<|im_end|>``) is tokenized as that token,
+as transformers does by default; the mask follows characters, so it is trained only inside
+an assistant turn.
+
+Untrusted templates: a template from the Hub is code. It runs in jinja2's
+``ImmutableSandboxedEnvironment`` (no attribute escapes, no mutation, no file access: there is
+no loader and ``include``/``import``/``extends`` are refused at compile time) and under a
+budget: every loop iteration, call, lookup, operator and filter is one step; the characters a
+template builds and writes are counted, and operations that could build a huge value in one
+call (``'x' * n``, ``center``, ``%``/``format`` widths, ``**``) are checked before they run.
+The budgets are deterministic and grow with the dialogue's size (``RenderLimits``); a
+wall-clock limit, checked every 16 steps, backs them up. A hostile template therefore fails
+fast with ``ChatTemplateError`` instead of hanging the job or eating the machine's memory.
+Measured (2-core dev box): a 6-message dialogue renders in ~0.12 ms with the built-in ChatML
+template, ~3x plain sandboxed jinja (~0.04 ms); a 7k-character one renders in ~0.5 ms and
+tokenizes in ~7 ms, so the guards cost little next to the tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import string
+import time
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache, update_wrapper
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+import numpy as np
+from jinja2 import nodes
+from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
+from jinja2.ext import Extension
+from jinja2.runtime import LoopContext, Macro
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
+from jinja2.visitor import NodeTransformer
+from tokenizers import Tokenizer
+
+from packcli.errors import ConfigError, InputError
+
+log = logging.getLogger(__name__)
+
+ROLES = ("system", "user", "assistant", "tool")
+TRAIN_ON = ("assistant", "last", "all")
+TrainOn = Literal["assistant", "last", "all"]
+Span = tuple[int, int]
+
+
+class ChatFormatError(InputError, ValueError):
+    """A dialogue is malformed, or the chat template rejected it. The message is the reason;
+    the reader prefixes ``file:line``. ``index`` is the dialogue's position in a batch."""
+
+    def __init__(self, reason: str, *, index: int | None = None) -> None:
+        super().__init__(reason)
+        self.index = index
+
+
+class ChatTemplateError(ConfigError):
+    """The chat template cannot be found or compiled, or it broke the sandbox or a budget."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, dict):
+        return "object"
+    return {str: "string", list: "list", int: "int", float: "float"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def validate_messages(obj: object, field: str = "messages") -> list[dict[str, Any]]:
+    """Check one parsed jsonl line and return its messages, ready for the template.
+
+    Each message needs ``role`` (one of ``ROLES``) and string ``content``. Other keys
+    (``name``, ``tool_calls``, ``reasoning_content``...) are kept for the template; keys whose
+    value is null are dropped, as transformers does. An assistant message with ``tool_calls``
+    may have null content, which becomes ``""``. Other keys of the line are ignored.
+    """
+    if not isinstance(obj, dict):
+        raise ChatFormatError(f"line is not a JSON object (got {_kind(obj)})")
+    if field not in obj:
+        raise ChatFormatError(f"field {field!r} is missing")
+    value = obj[field]
+    if not isinstance(value, list):
+        raise ChatFormatError(f"field {field!r} is not a list (got {_kind(value)})")
+    if not value:
+        raise ChatFormatError(f"field {field!r} is empty")
+    messages = []
+    for number, message in enumerate(value, 1):
+        if not isinstance(message, dict):
+            raise ChatFormatError(f"message {number} is not an object (got {_kind(message)})")
+        role = message.get("role")
+        if role is None:
+            raise ChatFormatError(f"message {number} has no role")
+        if not isinstance(role, str):
+            raise ChatFormatError(f"message {number} role is not a string (got {_kind(role)})")
+        if role not in ROLES:
+            raise ChatFormatError(
+                f"message {number} has unknown role {role!r} (expected one of {', '.join(ROLES)})"
+            )
+        if "content" not in message:
+            raise ChatFormatError(f"message {number} has no content")
+        content = message["content"]
+        clean = {key: item for key, item in message.items() if item is not None}
+        if content is None and role == "assistant" and message.get("tool_calls"):
+            clean["content"] = ""
+        elif not isinstance(content, str):
+            raise ChatFormatError(
+                f"message {number} content is not a string (got {_kind(content)})"
+            )
+        messages.append(clean)
+    return messages
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the template
+
+_ASSETS = resources.files("packcli") / "assets"
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    source: str  # where the text came from, for messages and the run record
+    text: str
+
+    @property
+    def has_generation_tags(self) -> bool:
+        return _compile(self.text, self.source).has_generation
+
+
+def builtin_templates() -> list[str]:
+    """Names of the templates shipped as ``packcli/assets/<name>.jinja``."""
+    return sorted(
+        p.name.removesuffix(".jinja") for p in _ASSETS.iterdir() if p.name.endswith(".jinja")
+    )
+
+
+def _builtin(name: str) -> ChatTemplate | None:
+    resource = _ASSETS / f"{name}.jinja"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not resource.is_file():
+        return None
+    return ChatTemplate(f"built-in {name}", resource.read_text(encoding="utf-8"))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ChatTemplateError(f"cannot read {path}: {exc}") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _config_templates(config: dict, where: str) -> dict[str, ChatTemplate]:
+    """``chat_template`` of a tokenizer config: a string, or a list of {name, template}."""
+    value = config.get("chat_template")
+    if isinstance(value, str):
+        return {"default": ChatTemplate(f"'chat_template' in {where}", value)}
+    found = {}
+    if isinstance(value, list):
+        for entry in value:
+            if isinstance(entry, dict) and isinstance(entry.get("template"), str):
+                name = str(entry.get("name", "default"))
+                found[name] = ChatTemplate(f"chat template {name!r} in {where}", entry["template"])
+    elif value is not None:
+        raise ChatTemplateError(f"'chat_template' in {where} is neither a string nor a list")
+    return found
+
+
+def _tokenizer_templates(spec: str) -> tuple[dict[str, ChatTemplate], list[str]]:
+    """Templates that come with a tokenizer (name -> template; the main one is "default"),
+    and the places looked at, for the error message when there are none."""
+    path = Path(spec)
+    if path.is_dir() or path.is_file():
+        folder = path if path.is_dir() else path.parent
+        stem = "tokenizer" if path.is_dir() else path.name.removesuffix(".json")
+        looked = [str(folder / "chat_template.jinja")]
+        templates: dict[str, ChatTemplate] = {}
+        # Same config lookup as packcli.tokenizer: tokenizer_config.json, then <stem>_config.json.
+        for name in dict.fromkeys(("tokenizer_config.json", f"{stem}_config.json")):
+            config_path = folder / name
+            looked.append(f"'chat_template' in {config_path}")
+            if config_path.is_file():
+                templates = _config_templates(_read_json(config_path), str(config_path))
+                break
+        extra = folder / "additional_chat_templates"
+        if extra.is_dir():
+            for file in sorted(extra.glob("*.jinja")):
+                text = file.read_text(encoding="utf-8")
+                templates[file.name.removesuffix(".jinja")] = ChatTemplate(str(file), text)
+        main = folder / "chat_template.jinja"
+        if main.is_file():  # transformers: the .jinja file wins over the config's string
+            templates["default"] = ChatTemplate(str(main), main.read_text(encoding="utf-8"))
+        return templates, looked
+    if spec.startswith((".", "/")) or spec.endswith(".json"):
+        return {}, [f"{spec} (no such file or folder)"]
+    return _hub_templates(spec)
+
+
+def _hub_templates(repo_id: str) -> tuple[dict[str, ChatTemplate], list[str]]:
+    looked = [f"chat_template.jinja and tokenizer_config.json of Hub repo {repo_id}"]
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:  # pragma: no cover - a dependency of the project
+        return {}, looked
+    for name in ("chat_template.jinja", "tokenizer_config.json"):
+        try:
+            file = Path(hf_hub_download(repo_id, name))
+        except Exception as exc:  # absent file, no network, offline mode: try the next place
+            log.info("no %s in %s: %s", name, repo_id, exc)
+            continue
+        if name.endswith(".jinja"):
+            text = file.read_text(encoding="utf-8")
+            return {"default": ChatTemplate(f"{repo_id}/{name}", text)}, looked
+        return _config_templates(_read_json(file), f"{repo_id}/{name}"), looked
+    return {}, looked
+
+
+def load_chat_template(tokenizer_spec: str | None, override: str | None) -> ChatTemplate:
+    """Find the chat template the way transformers does, and check that it compiles.
+
+    ``override`` (``--chat-template``) wins: inline Jinja text, a ``.jinja`` file, a
+    ``tokenizer_config.json``-style ``.json`` file, the name of one of the tokenizer's named
+    templates, or a built-in name (``builtin_templates()``, e.g. ``chatml``). Without it:
+    ``chat_template.jinja`` beside the tokenizer, else ``chat_template`` in
+    ``tokenizer_config.json`` (or ``<stem>_config.json`` beside ``<stem>.json``); a list of
+    named templates yields the one named "default".
+    """
+    template = _find_template(tokenizer_spec, override)
+    if not template.text.strip():
+        raise ChatTemplateError(f"chat template ({template.source}) is empty")
+    _compile(template.text, template.source)
+    return template
+
+
+def _find_template(tokenizer_spec: str | None, override: str | None) -> ChatTemplate:
+    if override and ("{{" in override or "{%" in override):
+        return ChatTemplate("inline template", override)
+    if override and Path(override).is_file():
+        path = Path(override)
+        if path.suffix == ".json":
+            found = _config_templates(_read_json(path), str(path))
+            if "default" not in found:
+                raise ChatTemplateError(f"{path} has no default 'chat_template'")
+            return found["default"]
+        return ChatTemplate(str(path), path.read_text(encoding="utf-8"))
+    # Only now look beside the tokenizer (for a Hub id, that is a download).
+    templates, looked = _tokenizer_templates(tokenizer_spec) if tokenizer_spec else ({}, [])
+    if override:
+        if override in templates:
+            return templates[override]
+        builtin = _builtin(override)
+        if builtin is not None:
+            return builtin
+        if "/" in override or Path(override).suffix in (".jinja", ".json"):
+            raise ChatTemplateError(f"chat template file not found: {override}")
+        named = ", ".join(sorted(templates)) or "none"
+        raise ChatTemplateError(
+            f"unknown chat template {override!r}: pass a .jinja file, one of the tokenizer's "
+            f"templates ({named}) or a built-in ({', '.join(builtin_templates())})"
+        )
+    if "default" in templates:
+        return templates["default"]
+    if templates:
+        raise ChatTemplateError(
+            f"the tokenizer has chat templates named {', '.join(sorted(templates))} but none "
+            "named 'default': pass --chat-template NAME"
+        )
+    where = f" (looked for {', '.join(looked)})" if looked else ""
+    raise ChatTemplateError(
+        f"no chat template found{where}: pass --chat-template with a .jinja file or a "
+        f"built-in ({', '.join(builtin_templates())})"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The sandbox and its budgets
+
+
+@dataclass(frozen=True)
+class RenderLimits:
+    """Budgets for rendering one dialogue; each is a base plus an allowance per character of
+    the dialogue (message contents and other values), so long dialogues are not refused.
+
+    ``steps``: loop iterations, calls, lookups, operators and filters. ``output``: characters
+    written (nested macro/``set`` buffers count each time). ``work``: characters (and list
+    items) built by operations, a bound on memory and time; no single value may exceed the
+    output budget. ``seconds``: wall clock, a backstop checked at every step.
+    """
+
+    steps: int = 500_000
+    steps_per_char: int = 64
+    output: int = 1 << 20
+    output_per_char: int = 8
+    work: int = 8 << 20
+    work_per_char: int = 64
+    seconds: float = 5.0
+
+
+DEFAULT_LIMITS = RenderLimits()
+_MAX_INT_BITS = 1 << 16  # integers a template may build (2**65536 is ~20k digits)
+_MAX_INDENT = 64  # tojson indent / separators length
+_MACRO_STEPS = 16
+
+
+_SCALARS = (str, int, float, bool, type(None))
+_SIZED = (str, list, tuple, dict, set, frozenset)
+
+
+class _BudgetExceeded(Exception):
+    """Raised inside a render when a budget runs out; never caught by templates or jinja."""
+
+
+class _Meter:
+    """The budgets of the render in progress (one per render, found through ``_METER``)."""
+
+    __slots__ = (
+        "clock_in",
+        "deadline",
+        "emitted",
+        "generation",
+        "input_chars",
+        "limits",
+        "now",
+        "output_left",
+        "steps_left",
+        "value_limit",
+        "work_left",
+    )
+
+    def __init__(self, limits: RenderLimits, input_chars: int, now: datetime | None) -> None:
+        self.limits = limits
+        self.input_chars = input_chars
+        self.steps_left = limits.steps + limits.steps_per_char * input_chars
+        self.output_left = limits.output + limits.output_per_char * input_chars
+        self.work_left = limits.work + limits.work_per_char * input_chars
+        self.value_limit = self.output_left
+        self.deadline = time.monotonic() + limits.seconds
+        self.clock_in = 0  # steps until the next look at the clock
+        self.now = now
+        self.emitted = 0  # characters the top-level render has yielded so far
+        self.generation: list[Span] = []
+
+    def tick(self, n: int = 1) -> None:
+        self.steps_left -= n
+        if self.steps_left < 0:
+            budget = self.limits.steps + self.limits.steps_per_char * self.input_chars
+            raise _BudgetExceeded(f"ran more than {budget:,} operations")
+        self.clock_in -= n
+        if self.clock_in < 0:  # every 16 steps: each step is bounded by the value limit
+            self.clock_in = 16
+            if time.monotonic() > self.deadline:
+                raise _BudgetExceeded(f"ran longer than {self.limits.seconds:g} s")
+
+    def reserve(self, size: int) -> None:
+        """Refuse, before it is built, a value of ``size`` characters or items."""
+        if size > self.value_limit:
+            raise _BudgetExceeded(
+                f"tried to build a value of {size:,} characters (limit {self.value_limit:,})"
+            )
+
+    def build(self, size: int) -> None:
+        self.reserve(size)
+        self.work_left -= size
+        if self.work_left < 0:
+            budget = self.limits.work + self.limits.work_per_char * self.input_chars
+            raise _BudgetExceeded(f"built more than {budget:,} characters in total")
+
+    def write(self, size: int) -> None:
+        self.output_left -= size
+        if self.output_left < 0:
+            raise _BudgetExceeded(f"wrote more than {self.value_limit:,} characters")
+
+    def stringable(self, value: object) -> None:
+        """Before ``str(value)`` of a container: refuse one that would expand into a huge
+        string (``[[big] * 1000] * 1000`` holds few objects but prints gigabytes)."""
+        if not isinstance(value, _SCALARS):
+            size, visited = _deep_size(value, self.value_limit, max(self.steps_left, 0))
+            self.tick(visited)
+            self.reserve(size)
+
+    def produced(self, value: Any) -> Any:
+        """Account for the result of an operation; iterators are counted as they are consumed."""
+        if isinstance(value, _SIZED):
+            self.build(len(value))
+        elif hasattr(value, "__next__") and not isinstance(value, LoopContext):
+            return _counted(value, self)
+        return value
+
+
+_METER: ContextVar[_Meter | None] = ContextVar("packcli_chat_meter", default=None)
+
+
+def _meter() -> _Meter:
+    meter = _METER.get()
+    if meter is None:
+        # Also stops jinja from folding guarded filters into constants at compile time.
+        raise RuntimeError("packcli chat templates can only run inside chat.render")
+    return meter
+
+
+_SEQUENCES = (list, tuple, set, frozenset)
+
+
+def _deep_size(value: object, limit: int, max_visits: int) -> tuple[int, int]:
+    """Characters ``value`` holds counting every reference (so aliasing is counted in full),
+    and the objects visited; stops once past ``limit`` or ``max_visits`` (cycles end too)."""
+    total = visited = 0
+    stack = [value]
+    while stack and total <= limit and visited <= max_visits:
+        item = stack.pop()
+        visited += 1
+        if isinstance(item, str):
+            total += len(item) + 2
+        elif isinstance(item, dict):
+            total += 2 * len(item) + 2
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, _SEQUENCES):
+            total += len(item) + 2
+            stack.extend(item)
+        elif isinstance(item, Namespace):
+            total += 16
+            stack.append(object.__getattribute__(item, "_Namespace__attrs"))
+        else:
+            total += 8
+    return total, visited
+
+
+def _counted(items: Iterable[Any], meter: _Meter) -> Iterator[Any]:
+    for item in items:
+        meter.tick()
+        yield item
+
+
+class _CountedIterable:
+    """What a ``{% for %}`` loop iterates: one step per item; keeps ``len`` for ``loop.length``."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Any) -> None:
+        self._items = items
+
+    def __iter__(self) -> Iterator[Any]:
+        return _counted(self._items, _meter())
+
+    def __len__(self) -> int:
+        return len(self._items)  # TypeError for generators: LoopContext then lists them
+
+
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+def _check_percent(meter: _Meter, fmt: str, args: object) -> None:
+    """``fmt % args``: widths and precisions must be literal and within the value limit."""
+    for width, precision in _PERCENT_SPEC.findall(fmt):
+        for number in (width, precision):
+            if number == "*":
+                raise SecurityError("'*' widths in % formatting are not allowed in chat templates")
+            if number:
+                meter.reserve(int(number))
+    meter.stringable(args)
+
+
+def _check_str_format(meter: _Meter, fmt: str, args: tuple, kwargs: dict) -> None:
+    """``fmt.format(...)``: no nested replacement fields in specs, numbers within limits."""
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return  # str.format raises the same error itself
+    for _literal, _field, spec, _conversion in fields:
+        if spec:
+            if "{" in spec:
+                raise SecurityError("nested format specs are not allowed in chat templates")
+            for number in re.findall(r"\d+", spec):
+                meter.reserve(int(number))
+    meter.stringable(args)
+    meter.stringable(kwargs)
+
+
+def _as_int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _replace_size(text: str, old: object, new: object, count: object) -> int:
+    if not (isinstance(old, str) and isinstance(new, str)):
+        return len(text)
+    hits = len(text) + 1 if old == "" else text.count(old)
+    if isinstance(count, int) and count >= 0:
+        hits = min(hits, count)
+    return len(text) + hits * max(0, len(new) - len(old))
+
+
+def _check_str_method(meter: _Meter, text: str, name: str, args: list, kwargs: dict) -> None:
+    """Predict the size of the string methods that can build a large string in one call."""
+    if name in ("center", "ljust", "rjust", "zfill"):
+        width = args[0] if args else kwargs.get("width", 0)
+        meter.reserve(max(len(text), _as_int(width)))
+    elif name == "expandtabs":
+        size = args[0] if args else kwargs.get("tabsize", 8)
+        meter.reserve(len(text) + text.count("\t") * max(0, _as_int(size)))
+    elif name == "replace" and len(args) >= 2:
+        count = args[2] if len(args) > 2 else kwargs.get("count", -1)
+        meter.reserve(_replace_size(text, args[0], args[1], count))
+    elif name == "join" and args:
+        items = list(args[0])
+        meter.tick(len(items))
+        sizes = sum(len(item) for item in items if isinstance(item, str))
+        meter.reserve(sizes + len(text) * max(0, len(items) - 1))
+        args[0] = items
+    elif name in ("format", "format_map"):
+        _check_str_format(meter, text, tuple(args), kwargs)
+
+
+def _filter_arg(args: list, kwargs: dict, position: int, key: str, default: object) -> object:
+    """A builtin filter's argument by position (after the value) or keyword."""
+    return args[position + 1] if len(args) > position + 1 else kwargs.get(key, default)
+
+
+def _text(args: list) -> str:
+    return args[0] if args and isinstance(args[0], str) else ""
+
+
+def _check_center(meter: _Meter, args: list, kwargs: dict) -> None:
+    width = _filter_arg(args, kwargs, 0, "width", 80)
+    meter.reserve(max(len(_text(args)), _as_int(width)))
+
+
+def _check_indent(meter: _Meter, args: list, kwargs: dict) -> None:
+    width = _filter_arg(args, kwargs, 0, "width", 4)
+    pad = len(width) if isinstance(width, str) else _as_int(width)
+    meter.reserve(len(_text(args)) + (_text(args).count("\n") + 1) * pad)
+
+
+def _check_format(meter: _Meter, args: list, kwargs: dict) -> None:
+    _check_percent(meter, _text(args), args[1:] or kwargs)
+
+
+def _check_replace(meter: _Meter, args: list, kwargs: dict) -> None:
+    old, new = _filter_arg(args, kwargs, 0, "old", ""), _filter_arg(args, kwargs, 1, "new", "")
+    count = _filter_arg(args, kwargs, 2, "count", -1)
+    meter.reserve(_replace_size(_text(args), old, new, count))
+
+
+def _check_wordwrap(meter: _Meter, args: list, kwargs: dict) -> None:
+    wrap = _filter_arg(args, kwargs, 2, "wrapstring", None)
+    meter.reserve(len(_text(args)) * (1 + (len(wrap) if isinstance(wrap, str) else 1)))
+
+
+def _check_join(meter: _Meter, args: list, kwargs: dict) -> None:
+    if args and not isinstance(args[0], str):
+        items = list(args[0])  # a generator is consumed here, counted, and passed on as a list
+        meter.tick(len(items))
+        sep = _filter_arg(args, kwargs, 0, "d", "")
+        meter.reserve(len(sep) * max(0, len(items) - 1) if isinstance(sep, str) else 0)
+        args[0] = items
+
+
+def _check_batch(meter: _Meter, args: list, kwargs: dict) -> None:
+    if _filter_arg(args, kwargs, 1, "fill_with", None) is not None:  # pads to linecount
+        meter.reserve(_as_int(_filter_arg(args, kwargs, 0, "linecount", 0)))
+
+
+def _check_round(meter: _Meter, args: list, kwargs: dict) -> None:
+    if abs(_as_int(_filter_arg(args, kwargs, 0, "precision", 0))) > 100:  # 10**precision
+        raise SecurityError("round() precision beyond 100 digits is not allowed in chat templates")
+
+
+def _check_sum(meter: _Meter, args: list, kwargs: dict) -> None:
+    if not isinstance(_filter_arg(args, kwargs, 1, "start", 0), int | float):  # quadratic
+        raise SecurityError("sum() over non-numbers is not allowed in chat templates")
+
+
+# Size checks run before a builtin filter (``args[0]`` is the filtered value); the filters
+# that turn their value and arguments into strings check containers first (``stringable``).
+_FILTER_CHECKS = {
+    "center": _check_center,
+    "indent": _check_indent,
+    "format": _check_format,
+    "replace": _check_replace,
+    "wordwrap": _check_wordwrap,
+    "join": _check_join,
+    "batch": _check_batch,
+    "round": _check_round,
+    "sum": _check_sum,
+}
+# fmt: off
+_STRINGIFYING_FILTERS = frozenset((
+    "capitalize", "center", "e", "escape", "forceescape", "format", "indent", "join", "lower",
+    "pprint", "replace", "safe", "string", "striptags", "title", "tojson", "trim", "truncate",
+    "upper", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr",
+))
+# fmt: on
+
+
+def _guard_filter(name: str, func: Any) -> Any:
+    skip = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0
+    check = _FILTER_CHECKS.get(name)
+    stringifying = name in _STRINGIFYING_FILTERS
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        meter = _meter()
+        meter.tick()
+        if check is None and not stringifying:
+            return meter.produced(func(*args, **kwargs))
+        head, rest = args[:skip], list(args[skip:])
+        if stringifying:
+            for value in (*rest, *kwargs.values()):
+                meter.stringable(value)
+        if check is not None:
+            check(meter, rest, kwargs)
+        return meter.produced(func(*head, *rest, **kwargs))
+
+    return update_wrapper(guarded, func)  # keeps jinja_pass_arg
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' ``tojson``: no HTML escaping, and its options (kept small here)."""
+    if (len(indent) if isinstance(indent, str) else _as_int(indent)) > _MAX_INDENT:
+        raise SecurityError(f"tojson indent beyond {_MAX_INDENT} is not allowed in chat templates")
+    if separators is not None and sum(len(str(s)) for s in separators) > _MAX_INDENT:
+        raise SecurityError("tojson separators this long are not allowed in chat templates")
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+class _TemplateRaised(TemplateError):
+    """``raise_exception(...)`` in a template: the template refuses this dialogue."""
+
+
+def _raise_exception(message: object) -> None:
+    raise _TemplateRaised(str(message))
+
+
+def _strftime_now(fmt: str) -> str:
+    meter = _meter()
+    return (meter.now or datetime.now()).strftime(str(fmt))
+
+
+class _TemplateDict:
+    """``dict`` for templates without the type itself (as transformers does)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(Namespace):
+    """``namespace`` that refuses underscore attributes (as transformers does)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # Namespace's signature trick
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check(name)
+        Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check(name)
+        Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"chat templates cannot set underscore attributes ({name!r})")
+
+
+class _GenerationTags(Extension):
+    """``{% generation %}...{% endgeneration %}``: record where the block lands in the output.
+
+    Same semantics as transformers' AssistantTracker: the span starts at the number of
+    characters the top-level render has yielded so far. That is only right at the top level,
+    so ``_compile`` refuses blocks inside macros, ``set``/``filter``/``call`` blocks and
+    recursive loops, whose output is buffered.
+    """
+
+    tags = {"generation"}  # noqa: RUF012 - jinja's Extension API
+
+    def parse(self, parser: jinja2.parser.Parser) -> nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(lineno)
+
+    def _generation(self, caller: Any) -> str:
+        text = caller()
+        meter = _meter()
+        meter.generation.append((meter.emitted, meter.emitted + len(text)))
+        return text
+
+
+def _out(value: Any) -> str:
+    """Every piece of output (literal text and ``{{ }}``) passes here to be counted."""
+    meter = _meter()
+    meter.tick()
+    if not isinstance(value, str):
+        meter.stringable(value)
+        value = str(value)
+    meter.write(len(value))
+    return value
+
+
+def _concat(parts: list[Any]) -> str:
+    """The ``~`` operator, size-checked before the join."""
+    meter = _meter()
+    meter.tick()
+    for part in parts:
+        if not isinstance(part, str):
+            meter.stringable(part)
+    pieces = [str(part) for part in parts]
+    meter.build(sum(map(len, pieces)))
+    return "".join(pieces)
+
+
+def _for_items(items: Any) -> _CountedIterable:
+    _meter()
+    return _CountedIterable(items)
+
+
+class _SandboxEnvironment(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset({"+", "*", "**", "%"})
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        # Fail loudly at once (jinja's default renders an unsafe attribute as "").
+        raise SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+        )
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        meter = _meter()
+        meter.tick()
+        if operator == "+":
+            if isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
+                meter.build(len(left) + len(right))
+        elif operator == "*":
+            if isinstance(left, str | list | tuple) and isinstance(right, int):
+                meter.build(len(left) * max(0, right))
+            elif isinstance(right, str | list | tuple) and isinstance(left, int):
+                meter.build(len(right) * max(0, left))
+            elif (
+                isinstance(left, int)
+                and isinstance(right, int)
+                and left.bit_length() + right.bit_length() > _MAX_INT_BITS
+            ):
+                raise _BudgetExceeded("tried to build an integer of over 65,536 bits")
+        elif (
+            operator == "**"
+            and isinstance(left, int)
+            and isinstance(right, int)
+            and abs(left) > 1
+            and left.bit_length() * right > _MAX_INT_BITS
+        ):
+            raise _BudgetExceeded("tried to build an integer of over 65,536 bits")
+        elif operator == "%" and isinstance(left, str):
+            _check_percent(meter, left, right)
+        return meter.produced(super().call_binop(context, operator, left, right))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        meter = _METER.get()
+        if meter is None:  # constant folding at compile time: a literal, so bounded
+            return super().getitem(obj, argument)
+        meter.tick()
+        value = super().getitem(obj, argument)
+        return meter.produced(value) if isinstance(argument, slice) else value
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        meter = _METER.get()
+        if meter is not None:
+            meter.tick()
+        return super().getattr(obj, attribute)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        meter = _meter()
+        # A macro call costs ~20x a loop step; weighing it so keeps the budget's time bound.
+        meter.tick(_MACRO_STEPS if isinstance(__obj, Macro) else 1)
+        arguments = list(args)
+        if isinstance(__obj, LoopContext) and arguments:  # loop(children) in a recursive loop
+            arguments[0] = _CountedIterable(arguments[0])
+        target = getattr(__obj, "__wrapped__", __obj)  # sandbox wraps str.format at lookup
+        owner = getattr(target, "__self__", None)
+        if isinstance(owner, str):
+            _check_str_method(meter, owner, getattr(target, "__name__", ""), arguments, kwargs)
+        result = super().call(__context, __obj, *arguments, **kwargs)
+        return meter.produced(result)
+
+
+class _Guard(NodeTransformer):
+    """Rewrite a parsed template so loops, output and ``~`` go through the meter."""
+
+    def __init__(self, environment: jinja2.Environment) -> None:
+        self.environment = environment
+
+    def _filter(self, node: nodes.Expr, name: str, lineno: int) -> nodes.Filter:
+        wrapped = nodes.Filter(node, name, [], [], None, None, lineno=lineno)
+        return wrapped.set_environment(self.environment)
+
+    def visit_For(self, node: nodes.For) -> nodes.For:
+        self.generic_visit(node)
+        node.iter = self._filter(node.iter, "packcli_for_items", node.lineno)
+        return node
+
+    def visit_Output(self, node: nodes.Output) -> nodes.Output:
+        self.generic_visit(node)
+        children = []
+        for child in node.nodes:
+            if isinstance(child, nodes.TemplateData):
+                child = nodes.Const(child.data, lineno=child.lineno)
+            children.append(self._filter(child, "packcli_out", node.lineno))
+        node.nodes = children
+        return node
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
+        self.generic_visit(node)
+        parts = nodes.List(node.nodes, lineno=node.lineno).set_environment(self.environment)
+        return self._filter(parts, "packcli_concat", node.lineno)
+
+
+def _make_environment() -> _SandboxEnvironment:
+    env = _SandboxEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTags, "jinja2.ext.loopcontrols"],
+    )
+    env.filters["tojson"] = _tojson
+    env.filters = {name: _guard_filter(name, func) for name, func in env.filters.items()}
+    env.filters["packcli_out"] = _out
+    env.filters["packcli_concat"] = _concat
+    env.filters["packcli_for_items"] = _for_items
+    del env.globals["lipsum"]  # lipsum(n=10**9) would build gigabytes in one call
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env
+
+
+_ENV = _make_environment()
+_FORBIDDEN = {
+    nodes.Include: "{% include %}",
+    nodes.Import: "{% import %}",
+    nodes.FromImport: "{% from ... import %}",
+    nodes.Extends: "{% extends %}",
+}
+_BUFFERED = (nodes.Macro, nodes.CallBlock, nodes.FilterBlock, nodes.AssignBlock, nodes.For)
+
+
+def _is_generation(node: nodes.Node) -> bool:
+    return (
+        isinstance(node, nodes.CallBlock)
+        and isinstance(node.call.node, nodes.ExtensionAttribute)
+        and node.call.node.name == "_generation"
+    )
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    template: jinja2.Template
+    has_generation: bool
+
+
+@lru_cache(maxsize=64)
+def _compile(text: str, source: str) -> _Compiled:
+    try:
+        tree = _ENV.parse(text)
+    except TemplateSyntaxError as exc:
+        raise ChatTemplateError(
+            f"chat template ({source}) has a syntax error on line {exc.lineno}: {exc.message}"
+        ) from None
+    for kind, tag in _FORBIDDEN.items():
+        if next(tree.find_all(kind), None) is not None:
+            raise ChatTemplateError(
+                f"chat template ({source}) uses {tag}: chat templates must be self-contained"
+            )
+    for outer in tree.find_all(_BUFFERED):
+        if isinstance(outer, nodes.For) and not outer.recursive:
+            continue
+        if any(_is_generation(inner) for inner in outer.find_all(nodes.CallBlock)):
+            raise ChatTemplateError(
+                f"chat template ({source}) has a {{% generation %}} block inside a macro, a "
+                "set/filter/call block or a recursive loop; put it at the top level"
+            )
+    has_generation = any(_is_generation(node) for node in tree.find_all(nodes.CallBlock))
+    guarded = _Guard(_ENV).visit(tree)
+    try:
+        template = _ENV.from_string(guarded)
+    except TemplateError as exc:  # pragma: no cover - the parse above catches syntax errors
+        raise ChatTemplateError(f"chat template ({source}) does not compile: {exc}") from None
+    return _Compiled(template, has_generation)
+
+
+def _input_chars(messages: Sequence[Mapping[str, Any]], variables: Mapping[str, Any]) -> int:
+    total = 0
+    for value in (*messages, variables):
+        for item in value.values():
+            total += len(item) if isinstance(item, str) else len(str(item))
+    return total
+
+
+def _run(
+    template: ChatTemplate,
+    context: dict[str, Any],
+    input_chars: int,
+    limits: RenderLimits,
+    now: datetime | None,
+) -> tuple[str, list[Span]]:
+    compiled = _compile(template.text, template.source)
+    meter = _Meter(limits, input_chars, now)
+    token = _METER.set(meter)
+    where = f"chat template ({template.source})"
+    try:
+        parts = []
+        for chunk in compiled.template.generate(**context):
+            meter.emitted += len(chunk)
+            parts.append(chunk)
+        return "".join(parts), meter.generation
+    except _BudgetExceeded as exc:
+        raise ChatTemplateError(
+            f"{where} {exc} on a dialogue of {input_chars:,} characters: it loops without "
+            "end or is hostile (budgets: packcli.chat.RenderLimits)"
+        ) from None
+    except SecurityError as exc:
+        raise ChatTemplateError(f"{where} broke the sandbox: {exc}") from None
+    except RecursionError:
+        raise ChatTemplateError(f"{where} recursed too deeply") from None
+    except MemoryError:
+        raise ChatTemplateError(f"{where} ran out of memory") from None
+    except _TemplateRaised as exc:
+        raise ChatFormatError(f"the chat template rejected the dialogue: {exc.message}") from None
+    except (ChatFormatError, ChatTemplateError):
+        raise
+    except TemplateError as exc:
+        raise ChatFormatError(f"the chat template failed on this dialogue: {exc}") from None
+    except Exception as exc:  # a template bug on this data (TypeError, ValueError...)
+        raise ChatFormatError(
+            f"the chat template failed on this dialogue: {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        _METER.reset(token)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering and locating assistant turns
+
+
+@dataclass(frozen=True)
+class TurnMarkers:
+    """How the template opens and closes an assistant turn, found by rendering probes.
+
+    ``header``: the generation prompt (``render([user], add_generation_prompt=True)`` minus
+    ``render([user])``), kept only when the probe shows it right before an assistant turn's
+    content. ``end``: the control token right after an assistant turn's content (whitespace
+    may come between), kept when it is the EOS token, or when it also closes user turns
+    (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``, ``<|end|>``) and is not part of the
+    header. A token found only after assistant turns, or one the header holds (a template
+    without end markers: ``<|im_start|>`` follows every turn), opens the next turn: not
+    trusted. Without a marker a turn ends with its content.
+    """
+
+    header: str | None
+    end: str | None
+
+
+_PROBE = ("pkqzu1", "pkqza1", "pkqzu2", "pkqza2")
+
+
+def _probe_dialogue(with_system: bool) -> list[dict[str, str]]:
+    roles = ("user", "assistant", "user", "assistant")
+    messages = [{"role": r, "content": c} for r, c in zip(roles, _PROBE, strict=True)]
+    return [{"role": "system", "content": "pkqzs0"}, *messages] if with_system else messages
+
+
+def _token_at(text: str, pos: int, tokens: Sequence[str]) -> str | None:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return next((tok for tok in tokens if text.startswith(tok, pos)), None)
+
+
+# The probe dialogue is tiny: a real template renders it in a few thousand steps, and a
+# hostile one costs at most this much more than the render that triggered the probe.
+_PROBE_LIMITS = RenderLimits(steps=100_000, output=1 << 16, work=1 << 20, seconds=1.0)
+
+
+def _probe(template: ChatTemplate, context: dict[str, Any], prompt: bool) -> str:
+    return _run(template, {**context, "add_generation_prompt": prompt}, 0, _PROBE_LIMITS, None)[0]
+
+
+@lru_cache(maxsize=64)
+def _turn_markers(
+    text: str, source: str, bos: str, eos: str, control_tokens: tuple[str, ...]
+) -> TurnMarkers:
+    template = ChatTemplate(source, text)
+    tokens = sorted({*control_tokens, *(t for t in (bos, eos) if t)}, key=len, reverse=True)
+    base = {"bos_token": bos, "eos_token": eos, "tools": None, "documents": None}
+    for with_system in (False, True):  # some templates insist on a system message
+        messages = _probe_dialogue(with_system)
+        first = {**base, "messages": messages[: 2 if with_system else 1]}
+        try:
+            full = _probe(template, {**base, "messages": messages}, prompt=False)
+            plain, prompt = _probe(template, first, prompt=False), _probe(template, first, True)
+        except ChatFormatError:
+            continue
+        except ChatTemplateError:
+            break
+        # The first user/assistant pair the template writes verbatim (some hide early turns).
+        pairs = [(full.find(u), full.find(a), u, a) for u, a in (_PROBE[:2], _PROBE[2:])]
+        found = [(u, a, un, an) for u, a, un, an in pairs if 0 <= u < a]
+        if not found:
+            continue
+        u1, a1, user, assistant = found[0]
+        header = prompt[len(plain) :] if prompt.startswith(plain) else ""
+        if not header or not full[:a1].endswith(header):
+            header = ""
+        end = _token_at(full, a1 + len(assistant), tokens)
+        if end is not None and end != eos:
+            closes_user = end == _token_at(full, u1 + len(user), tokens)
+            if not closes_user or end in header:  # in the header: it opens the next turn
+                end = None
+        return TurnMarkers(header or None, end)
+    return TurnMarkers(None, eos or None)
+
+
+def turn_markers(
+    template: ChatTemplate,
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    control_tokens: Collection[str] = (),
+) -> TurnMarkers:
+    """The template's assistant header and end-of-turn marker (cached per template)."""
+    return _turn_markers(
+        template.text, template.source, bos_token, eos_token, tuple(sorted(set(control_tokens)))
+    )
+
+
+def _find_before(text: str, needle: str, start: int, end: int, latest: int) -> int:
+    """``needle`` within ``text[start:end]``, starting no later than ``latest``; else -1."""
+    pos = text.find(needle, start, end)
+    return pos if pos <= latest else -1
+
+
+def locate_assistant_spans(
+    text: str, messages: Sequence[Mapping[str, Any]], markers: TurnMarkers
+) -> list[Span]:
+    """Character span of each assistant turn in ``text``, in order (see the module docstring).
+
+    The cursor walk: every message's content is searched from the end of the previous match
+    and, when the template has an assistant header, before the next header, so a user message
+    quoting the answer, or an answer repeated, is matched in place. A non-assistant content
+    the template does not write verbatim is skipped; an assistant one (also tried stripped of
+    surrounding whitespace) is an error, because the turn cannot be trained reliably: the
+    template rewrites it and needs ``{% generation %}`` tags.
+    """
+    header, end_marker = markers.header, markers.end
+
+    def next_header(after: int) -> int:
+        """Where the next assistant header starts (the end of the text when there is none)."""
+        found = text.find(header, after) if header else -1
+        return len(text) if found < 0 else found
+
+    cursor = 0
+    spans: list[Span] = []
+    for number, message in enumerate(messages, 1):
+        content = message.get("content") or ""
+        opens = next_header(cursor)
+        if message.get("role") != "assistant":
+            if content:  # searched only before the next assistant turn
+                pos = text.find(content, cursor, opens)
+                if pos >= 0:
+                    cursor = pos + len(content)
+            continue
+        anchored = opens < len(text)  # the turn's header was found: the turn starts after it
+        start = opens + len(header) if anchored and header else cursor
+        if content:
+            # The content starts before the turn's first end marker (it may hold the marker's
+            # text itself) and ends before the next assistant header.
+            closes = next_header(start)
+            first_end = text.find(end_marker, start, closes) if end_marker else -1
+            latest = closes if first_end < 0 else first_end
+            pos = _find_before(text, content, start, closes, latest)
+            if pos < 0 and content.strip() and content.strip() != content:
+                content = content.strip()
+                pos = _find_before(text, content, start, closes, latest)
+            if pos < 0:
+                raise ChatFormatError(
+                    f"message {number} (assistant): its content does not appear in the "
+                    "rendered text (the template rewrites it); use a chat template with "
+                    "{% generation %} tags"
+                )
+            begin, finish = (start if anchored else pos), pos + len(content)
+        elif anchored:
+            begin = finish = start  # e.g. a turn of tool calls only
+        else:
+            continue  # nothing anchors an empty turn in a template without a header
+        if end_marker:
+            marker = text.find(end_marker, finish, next_header(finish))
+            if marker >= 0:
+                finish = marker + len(end_marker)
+        if finish > begin:
+            spans.append((begin, finish))
+        cursor = finish
+    return spans
+
+
+@dataclass(frozen=True)
+class Rendered:
+    text: str
+    assistant_spans: list[Span]  # trained character span of each assistant turn, in order
+    generation_spans: list[Span] | None  # the template's {% generation %} blocks, or None
+
+
+def render(
+    template: ChatTemplate,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool = False,
+    bos_token: str = "",
+    eos_token: str = "",
+    control_tokens: Collection[str] = (),
+    variables: Mapping[str, Any] | None = None,
+    limits: RenderLimits = DEFAULT_LIMITS,
+    now: datetime | None = None,
+) -> Rendered:
+    """Render one dialogue in the sandbox and find its assistant turns.
+
+    ``variables``: extra template variables (other special tokens, ``tools``,
+    ``date_string``...); ``tools`` and ``documents`` default to None as in transformers.
+    ``control_tokens``: the tokenizer's added tokens, to recognise the end-of-turn marker
+    when the template has no generation tags. ``now``: what ``strftime_now`` formats (pin it
+    for reproducible output; default: the current time, as transformers does).
+    ``assistant_spans`` are the non-empty generation blocks when the template has them.
+    """
+    context: dict[str, Any] = {"tools": None, "documents": None, **(variables or {})}
+    context.update(
+        messages=messages,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=bos_token,
+        eos_token=eos_token,
+    )
+    text, generation = _run(template, context, _input_chars(messages, variables or {}), limits, now)
+    if _compile(template.text, template.source).has_generation:
+        return Rendered(text, [s for s in generation if s[1] > s[0]], generation)
+    markers = turn_markers(
+        template, bos_token=bos_token, eos_token=eos_token, control_tokens=control_tokens
+    )
+    return Rendered(text, locate_assistant_spans(text, messages, markers), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens and the loss mask
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedDialogue:
+    ids: np.ndarray  # int32 token ids of the rendered dialogue (no special tokens added)
+    mask: np.ndarray  # bool per token: True = trained (label kept), False = label -100
+    turns: np.ndarray  # int64 (n, 2): token range [start, end) of each assistant turn
+    train_on: str
+
+    @property
+    def n_assistant_turns(self) -> int:
+        """Assistant turns that are trained (0: nothing to learn, the pipeline drops it)."""
+        if self.train_on == "last":
+            return min(1, len(self.turns))
+        return len(self.turns)
+
+    @property
+    def n_trained(self) -> int:
+        return int(self.mask.sum())
+
+    def labels(self) -> np.ndarray:
+        """Token ids where trained, -100 elsewhere (the causal shift is the trainer's)."""
+        return np.where(self.mask, self.ids, -100).astype(np.int32)
+
+
+def _mask(n_tokens: int, turns: np.ndarray, train_on: str) -> np.ndarray:
+    if train_on == "all":
+        return np.ones(n_tokens, dtype=bool)
+    mask = np.zeros(n_tokens, dtype=bool)
+    chosen = turns[-1:] if train_on == "last" else turns
+    for start, end in chosen:
+        mask[start:end] = True
+    return mask
+
+
+def _token_turns(offsets: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
+    """Token range of each span: the tokens that share at least one character with it."""
+    if not spans or len(offsets) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    bounds = np.asarray(spans, dtype=np.int64)
+    if np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1]):
+        first = np.searchsorted(ends, bounds[:, 0], side="right")  # first token ending after a
+        last = np.searchsorted(starts, bounds[:, 1], side="left")  # tokens starting before b
+    else:  # offsets out of order (unusual normalizers): test every token
+        first, last = np.empty(len(spans), np.int64), np.empty(len(spans), np.int64)
+        for i, (a, b) in enumerate(bounds):
+            hit = np.flatnonzero((starts < b) & (ends > a))
+            first[i], last[i] = (hit[0], hit[-1] + 1) if len(hit) else (0, 0)
+    turns = np.stack([first, last], axis=1)
+    return turns[turns[:, 1] > turns[:, 0]]
+
+
+def _check_train_on(train_on: str) -> None:
+    if train_on not in TRAIN_ON:
+        raise ConfigError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
+
+
+def encode_rendered(
+    tokenizer: Tokenizer, rendered: Sequence[Rendered], train_on: TrainOn = "assistant"
+) -> list[EncodedDialogue]:
+    """Tokenize rendered dialogues in one ``encode_batch`` (parallel, with offsets) and mask."""
+    _check_train_on(train_on)
+    encodings = tokenizer.encode_batch([r.text for r in rendered], add_special_tokens=False)
+    out = []
+    for r, enc in zip(rendered, encodings, strict=True):
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        turns = _token_turns(offsets, r.assistant_spans)
+        out.append(EncodedDialogue(ids, _mask(len(ids), turns, train_on), turns, train_on))
+    return out
+
+
+def control_tokens_of(tokenizer: Tokenizer) -> tuple[str, ...]:
+    """The tokenizer's added tokens: the candidates for the end-of-turn marker."""
+    return tuple(sorted(t.content for t in tokenizer.get_added_tokens_decoder().values()))
+
+
+def special_tokens_from_config(config: Mapping[str, Any]) -> dict[str, str]:
+    """``*_token`` entries of a ``tokenizer_config.json`` (strings or AddedToken dicts), the
+    template variables transformers passes (``bos_token``, ``eos_token``...)."""
+    found = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            value = value.get("content")
+        if key.endswith("_token") and isinstance(value, str):
+            found[key] = value
+    return found
+
+
+def encode_dialogues(
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    dialogues: Sequence[Sequence[Mapping[str, Any]]],
+    train_on: TrainOn = "assistant",
+    special_tokens: Mapping[str, str] | None = None,
+    *,
+    limits: RenderLimits = DEFAULT_LIMITS,
+    now: datetime | None = None,
+) -> list[EncodedDialogue]:
+    """Render (Python) then tokenize (one Rust batch) validated dialogues.
+
+    A dialogue the template rejects raises ``ChatFormatError`` with ``index`` set to its
+    position; to skip such lines instead, ``render`` each one and call ``encode_rendered``.
+    """
+    _check_train_on(train_on)
+    variables = dict(special_tokens or {})
+    bos, eos = variables.pop("bos_token", ""), variables.pop("eos_token", "")
+    controls = control_tokens_of(tokenizer)
+    rendered = []
+    for index, messages in enumerate(dialogues):
+        try:
+            rendered.append(
+                render(
+                    template,
+                    messages,
+                    bos_token=bos,
+                    eos_token=eos,
+                    control_tokens=controls,
+                    variables=variables,
+                    limits=limits,
+                    now=now,
+                )
+            )
+        except ChatFormatError as exc:
+            exc.index = index
+            raise
+    return encode_rendered(tokenizer, rendered, train_on)
+
+
+def encode_dialogue(
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    messages: Sequence[Mapping[str, Any]],
+    train_on: TrainOn = "assistant",
+    special_tokens: Mapping[str, str] | None = None,
+    *,
+    limits: RenderLimits = DEFAULT_LIMITS,
+    now: datetime | None = None,
+) -> EncodedDialogue:
+    """One dialogue: token ids, loss mask and assistant turns (see the module docstring)."""
+    return encode_dialogues(
+        tokenizer, template, [messages], train_on, special_tokens, limits=limits, now=now
+    )[0]
+
+
+def truncate_at_turns(encoded: EncodedDialogue, max_len: int) -> EncodedDialogue | None:
+    """``--overlong truncate`` for dialogues: keep the tokens up to the end of the last
+    assistant turn that fits in ``max_len`` (its end-of-turn marker included), so no turn is
+    cut in the middle; ``None`` when not even the first assistant turn fits.
+
+    For the templates in use (prefix-stable ones), the kept tokens are what rendering the
+    dialogue up to that turn would give, minus what the template writes after the marker
+    (ChatML's newline). With ``train_on="last"`` the kept final turn becomes the trained one.
+    """
+    if len(encoded.ids) <= max_len:
+        return encoded
+    fits = int(np.searchsorted(encoded.turns[:, 1], max_len, side="right"))
+    if fits == 0:
+        return None
+    cut = int(encoded.turns[fits - 1, 1])
+    turns = encoded.turns[:fits]
+    return EncodedDialogue(
+        encoded.ids[:cut].copy(), _mask(cut, turns, encoded.train_on), turns, encoded.train_on
+    )
