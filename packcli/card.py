@@ -17,15 +17,18 @@ from packcli import __version__
 CONFIG_NAMES = ("long", "short")
 
 
-def _arrow_bytes(tier: dict[str, Any]) -> int:
+def _arrow_bytes(tier: dict[str, Any], chat: bool) -> int:
     """In-memory Arrow size of a config (what ``datasets`` calls ``num_bytes``)."""
     rows, tokens, segments = tier["rows"], tier["tokens"], tier["segments"]
-    # input_ids + segment_ids: 4 B/token each; seq_lengths 4 + doc_ids 8 B/segment; four list
-    # offset buffers (4 B/row each) and num_tokens (4 B/row).
-    return 8 * tokens + 12 * segments + 4 * 4 * (rows + 1) + 4 * rows
+    # input_ids + segment_ids (+ labels): 4 B/token each; seq_lengths 4 + doc_ids 8 B/segment;
+    # one list offset buffer per list column (4 B/row each) and num_tokens (4 B/row).
+    lists = 5 if chat else 4
+    return (12 if chat else 8) * tokens + 12 * segments + 4 * lists * (rows + 1) + 4 * rows
 
 
-def dataset_info(report: dict[str, Any], files: dict[str, list[dict[str, Any]]]) -> list[dict]:
+def dataset_info(
+    report: dict[str, Any], files: dict[str, list[dict[str, Any]]], chat: bool = False
+) -> list[dict]:
     """``dataset_info`` YAML: features, split sizes and byte counts per config.
 
     Besides documenting the data for the Hub, these numbers feed ``datasets``' cache key for
@@ -34,13 +37,13 @@ def dataset_info(report: dict[str, Any], files: dict[str, list[dict[str, Any]]])
     """
     import datasets  # heavy import, only needed here
 
-    from packcli.write import ROW_SCHEMA
+    from packcli.write import CHAT_ROW_SCHEMA, ROW_SCHEMA
 
-    features = datasets.Features.from_arrow_schema(ROW_SCHEMA)
+    features = datasets.Features.from_arrow_schema(CHAT_ROW_SCHEMA if chat else ROW_SCHEMA)
     infos = []
     for name in CONFIG_NAMES:
         tier = report["tiers"][name]
-        num_bytes = _arrow_bytes(tier)
+        num_bytes = _arrow_bytes(tier, chat)
         info = datasets.DatasetInfo(
             features=features,
             config_name=name,
@@ -55,10 +58,10 @@ def dataset_info(report: dict[str, Any], files: dict[str, list[dict[str, Any]]])
 
 
 def card_front_matter(
-    report: dict[str, Any], files: dict[str, list[dict[str, Any]]]
+    report: dict[str, Any], files: dict[str, list[dict[str, Any]]], chat: bool = False
 ) -> dict[str, Any]:
     return {
-        "dataset_info": dataset_info(report, files),
+        "dataset_info": dataset_info(report, files, chat),
         "configs": [
             {
                 "config_name": name,
@@ -80,7 +83,14 @@ def render_card(
     """The card's markdown; ``out`` (when given) lets it embed plots from ``packcli stats``."""
     from packcli.stats import render_plots_section, training_snippet
 
-    front = yaml.safe_dump(card_front_matter(report, files), sort_keys=False)
+    chat = run.get("format") == "chat"
+    front = yaml.safe_dump(card_front_matter(report, files, chat), sort_keys=False)
+    labels_row = (
+        "| `labels` | list<int32> | token id where loss is taken, -100 elsewhere (unshifted; "
+        "-100 at every segment start) |\n"
+        if chat
+        else ""
+    )
     plots = render_plots_section(out) if out is not None else ""
     pad = run["tokenizer"].get("eos_id")
     training = training_snippet(pad_token_id=pad if pad is not None else 0)
@@ -123,7 +133,7 @@ Dropped: {pol["dropped_docs"]:,} documents ({pol["dropped_tokens"]:,} tokens);
 | `seq_lengths` | list<int32> | length of each segment, in order (sums to `num_tokens`) |
 | `doc_ids` | list<int64> | global id of each segment's document (a split document repeats its id) |
 | `num_tokens` | int32 | `len(input_ids)` |
-
+{labels_row}
 ## Loading
 
 ```python

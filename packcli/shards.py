@@ -35,6 +35,8 @@ SHARD_SCHEMA = pa.schema(
         pa.field("line", pa.int64()),
     ]
 )
+# Chat shards add per-token labels (-100 = no loss), gathered exactly like the tokens.
+CHAT_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("labels", pa.list_(pa.int32())))
 SUCCESS = "_SUCCESS.json"
 
 
@@ -76,10 +78,15 @@ class ShardWriter:
     """
 
     def __init__(
-        self, folder: Path, shard_tokens: int, done: list[dict[str, Any]] | None = None
+        self,
+        folder: Path,
+        shard_tokens: int,
+        done: list[dict[str, Any]] | None = None,
+        schema: pa.Schema = SHARD_SCHEMA,
     ) -> None:
         """``done``: manifests of shards a previous, interrupted run completed; new shards
         continue the numbering after them."""
+        self.schema = schema
         self.folder = folder
         self.shard_tokens = shard_tokens
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -111,8 +118,8 @@ class ShardWriter:
         final = self.folder / shard_name(index)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         # One record batch per file, so readers get zero-copy contiguous columns.
-        table = pa.Table.from_batches(self._pending, schema=SHARD_SCHEMA).combine_chunks()
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SHARD_SCHEMA) as writer:
+        table = pa.Table.from_batches(self._pending, schema=self.schema).combine_chunks()
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, self.schema) as writer:
             writer.write_table(table)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -139,6 +146,7 @@ class ShardTokens:
     values: np.ndarray  # int32, all tokens of the shard back to back
     offsets: np.ndarray  # int64, len num_docs + 1
     first_doc_id: int
+    labels: np.ndarray | None = None  # int32, aligned with values (chat shards only)
 
 
 class TokenShards:
@@ -181,14 +189,21 @@ class TokenShards:
         reader = self._reader(index)
         if reader.num_record_batches != 1:
             raise ValueError(f"shard {self.manifests[index]['file']} is not a single record batch")
-        ids = reader.get_batch(0).column("input_ids")
+        batch = reader.get_batch(0)
+        ids = batch.column("input_ids")
         # Offsets index into the (unsliced) child array, so values and offsets stay consistent.
         offsets = ids.offsets.to_numpy().astype(np.int64)
-        values = ids.values.to_numpy()
+        labels = None
+        if "labels" in batch.schema.names:
+            lab = batch.column("labels")
+            if not np.array_equal(lab.offsets.to_numpy(), ids.offsets.to_numpy()):
+                raise ValueError(f"shard {self.manifests[index]['file']}: labels misaligned")
+            labels = lab.values.to_numpy()
         return ShardTokens(
-            values=values,
+            values=ids.values.to_numpy(),
             offsets=offsets,
             first_doc_id=int(self.manifests[index]["first_doc_id"]),
+            labels=labels,
         )
 
     def iter_shards(self) -> Iterator[ShardTokens]:

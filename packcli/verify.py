@@ -5,6 +5,8 @@ What is proved, streaming over the Parquet files (memory ~24 bytes per segment):
 * per row: ``num_tokens == len(input_ids) == len(segment_ids) == sum(seq_lengths)``,
   ``1 <= num_tokens <= capacity``, ``segment_ids`` run 1..k contiguously with run lengths
   ``seq_lengths``, ``len(doc_ids) == len(seq_lengths)``, token ids inside the vocabulary;
+  for chat outputs, ``labels`` has one entry per token, -100 at every segment start, and
+  equals ``input_ids`` wherever it is not -100;
 * conservation: each segment is summarised as (doc id, length, 64-bit polynomial hash of its
   tokens in order). Against the tokenized shards, the multiset of segments of each config
   must equal the expected pieces of every document (whole documents; for ``split`` the
@@ -150,6 +152,8 @@ def _check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) ->
         )
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         _fail(where, f"token id outside the vocabulary 0..{vocab - 1}")
+    if "labels" in batch.schema.names:
+        _check_labels(batch.column("labels"), n_ids, tokens, seq_lens, where, row0)
     return Segments(
         doc=doc_ids,
         length=seq_lens,
@@ -157,6 +161,27 @@ def _check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) ->
         row=row0 + row_of_seg.astype(np.int64),
         index=seg_index.astype(np.int64),
     )
+
+
+def _check_labels(
+    col: Any, n_ids: np.ndarray, tokens: np.ndarray, seq_lens: np.ndarray, where: str, row0: int
+) -> None:
+    """Chat labels: one per token, -100 at every segment start, else equal to the token."""
+    if col.null_count or col.values.null_count:
+        _fail(where, "column labels has nulls")
+    if (bad := np.diff(col.offsets.to_numpy()) != n_ids).any():
+        _fail(where, f"row {row0 + int(np.argmax(bad))}: len(labels) != len(input_ids)")
+    o = col.offsets.to_numpy()
+    labels = col.values.to_numpy()[o[0] : o[-1]]
+    row_of_token = np.repeat(np.arange(n_ids.size), n_ids)
+    starts = np.cumsum(seq_lens) - seq_lens
+    if (bad := labels[starts] != -100).any():
+        r = row0 + int(row_of_token[starts[np.argmax(bad)]])
+        _fail(where, f"row {r}: a segment's first token has a label (loss across a boundary)")
+    trained = labels != -100
+    if (bad := trained & (labels != tokens)).any():
+        r = row0 + int(row_of_token[np.argmax(bad)])
+        _fail(where, f"row {r}: a label differs from its token (labels are unshifted)")
 
 
 def _scan_config(

@@ -35,6 +35,13 @@ ROW_SCHEMA = pa.schema(
         pa.field("num_tokens", pa.int32()),
     ]
 )
+# Chat outputs add ``labels``: the token id where loss is taken, -100 elsewhere, unshifted;
+# -100 at the first token of every segment, so no loss crosses a document boundary.
+CHAT_ROW_SCHEMA = ROW_SCHEMA.append(pa.field("labels", pa.list_(pa.int32())))
+
+
+def row_schema(source: TokenSource) -> pa.Schema:
+    return CHAT_ROW_SCHEMA if source.has_labels else ROW_SCHEMA
 
 
 @numba.njit(cache=True, nogil=True)
@@ -58,9 +65,12 @@ class TokenSource:
     def __init__(self, shards: list[ShardTokens]) -> None:
         self.shards = shards
         self.first_doc = np.array([s.first_doc_id for s in shards], dtype=np.int64)
+        self.has_labels = bool(shards) and all(s.labels is not None for s in shards)
 
-    def gather(self, docs: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-        """Tokens of the slices ``doc[start:start+len]``, concatenated in the given order."""
+    def gather(
+        self, docs: np.ndarray, starts: np.ndarray, lens: np.ndarray, *, labels: bool = False
+    ) -> np.ndarray:
+        """Tokens (or labels) of the slices ``doc[start:start+len]``, in the given order."""
         total = int(lens.sum())
         out = np.empty(total, dtype=np.int32)
         dst = np.cumsum(lens) - lens
@@ -69,7 +79,8 @@ class TokenSource:
             m = shard_of == s
             shard = self.shards[int(s)]
             src = shard.offsets[docs[m] - shard.first_doc_id] + starts[m]
-            _copy_slices(shard.values, src, dst[m], lens[m], out)
+            values = shard.labels if labels else shard.values
+            _copy_slices(values, src, dst[m], lens[m], out)
         return out
 
 
@@ -98,16 +109,18 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
     np.cumsum(row_tokens, out=tok_offsets[1:])
     if tok_offsets[-1] >= 2**31:
         raise ValueError("a row group exceeds 2**31 tokens; lower write.row_group_tokens")
-    return pa.Table.from_arrays(
-        [
-            _list_array(tok_offsets, tokens, pa.int32()),
-            _list_array(tok_offsets, segment_ids, pa.int32()),
-            _list_array(seg_offsets, lens.astype(np.int32), pa.int32()),
-            _list_array(seg_offsets, docs, pa.int64()),
-            pa.array(row_tokens.astype(np.int32)),
-        ],
-        schema=ROW_SCHEMA,
-    )
+    columns = [
+        _list_array(tok_offsets, tokens, pa.int32()),
+        _list_array(tok_offsets, segment_ids, pa.int32()),
+        _list_array(seg_offsets, lens.astype(np.int32), pa.int32()),
+        _list_array(seg_offsets, docs, pa.int64()),
+        pa.array(row_tokens.astype(np.int32)),
+    ]
+    if source.has_labels:
+        labels = source.gather(docs, starts, lens, labels=True)
+        labels[np.cumsum(lens) - lens] = -100  # no loss on a segment's first token
+        columns.append(_list_array(tok_offsets, labels, pa.int32()))
+    return pa.Table.from_arrays(columns, schema=row_schema(source))
 
 
 def file_ranges(layout: RowLayout, shard_tokens: int) -> list[tuple[int, int]]:
@@ -142,15 +155,16 @@ def write_config_file(
     compression = None if config.compression == "none" else config.compression
     level = config.compression_level if compression in ("zstd", "gzip") else None
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    schema = row_schema(source)
     with pq.ParquetWriter(
         str(tmp),
-        ROW_SCHEMA,
+        schema,
         compression=compression,
         compression_level=level,
         use_dictionary=False,
     ) as writer:
         if f1 == f0:
-            writer.write_table(ROW_SCHEMA.empty_table())
+            writer.write_table(schema.empty_table())
         for g0 in range(f0, f1, rows_per_group):
             g1 = min(f1, g0 + rows_per_group)
             writer.write_table(rows_to_table(plan, layout, g0, g1, source), row_group_size=g1 - g0)
