@@ -13,73 +13,72 @@ Why it looks the way it does:
   give the same ids, which later stages use to refer back to documents (and
   ``file_index``/``line`` let any id be traced to ``file:line``).
 * **Nothing lost, nothing corrupted.** Bad input is a policy, not an accident
-  (``on_bad_line``): ``"error"`` (default) stops with an ``InputError`` naming ``file:line``
-  (for a corrupt compressed stream: the last good line and the uncompressed byte offset) and
-  the reason; ``"skip"`` drops the line, counts it by reason key in ``ReadStats.rejected`` and
-  hands its exact raw bytes to a ``RejectSink`` (``rejected.jsonl``, base64, written
-  atomically). Either way every line is accounted for: documents + rejected + blank lines =
-  lines. Truncated zstd streams are detected too (the library's ``stream_reader`` ends them
-  silently, so frames are decoded with ``decompressobj`` and a frame left unfinished at end of
-  file is corrupt). I/O errors (a failing disk, a vanished file) are not bad *data* and always
-  raise, whatever the policy.
-* **Free happy path.** A good line costs one ``orjson.loads`` and two type checks, exactly as
-  before the bad-input policy existed. Everything else (telling *why* a line is bad, the
-  big-number fallback below) runs only after that fast check failed, and may re-parse the
-  line. Measured on 300 MB of generated jsonl: unchanged within noise (see
-  ``docs/benchmarks.md``-style figures in the PR note: ~110-150 MB/s for 3.7 KB documents,
-  ~45 MB/s for 220-byte documents, before and after).
+  (``on_bad_line``). ``"error"`` (the default) stops with a ``BadLineError`` (an
+  ``InputError``) naming ``file:line`` and the reason; for a corrupt compressed stream, the
+  last good line and the uncompressed byte offset. ``"skip"`` drops the line, counts it by
+  reason key in ``ReadStats.rejected`` and hands its exact bytes to a ``RejectSink``
+  (``rejected.jsonl``, base64, written atomically). Either way every line is accounted for:
+  documents + rejected + blank lines = lines. I/O errors (a failing disk) are not bad *data*
+  and raise whatever the policy.
+* **Truncation is never silent.** A last line cut mid-JSON is ``truncated_line``, and a zstd
+  stream cut mid-frame is corrupt (the library's ``stream_reader`` would end it silently, so
+  frames are decoded with ``decompressobj`` and an unfinished frame at end of file is an
+  error; gzip checks its own trailer).
+* **The happy path pays nothing.** A good line costs one ``orjson.loads`` and two type
+  checks, a blank line one failed parse and ``isspace``, as before the policy existed.
+  Finding out *why* a line is bad (and the big-number fallback below) runs only after that
+  check failed (~10-20 us a line). Measured on 300 MB of generated jsonl, CPU time, median
+  of 9, before -> after: 3.7 KB documents 1.45 -> 1.35 s (~210 MB/s), 220-byte documents
+  3.34 -> 3.13 s (~90 MB/s), the 3.7 KB file as zstd 1.96 -> 1.90 s: unchanged within noise.
 * **Cheap progress.** ``DocBatch.progress_bytes`` counts on-disk (compressed) bytes consumed,
   read from the raw file position once per batch, so a progress bar over the sum of the file
   sizes stays accurate for compressed inputs without any per-line cost.
 
-What counts as bad, and why (the reason key is what ``ReadStats.rejected`` and
-``rejected.jsonl`` use; the message is what ``InputError`` says after ``file:line:``):
+What is bad, and why. The reason key is what ``ReadStats.rejected``, ``rejected.jsonl`` and
+``BadLineError.reason`` use; the message follows ``file:line:``.
 
-====================================  =======================================================
-input                                 outcome
-====================================  =======================================================
-UTF-8 BOM at the start of a file      accepted (stripped; many Windows tools write one)
-UTF-8 BOM at the start of a later     ``invalid_json`` (a BOM inside a file means files were
-line                                  concatenated carelessly; the line is not JSON)
-CRLF line endings                     accepted (``\r`` is JSON whitespace)
-blank / whitespace-only line          not a document and not an error: counted in
-                                      ``ReadStats.blank_lines``
-duplicate keys                        accepted, **last one wins** (see below)
-integer or float beyond double range  accepted if otherwise valid (see below)
-in any field
-syntax error, trailing content        ``invalid_json``
-last line cut mid-JSON, no newline    ``truncated_line`` (the file was cut while writing)
-invalid UTF-8 (truncated or overlong  ``invalid_utf8`` (message gives the byte column; orjson
-sequence, surrogate bytes ED A0 80,   itself says "surrogates not allowed" for every kind)
-stray continuation byte, 0xFF, ...)
-``"\ud800"`` (lone surrogate escape)   ``lone_surrogate`` (not encodable as UTF-8, so no
-                                      tokenizer could take it)
-``NaN``, ``Infinity``, ``-Infinity``  ``nan_infinity`` (not JSON, although Python's ``json``
-                                      writes and reads them)
-nesting deeper than 1024              ``too_deep`` (orjson's limit; keeps a hostile line of
-                                      100k ``[`` from costing anything)
-line that is not a JSON object        ``not_object``
-no text field / not a string / ""     ``missing_field`` / ``not_string`` / ``empty_text``
-corrupt or truncated .gz / .zst       ``corrupt_stream`` (``skip``: the rest of that file is
-                                      abandoned, one reject with ``raw=b""`` is recorded at
-                                      last good line + 1, documents before it are kept)
-====================================  =======================================================
+================================================  ==========================================
+input                                             outcome
+================================================  ==========================================
+UTF-8 BOM at the start of a file                  accepted (stripped)
+CRLF line endings                                 accepted (``\r`` is JSON whitespace)
+blank or whitespace-only line                     no document, no error: ``blank_lines``
+duplicate keys                                    accepted, the last value wins (below)
+number beyond a double, in any field              accepted if otherwise valid (below)
+syntax error, trailing content, BOM mid-file      ``invalid_json``
+last line cut mid-JSON or mid-UTF-8, no newline   ``truncated_line``
+invalid UTF-8: truncated or overlong sequence,    ``invalid_utf8`` (message: byte column and
+surrogate bytes ``ED A0 80``, stray continuation  bytes; orjson says "surrogates not
+byte, ``FF``/``FE``                               allowed" for every kind)
+``"\ud800"``: lone surrogate escape, anywhere     ``lone_surrogate`` (not encodable as UTF-8)
+``NaN``, ``Infinity``, ``-Infinity``              ``nan_infinity`` (not JSON; Python's
+                                                  ``json`` writes and reads them)
+nesting deeper than ``MAX_DEPTH`` (1024)          ``too_deep`` (orjson's limit; a line of
+                                                  100k ``[`` costs nothing)
+a JSON value that is not an object                ``not_object``
+text field absent / not a string / ``""``         ``missing_field`` / ``not_string`` /
+                                                  ``empty_text``
+corrupt or truncated ``.gz`` / ``.zst`` stream    ``corrupt_stream``: under ``skip`` the rest
+                                                  of that file is abandoned and one reject
+                                                  (``raw=b""``, line = last good line + 1)
+                                                  recorded; documents before it are kept
+================================================  ==========================================
 
 Duplicate keys: RFC 8259 leaves them undefined, and every mainstream reader (orjson, Python's
-``json``, JavaScript's ``JSON.parse``, pandas, ``datasets``) keeps the last value. Accepting
-them the same way means packcli tokenizes exactly the text any other tool would show for that
-line, and detecting them would need a second, slow parse of every good line.
+``json``, JavaScript's ``JSON.parse``, pandas, ``datasets``) keeps the last value. Doing the
+same means packcli tokenizes exactly the text any other tool shows for that line, while
+detecting them would need a second, slow parse of every good line.
 
-Big numbers: JSON puts no limit on numbers, and orjson's limit (it refuses numbers that
-overflow a double, e.g. integers with more than ~309 digits) is an implementation limit, not
-bad data. Only the text field is used, so rejecting a good document because of, say, a
-1024-bit hash in its metadata would lose it for nothing. A line orjson refuses *at a number*
-is therefore parsed again with the standard library (numbers are not converted, which also
-dodges CPython's 4300-digit ``int`` limit) and then held to orjson's other rules: no
-NaN/Infinity, no lone surrogate anywhere, at most 1024 levels of nesting. So the line is
-accepted exactly when orjson would accept it with its out-of-range numbers replaced by 0.
-(A line that also nests close to 1024 levels may hit the standard library's own recursion
-limit first and is then reported ``too_deep``.)
+Big numbers: JSON puts no limit on numbers; orjson's (it refuses a number that overflows a
+double, e.g. an integer of more than ~309 digits, and silently turns integers beyond 64 bits
+into floats) is an implementation limit, not bad data. Only the text field is used, so
+rejecting a good document for, say, a 1024-bit hash in its metadata would lose it for
+nothing. A line orjson refuses *at a number* is therefore parsed again by the standard
+library (numbers not converted, which also dodges CPython's 4300-digit ``int`` limit) and
+held to orjson's other rules: no NaN/Infinity, no lone surrogate anywhere, at most
+``MAX_DEPTH`` levels. So such a line is accepted exactly when orjson would accept it with its
+out-of-range numbers replaced by 0 (except that one nesting near ``MAX_DEPTH`` may hit
+Python's recursion limit first and be reported ``too_deep``).
 """
 
 from __future__ import annotations
@@ -200,11 +199,13 @@ class RejectSink:
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self._tmp, "wb")  # noqa: SIM115 (closed in close/abort)
-        record = {"file": file, "line": line, "reason": reason, "detail": detail}
-        record["raw_b64"] = base64.b64encode(raw).decode("ascii")
         # stdlib json with ensure_ascii: a file name that is not valid UTF-8 (surrogateescape)
-        # is still written, as \udcXX escapes, where orjson would raise.
-        self._fh.write(json.dumps(record).encode("ascii") + b"\n")
+        # is still written, as \udcXX escapes, where orjson would raise. The base64 is spliced
+        # in as bytes: it needs no escaping, and json.dumps takes ~1 s per 40 MB to find that out.
+        head = json.dumps({"file": file, "line": line, "reason": reason, "detail": detail})
+        self._fh.write(
+            b"".join((head[:-1].encode("ascii"), b', "raw_b64": "', base64.b64encode(raw), b'"}\n'))
+        )
         self.count += 1
 
     def close(self) -> None:
@@ -440,9 +441,8 @@ def _type_name(value: object) -> str:
 # --------------------------------------------------------------------------- bad lines
 # Everything below runs only for lines the fast path refused, so it may be slow and thorough.
 
-_Verdict = str | tuple[str, str] | None
-"""What a refused line turns out to be: its text (accepted after all), ``(reason, message)``,
-or ``None`` for a blank line."""
+_Verdict = str | tuple[str, str]
+"""What a refused line turns out to be: its text (accepted after all) or ``(reason, message)``."""
 
 
 class _NonStandardConstant(ValueError):
@@ -488,7 +488,7 @@ def _orjson_rules(doc: object) -> tuple[str, str] | None:
     return None
 
 
-def _parse_with_big_numbers(text: str, text_field: str) -> _Verdict:
+def _parse_with_big_numbers(text: str, text_field: str) -> _Verdict | None:
     """Fallback for a line orjson refused at a number: ``None`` if it is invalid anyway."""
     try:
         doc = json.loads(
@@ -535,15 +535,12 @@ def _classify_json_error(line: bytes, exc: orjson.JSONDecodeError, text_field: s
     return "invalid_json", f"invalid JSON: {exc.msg} ({column})"
 
 
-def _diagnose(line: bytes, text_field: str) -> _Verdict:
-    """The slow path for a line the fast path refused."""
-    if line.isspace():
-        return None
-    try:
-        doc = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        return _classify_json_error(line, exc, text_field)
-    return _check_document(doc, text_field)
+def _diagnose(line: bytes, text_field: str, parsed: object) -> _Verdict:
+    """The slow path for a non-blank line the fast path refused; ``parsed`` is what orjson made
+    of it: the document, or the ``JSONDecodeError`` (no JSON value is an exception instance)."""
+    if isinstance(parsed, orjson.JSONDecodeError):
+        return _classify_json_error(line, parsed, text_field)
+    return _check_document(parsed, text_field)
 
 
 def iter_batches(
@@ -609,18 +606,24 @@ def iter_batches(
                 for line in stream:
                     lineno += 1
                     nbytes += len(line)
-                    # The fast path: one parse, two type checks. Anything unusual (blank lines
-                    # included) falls through to _diagnose, which may re-parse the line.
+                    # The fast path: one parse, two type checks, as cheap as before the policy
+                    # existed. Blank lines cost what they did; anything else unusual goes to
+                    # _diagnose, which is allowed to be slow.
                     try:
-                        text = loads(line)[key]
-                    except (decode_error, KeyError, TypeError):
-                        text = None
-                    if type(text) is not str or not text:
-                        verdict = _diagnose(line, key)
-                        if verdict is None:
+                        doc = loads(line)
+                        text = doc[key]
+                    except decode_error as exc:
+                        if line.isspace():
                             blank += 1
                             continue
-                        if type(verdict) is not str:
+                        text = doc = exc
+                    except (KeyError, TypeError):
+                        text = None
+                    if type(text) is not str or not text:
+                        verdict = _diagnose(line, key, doc)
+                        if isinstance(verdict, str):
+                            text = verdict  # valid after all (big numbers)
+                        else:
                             reason, message = verdict
                             if not skip:
                                 raise BadLineError(
@@ -631,7 +634,6 @@ def iter_batches(
                                 raw_line = _BOM + line if bom and lineno == 1 else line
                                 rejects.add(str(path), lineno, reason, raw_line, message)
                             continue
-                        text = verdict
                     if len(texts) == batch_size:
                         # Flush lazily (only once another document arrives) so that a batch
                         # ending a file is yielded after the file is done, with exact progress.

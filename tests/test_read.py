@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -13,7 +16,14 @@ import pytest
 import zstandard
 
 from packcli.errors import InputError
-from packcli.read import DocBatch, ReadStats, iter_batches, resolve_inputs
+from packcli.read import (
+    BadLineError,
+    DocBatch,
+    ReadStats,
+    RejectSink,
+    iter_batches,
+    resolve_inputs,
+)
 
 
 def _jsonl(texts: Sequence[str]) -> bytes:
@@ -32,7 +42,7 @@ def _write(path: Path, data: bytes) -> Path:
 
 
 def _read_all(
-    paths: Sequence[Path], batch_size: int = 1024, stats: ReadStats | None = None, **kw: str
+    paths: Sequence[Path], batch_size: int = 1024, stats: ReadStats | None = None, **kw: Any
 ) -> list[DocBatch]:
     return list(iter_batches(paths, batch_size=batch_size, stats=stats, **kw))
 
@@ -175,7 +185,7 @@ def test_progress_bytes(tmp_path: Path) -> None:
     [
         (b'{"text": "a"', "invalid JSON"),
         (b'{"text": "a"} trailing', "invalid JSON"),
-        (b'{"text": "\xff"}', "invalid JSON"),
+        (b'{"text": "\xff"}', "invalid UTF-8"),
         (b'["text"]', "line is not a JSON object"),
         (b'"text"', "line is not a JSON object"),
         (b"42", "line is not a JSON object"),
@@ -228,7 +238,7 @@ def _assert_last_good_line_plausible(path: Path) -> None:
     """The reported line is the last complete line decoded before the damage (about half)."""
     with pytest.raises(InputError) as info:
         _read_all([path])
-    last_good = int(str(info.value).split("after line ")[1].split(":")[0])
+    last_good = int(str(info.value).split("after line ")[1].split(" ")[0])
     assert 5_000 < last_good < 15_000
 
 
@@ -314,6 +324,374 @@ def test_bad_batch_size(tmp_path: Path) -> None:
     path = _write(tmp_path / "a.jsonl", _jsonl(TEXTS))
     with pytest.raises(ValueError):
         _read_all([path], batch_size=0)
+
+
+# --------------------------------------------------------------------------- bad input policy
+
+DEEP = b"[" * 100_000
+
+
+def _nest(depth: int) -> bytes:
+    """A line whose "x" field nests ``depth - 1`` arrays inside the line's object."""
+    return b'{"text": "a", "x": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+BIG_INT = b"9" * 5000  # beyond a double (orjson refuses it) and CPython's 4300-digit int limit
+
+# (case id, bad line without terminator, reason key, fragment of the message)
+BAD_LINES: list[tuple[str, bytes, str, str]] = [
+    ("unclosed_object", b'{"text": "a"', "invalid_json", "invalid JSON"),
+    ("trailing_content", b'{"text": "a"} x', "invalid_json", "invalid JSON"),
+    ("single_quotes", b"{'text': 'a'}", "invalid_json", "invalid JSON"),
+    ("raw_control_char", b'{"text": "a\x01b"}', "invalid_json", "control character"),
+    ("bad_escape", b'{"text": "a\\x41"}', "invalid_json", "invalid JSON"),
+    ("leading_zero", b'{"text": "a", "n": 01}', "invalid_json", "leading zero"),
+    ("bom_not_at_file_start", b'\xef\xbb\xbf{"text": "a"}', "invalid_json", "BOM"),
+    ("array", b'["text"]', "not_object", "line is not a JSON object (got array)"),
+    ("string", b'"text"', "not_object", "line is not a JSON object (got string)"),
+    ("number", b"42", "not_object", "line is not a JSON object (got int)"),
+    ("null", b"null", "not_object", "line is not a JSON object (got null)"),
+    ("missing_field", b'{"txt": "a"}', "missing_field", "missing field 'text'"),
+    ("nested_field_only", b'{"meta": {"text": "a"}}', "missing_field", "missing field 'text'"),
+    ("int_text", b'{"text": 1}', "not_string", "field 'text' is not a string (got int)"),
+    ("null_text", b'{"text": null}', "not_string", "field 'text' is not a string (got null)"),
+    ("array_text", b'{"text": ["a"]}', "not_string", "not a string (got array)"),
+    ("object_text", b'{"text": {"a": 1}}', "not_string", "not a string (got object)"),
+    ("big_int_text", b'{"text": ' + BIG_INT + b"}", "not_string", "not a string (got int)"),
+    ("empty_text", b'{"text": ""}', "empty_text", "field 'text' is empty"),
+    ("utf8_truncated_seq", b'{"text": "a\xe2\x82"}', "invalid_utf8", "invalid UTF-8 at byte 12"),
+    ("utf8_overlong_2", b'{"text": "a\xc0\xaf"}', "invalid_utf8", "invalid UTF-8 at byte 12"),
+    ("utf8_overlong_3", b'{"text": "\xe0\x80\xaf"}', "invalid_utf8", "invalid UTF-8 at byte 11"),
+    ("utf8_surrogate", b'{"text": "a\xed\xa0\x80"}', "invalid_utf8", "invalid UTF-8 at byte 12"),
+    ("utf8_stray_cont", b'{"text": "a\x80"}', "invalid_utf8", "invalid UTF-8 at byte 12"),
+    ("utf8_ff", b'{"text": "a\xff"}', "invalid_utf8", "(ff)"),
+    ("utf8_fe_in_key", b'{"te\xfext": "a"}', "invalid_utf8", "invalid UTF-8 at byte 5"),
+    ("utf8_other_field", b'{"text": "a", "m": "\xc3"}', "invalid_utf8", "invalid UTF-8"),
+    ("lone_high", b'{"text": "a\\ud800b"}', "lone_surrogate", "lone surrogate escape \\ud800"),
+    ("lone_low", b'{"text": "a\\udc00"}', "lone_surrogate", "lone surrogate escape \\udc00"),
+    ("high_then_bmp", b'{"text": "\\ud800\\u0041"}', "lone_surrogate", "lone surrogate"),
+    ("lone_in_key", b'{"\\udfff": 1, "text": "a"}', "lone_surrogate", "lone surrogate"),
+    ("lone_other_field", b'{"text": "a", "m": "\\uDBFF"}', "lone_surrogate", "lone surrogate"),
+    ("nan", b'{"text": "a", "x": NaN}', "nan_infinity", "non-standard JSON (NaN/Infinity)"),
+    ("infinity", b'{"text": "a", "x": Infinity}', "nan_infinity", "(NaN/Infinity)"),
+    ("minus_infinity", b'{"text": "a", "x": [-Infinity]}', "nan_infinity", "(NaN/Infinity)"),
+    ("nan_text", b'{"text": NaN}', "nan_infinity", "(NaN/Infinity)"),
+    ("deep_bare", DEEP, "too_deep", "nesting too deep"),
+    ("deep_in_field", b'{"text": "a", "x": ' + DEEP, "too_deep", "nesting too deep"),
+    ("depth_1025", _nest(1025), "too_deep", "nesting too deep"),
+    # A big number sends the line to the standard-library fallback, which must still hold it
+    # to orjson's other rules.
+    ("big_then_nan", b'{"text": "a", "n": ' + BIG_INT + b', "x": NaN}', "nan_infinity", "NaN"),
+    ("big_then_lone", b'{"text": "a", "n": 1e999, "x": "\\ud800"}', "lone_surrogate", "lone"),
+    ("big_then_deep", b'{"text": "a", "n": 1e999, "x": ' + DEEP + b"}", "too_deep", "too deep"),
+    ("big_then_1025", _nest(1025)[:-1] + b', "n": 1e999}', "too_deep", "too deep"),
+    ("big_then_syntax", b'{"text": "a", "n": 1e999, "x": }', "invalid_json", "invalid JSON"),
+    ("big_then_no_text", b'{"n": 1e999}', "missing_field", "missing field 'text'"),
+]
+
+# Lines that are *not* errors: (case id, line without terminator, expected text)
+GOOD_LINES: list[tuple[str, bytes, str]] = [
+    ("duplicate_keys_last_wins", b'{"text": "first", "text": "second"}', "second"),
+    ("big_int_other_field", b'{"text": "a", "id": ' + BIG_INT + b"}", "a"),
+    ("big_negative_int", b'{"text": "a", "id": -' + BIG_INT + b"}", "a"),
+    ("big_float", b'{"text": "a", "x": [1e400, -1.5e999]}', "a"),
+    ("u64_overflow", b'{"text": "a", "id": 18446744073709551616}', "a"),
+    ("big_in_nested", b'{"m": {"h": ' + BIG_INT + b'}, "text": "b"}', "b"),
+    ("surrogate_pair", b'{"text": "\\ud83d\\ude00"}', "\U0001f600"),
+    ("nan_in_string", b'{"text": "NaN Infinity \\\\ud800"}', "NaN Infinity \\ud800"),
+    ("depth_1024", _nest(1024), "a"),
+    ("big_then_depth_900", _nest(900)[:-1] + b', "n": 1e999}', "a"),
+    ("nul_escape", b'{"text": "a\\u0000b"}', "a\x00b"),
+    ("whitespace_around", b' \t{"text" : "a"}\t ', "a"),
+]
+
+BAD_CASES = [pytest.param(*case, id=case[0]) for case in BAD_LINES]
+GOOD_CASES = [pytest.param(*case, id=case[0]) for case in GOOD_LINES]
+
+GOOD = b'{"text": "first"}\n'
+AFTER = b'{"text": "after"}\n'
+
+
+def _read_skip(
+    paths: Sequence[Path], sink_path: Path, batch_size: int = 1024
+) -> tuple[list[tuple[int, int, int, str]], ReadStats, list[dict[str, Any]]]:
+    """Documents, stats and quarantine records of a ``skip`` run."""
+    stats = ReadStats()
+    with RejectSink(sink_path) as sink:
+        batches = _read_all(
+            paths, batch_size=batch_size, stats=stats, on_bad_line="skip", rejects=sink
+        )
+    records = []
+    if sink_path.exists():
+        records = [json.loads(line) for line in sink_path.read_bytes().splitlines()]
+    return _docs(batches), stats, records
+
+
+def _expected_reason(case: str, reason: str, last: bool) -> str:
+    """A line that is cut short reads as a truncated file when it is the last line."""
+    return "truncated_line" if last and case == "unclosed_object" else reason
+
+
+def _sandwich(bad: bytes, last: bool) -> bytes:
+    """A good line, a blank line, then ``bad`` at line 3: last in the file without a newline, or
+    followed by a good line."""
+    return GOOD + b"\n" + (bad if last else bad + b"\n" + AFTER)
+
+
+@pytest.mark.parametrize("last", [False, True], ids=["mid", "last"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
+@pytest.mark.parametrize(("case", "bad", "reason", "fragment"), BAD_CASES)
+def test_bad_line_error_policy(
+    tmp_path: Path, case: str, bad: bytes, reason: str, fragment: str, suffix: str, last: bool
+) -> None:
+    path = _write(tmp_path / f"bad{suffix}", _sandwich(bad, last))
+    with pytest.raises(BadLineError) as info:
+        _read_all([path])
+    err = info.value
+    assert isinstance(err, InputError)
+    assert (err.file, err.line, err.reason) == (str(path), 3, _expected_reason(case, reason, last))
+    assert str(err).startswith(f"{path}:3: ")
+    assert (fragment if err.reason == reason else "file truncated?") in str(err)
+
+
+@pytest.mark.parametrize("last", [False, True], ids=["mid", "last"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+@pytest.mark.parametrize(("case", "bad", "reason", "fragment"), BAD_CASES)
+def test_bad_line_skip_policy(
+    tmp_path: Path, case: str, bad: bytes, reason: str, fragment: str, suffix: str, last: bool
+) -> None:
+    path = _write(tmp_path / f"bad{suffix}", _sandwich(bad, last))
+    docs, stats, records = _read_skip([path], tmp_path / "out" / "rejected.jsonl")
+    assert docs == ([(0, 0, 1, "first")] if last else [(0, 0, 1, "first"), (1, 0, 4, "after")])
+    assert stats.blank_lines == 1
+    assert sum(stats.rejected.values()) == 1
+    assert len(records) == 1
+    rec = records[0]
+    expected = _expected_reason(case, reason, last)
+    assert stats.rejected == {expected: 1}
+    assert (rec["file"], rec["line"], rec["reason"]) == (str(path), 3, expected)
+    assert (fragment if expected == reason else "file truncated?") in rec["detail"]
+    assert base64.b64decode(rec["raw_b64"]) == (bad if last else bad + b"\n")
+    assert stats.documents + stats.blank_lines + sum(stats.rejected.values()) == (3 if last else 4)
+
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+@pytest.mark.parametrize(("case", "line", "text"), GOOD_CASES)
+def test_lines_that_are_not_errors(
+    tmp_path: Path, case: str, line: bytes, text: str, policy: str
+) -> None:
+    path = _write(tmp_path / "ok.jsonl", GOOD + line + b"\n" + line)  # mid-file and last
+    stats = ReadStats()
+    docs = _docs(_read_all([path], stats=stats, on_bad_line=policy))
+    assert docs == [(0, 0, 1, "first"), (1, 0, 2, text), (2, 0, 3, text)], case
+    assert stats.rejected == {}
+
+
+def test_truncated_last_line(tmp_path: Path) -> None:
+    """A file cut while being written: its last line is reported as truncated, not just bad."""
+    for cut in (b'{"text": "abc', b'{"text": "abc", "n": [1, 2', b'{"te', b'{"text": "\xe2\x82'):
+        path = _write(tmp_path / "cut.jsonl", GOOD + cut)
+        with pytest.raises(BadLineError, match=r"cut\.jsonl:2: .*truncated") as info:
+            _read_all([path])
+        assert info.value.reason == "truncated_line"
+        docs, stats, records = _read_skip([path], tmp_path / "rejected.jsonl")
+        assert docs == [(0, 0, 1, "first")]
+        assert stats.rejected == {"truncated_line": 1}
+        assert base64.b64decode(records[0]["raw_b64"]) == cut
+    # the same bytes with a newline after them are an ordinary invalid line
+    path = _write(tmp_path / "nl.jsonl", GOOD + b'{"text": "abc", "n": [1, 2\n')
+    with pytest.raises(BadLineError, match=r"nl\.jsonl:2: invalid JSON") as info:
+        _read_all([path])
+    assert info.value.reason == "invalid_json"
+
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_bom_crlf_and_blank_lines_are_not_errors(tmp_path: Path, suffix: str, policy: str) -> None:
+    data = b'\xef\xbb\xbf{"text": "a"}\r\n\r\n  \t\r\n{"text": "b"}\r\n\n{"text": "c\\r\\n"}'
+    path = _write(tmp_path / f"x{suffix}", data)
+    stats = ReadStats()
+    docs = _docs(_read_all([path], stats=stats, on_bad_line=policy))
+    assert docs == [(0, 0, 1, "a"), (1, 0, 4, "b"), (2, 0, 6, "c\r\n")]
+    assert stats.blank_lines == 3
+    assert stats.rejected == {}
+    assert stats.bytes_read == len(data)
+
+
+def test_rejected_first_line_keeps_its_bom(tmp_path: Path) -> None:
+    """The quarantine holds the line's bytes exactly as in the file, BOM included."""
+    data = b'\xef\xbb\xbf{"text": 1}\r\n{"text": "b"}\r\n'
+    path = _write(tmp_path / "x.jsonl", data)
+    docs, _, records = _read_skip([path], tmp_path / "rejected.jsonl")
+    assert docs == [(0, 0, 2, "b")]
+    assert base64.b64decode(records[0]["raw_b64"]) == b'\xef\xbb\xbf{"text": 1}\r\n'
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
+def test_huge_lines(tmp_path: Path, suffix: str) -> None:
+    """A single line of tens of MB: accepted whole when good, quarantined byte-exact when bad."""
+    big = "x€" * 5_000_000  # 20 MB of UTF-8
+    good = orjson.dumps({"text": big})
+    bad = orjson.dumps({"text": big, "n": float("nan")}).replace(b"null", b"NaN")
+    path = _write(tmp_path / f"huge{suffix}", GOOD + good + b"\n" + bad + b"\n" + AFTER)
+    with pytest.raises(BadLineError, match=r"huge\.jsonl(\.zst)?:3: non-standard JSON"):
+        _read_all([path])
+    docs, stats, records = _read_skip([path], tmp_path / "rejected.jsonl")
+    assert [d[:3] for d in docs] == [(0, 0, 1), (1, 0, 2), (2, 0, 4)]
+    assert docs[1][3] == big
+    assert stats.rejected == {"nan_infinity": 1}
+    assert base64.b64decode(records[0]["raw_b64"]) == bad + b"\n"
+
+
+def test_skip_keeps_every_good_line_with_contiguous_ids(tmp_path: Path) -> None:
+    """Many bad lines of every kind among good ones, over files and batches: exactly the bad
+    lines are quarantined, every good line is kept, ids stay contiguous."""
+    bad_lines = [bad for _, bad, _, _ in BAD_LINES]
+    paths, expected, expected_rejects = [], [], []
+    for f, suffix in enumerate([".jsonl", ".jsonl.gz", ".jsonl.zst"]):
+        data = b""
+        for i, bad in enumerate(bad_lines):
+            lineno = 2 * i + 1
+            text = f"f{f}l{lineno}"
+            data += orjson.dumps({"text": text}) + b"\n" + bad + b"\n"
+            expected.append((f, lineno, text))
+            expected_rejects.append((f, lineno + 1, bad + b"\n"))
+        paths.append(_write(tmp_path / f"{f}{suffix}", data))
+    for batch_size in (1, 7, 10_000):
+        docs, stats, records = _read_skip(paths, tmp_path / f"r{batch_size}.jsonl", batch_size)
+        assert [d[0] for d in docs] == list(range(len(expected)))
+        assert [d[1:] for d in docs] == expected
+        got = [
+            (paths.index(Path(r["file"])), r["line"], base64.b64decode(r["raw_b64"]))
+            for r in records
+        ]
+        assert got == expected_rejects
+        by_reason: dict[str, int] = {}
+        for _, _, reason, _ in BAD_LINES:
+            by_reason[reason] = by_reason.get(reason, 0) + 3
+        assert stats.rejected == by_reason
+        assert [r["reason"] for r in records] == [r for _, _, r, _ in BAD_LINES] * 3
+
+
+# --------------------------------------------------------------------------- corrupt streams, skip
+
+
+def _truncated_gz(payload: bytes) -> bytes:
+    blob = gzip.compress(payload)
+    return blob[: len(blob) // 2]
+
+
+def _truncated_zst(payload: bytes) -> bytes:
+    blob = zstandard.ZstdCompressor().compress(payload)
+    return blob[: len(blob) // 2]
+
+
+def _garbled_zst(payload: bytes) -> bytes:
+    blob = zstandard.ZstdCompressor(write_checksum=True).compress(payload)
+    return blob[:4] + b"\xff" * 16 + blob[20:]
+
+
+@pytest.mark.parametrize(
+    ("name", "corrupt"),
+    [
+        ("t.jsonl.gz", _truncated_gz),
+        ("t.jsonl.zst", _truncated_zst),
+        ("g.jsonl.zst", _garbled_zst),
+        ("n.jsonl.gz", lambda payload: payload),  # not gzip at all
+        ("c.jsonl.gz", lambda payload: gzip.compress(payload)[:-4]),  # trailer cut
+    ],
+)
+def test_corrupt_stream_skip(tmp_path: Path, name: str, corrupt: Any) -> None:
+    payload = _big_payload()
+    first = _write(tmp_path / "a.jsonl", _jsonl(["a0", "a1"]))
+    bad = tmp_path / name
+    bad.write_bytes(corrupt(payload))
+    last = _write(tmp_path / "z.jsonl.zst", _jsonl(["z0"]))
+    with pytest.raises(BadLineError) as info:
+        _read_all([first, bad, last])
+    err = info.value
+    assert err.reason == "corrupt_stream"
+    assert err.file == str(bad)
+    assert str(err).startswith(f"{bad}: corrupt compressed stream after line {err.line - 1} ")
+    assert "uncompressed byte" in str(err)
+
+    docs, stats, records = _read_skip([first, bad, last], tmp_path / "rejected.jsonl", 100)
+    kept = [d for d in docs if d[1] == 1]
+    assert [d[2] for d in kept] == list(range(1, len(kept) + 1))  # everything before the damage
+    assert [d[3] for d in docs] == ["a0", "a1"] + [d[3] for d in kept] + ["z0"]
+    assert [d[0] for d in docs] == list(range(len(docs)))
+    assert stats.rejected == {"corrupt_stream": 1}
+    assert stats.files == 3
+    assert len(records) == 1
+    rec = records[0]
+    assert (rec["file"], rec["line"], rec["reason"]) == (str(bad), len(kept) + 1, "corrupt_stream")
+    assert rec["line"] == err.line
+    assert base64.b64decode(rec["raw_b64"]) == b""
+    if "t.jsonl" in name:
+        assert 5_000 < len(kept) < 15_000
+
+
+# --------------------------------------------------------------------------- RejectSink
+
+
+def test_reject_sink_only_created_when_something_was_rejected(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.jsonl", _jsonl(TEXTS))
+    docs, stats, records = _read_skip([path], tmp_path / "out" / "rejected.jsonl")
+    assert len(docs) == len(TEXTS)
+    assert records == []
+    assert stats.rejected == {}
+    assert not (tmp_path / "out").exists()
+
+
+def test_reject_sink_is_atomic(tmp_path: Path) -> None:
+    final = tmp_path / "rejected.jsonl"
+    with RejectSink(final) as sink:
+        sink.add("f.jsonl", 3, "invalid_json", b"\x00\xff raw\r\n", "detail")
+        assert not final.exists()  # only a temp file while open
+        assert sink.count == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["rejected.jsonl"]
+    (rec,) = [json.loads(line) for line in final.read_text().splitlines()]
+    assert rec == {
+        "file": "f.jsonl",
+        "line": 3,
+        "reason": "invalid_json",
+        "detail": "detail",
+        "raw_b64": base64.b64encode(b"\x00\xff raw\r\n").decode(),
+    }
+    with pytest.raises(ValueError, match="closed"):
+        sink.add("f.jsonl", 4, "invalid_json", b"")
+
+
+def test_reject_sink_discarded_on_error(tmp_path: Path) -> None:
+    final = tmp_path / "rejected.jsonl"
+    final.write_bytes(b"previous run\n")
+    with pytest.raises(RuntimeError), RejectSink(final) as sink:
+        sink.add("f.jsonl", 1, "invalid_json", b"x")
+        raise RuntimeError("boom")
+    assert [p.name for p in tmp_path.iterdir()] == ["rejected.jsonl"]  # no temp file left
+    assert final.read_bytes() == b"previous run\n"  # untouched
+
+
+def test_error_policy_never_writes_rejects(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.jsonl", GOOD + b"oops\n")
+    sink_path = tmp_path / "rejected.jsonl"
+    with pytest.raises(BadLineError), RejectSink(sink_path) as sink:
+        _read_all([path], rejects=sink)
+    assert not sink_path.exists()
+
+
+def test_unknown_policy(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.jsonl", GOOD)
+    with pytest.raises(ValueError, match="on_bad_line"):
+        _read_all([path], on_bad_line="ignore")
+
+
+def test_skip_without_sink_still_counts(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.jsonl", GOOD + b"oops\n" + b"[]\n" + b"oops\n" + AFTER)
+    stats = ReadStats()
+    docs = _docs(_read_all([path], stats=stats, on_bad_line="skip"))
+    assert docs == [(0, 0, 1, "first"), (1, 0, 5, "after")]
+    assert stats.rejected == {"invalid_json": 2, "not_object": 1}
 
 
 # --------------------------------------------------------------------------- resolve_inputs
