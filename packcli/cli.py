@@ -110,6 +110,26 @@ WorkDir = Annotated[
     str | None, typer.Option(help="Work folder for shards and plan [OUT/.packcli].")
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+OnBadLine = Annotated[
+    str | None,
+    typer.Option(help="Bad input lines: error (stop at file:line) or skip (quarantine) [error]."),
+]
+Format = Annotated[
+    str | None, typer.Option("--format", help="text (pretraining) or chat (SFT dialogues) [text].")
+]
+MessagesField = Annotated[
+    str | None, typer.Option(help="Chat: JSON field holding the messages [messages].")
+]
+ChatTemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Chat: template file or built-in name (chatml) [the tokenizer's own template]."
+    ),
+]
+TrainOn = Annotated[
+    str | None,
+    typer.Option(help="Chat: loss on assistant turns, the last one, or all tokens [assistant]."),
+]
 TaskIndex = Annotated[
     int | None,
     typer.Option(help="This task's index, 0-based [SLURM_ARRAY_TASK_ID, else 0]."),
@@ -153,6 +173,11 @@ def pack(
     seed: Seed = None,
     batch_size: BatchSize = None,
     tokenizer_backend: Backend = None,
+    on_bad_line: OnBadLine = None,
+    format_: Format = None,
+    messages_field: MessagesField = None,
+    chat_template: ChatTemplateOpt = None,
+    train_on: TrainOn = None,
     work_dir: WorkDir = None,
     overwrite: Annotated[
         bool, typer.Option(help="Allow writing into a non-empty folder that is not ours.")
@@ -179,7 +204,18 @@ def pack(
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
-        read={"inputs": tuple(inputs), "text_field": text_field, "batch_size": batch_size},
+        read={
+            "inputs": tuple(inputs),
+            "text_field": text_field,
+            "batch_size": batch_size,
+            "on_bad_line": on_bad_line,
+        },
+        chat={
+            "format": format_,
+            "messages_field": messages_field,
+            "chat_template": chat_template,
+            "train_on": train_on,
+        },
         tokenize={
             "tokenizer": tokenizer,
             "eos": _special(eos),
@@ -236,6 +272,11 @@ def tokenize(
     bos: Bos = None,
     batch_size: BatchSize = None,
     tokenizer_backend: Backend = None,
+    on_bad_line: OnBadLine = None,
+    format_: Format = None,
+    messages_field: MessagesField = None,
+    chat_template: ChatTemplateOpt = None,
+    train_on: TrainOn = None,
     work_dir: WorkDir = None,
     task_index: TaskIndex = None,
     num_tasks: NumTasks = None,
@@ -247,7 +288,18 @@ def tokenize(
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
-        read={"inputs": tuple(inputs), "text_field": text_field, "batch_size": batch_size},
+        read={
+            "inputs": tuple(inputs),
+            "text_field": text_field,
+            "batch_size": batch_size,
+            "on_bad_line": on_bad_line,
+        },
+        chat={
+            "format": format_,
+            "messages_field": messages_field,
+            "chat_template": chat_template,
+            "train_on": train_on,
+        },
         tokenize={
             "tokenizer": tokenizer,
             "eos": _special(eos),

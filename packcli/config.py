@@ -27,8 +27,11 @@ class ReadConfig:
     inputs: tuple[str, ...] = ()
     text_field: str = "text"
     batch_size: int = 1024
+    on_bad_line: str = "error"  # error | skip (quarantined in OUT/rejected.jsonl)
 
     def __post_init__(self) -> None:
+        if self.on_bad_line not in ("error", "skip"):
+            raise ConfigError(f"read.on_bad_line must be error or skip, got {self.on_bad_line!r}")
         object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
         if not self.text_field:
             raise ConfigError("read.text_field must be a non-empty field name")

@@ -14,15 +14,28 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 from itertools import chain
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from tokenizers import Tokenizer
 
+from packcli.chat import (
+    ChatFormatError,
+    ChatTemplate,
+    EncodedDialogue,
+    control_tokens_of,
+    encode_rendered,
+    render,
+    truncate_at_turns,
+)
 from packcli.read import DocBatch
-from packcli.shards import SHARD_SCHEMA
+from packcli.shards import CHAT_SHARD_SCHEMA, SHARD_SCHEMA
 from packcli.tokenizer import BatchEncoder
 
 
@@ -147,3 +160,134 @@ def _finish(
     batch, future = pending
     ids, lengths = assemble(future.result(), bos=bos, eos=eos)
     return batch, batch_to_record_batch(batch, ids, lengths)
+
+
+@dataclass
+class ChatStats:
+    """What the chat path removed before planning, for the report."""
+
+    dialogues: int = 0
+    no_trainable: int = 0  # dropped: no assistant token to train on
+    no_trainable_tokens: int = 0
+    truncated: int = 0  # cut after the last whole assistant turn that fits the long tier
+    truncated_tokens: int = 0
+    truncate_dropped: int = 0  # not even the first assistant turn fits
+    truncate_dropped_tokens: int = 0
+
+    def add(self, other: ChatStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+class ChatEncoder:
+    """Dialogues in, token ids + labels out, with the length policy applied.
+
+    Rendering is Python (sandboxed jinja, one dialogue at a time so a dialogue the template
+    rejects can be reported by line), tokenizing one Rust ``encode_batch`` with offsets (the
+    loss mask comes from character spans). A dialogue that cannot be trained on is kept as
+    an empty document (length 0) so document ids stay positions in the input; the plan drops
+    empty documents and ``ChatStats`` counts them by reason.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        *,
+        train_on: str,
+        special_tokens: dict[str, str],
+        long_len: int,
+        overlong: str,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.train_on = train_on
+        variables = dict(special_tokens)
+        self.bos = variables.pop("bos_token", "")
+        self.eos = variables.pop("eos_token", "")
+        self.variables = variables
+        self.controls = control_tokens_of(tokenizer)
+        self.long_len = long_len
+        self.overlong = overlong
+
+    def __call__(
+        self, dialogues: list[Any]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
+        """``(ids, labels, lengths, stats, failures)``; ``failures`` lists (index, reason) of
+        dialogues the template refused (kept empty here; the caller applies the policy)."""
+        rendered, where, failures = [], [], []
+        for index, messages in enumerate(dialogues):
+            try:
+                rendered.append(
+                    render(
+                        self.template,
+                        messages,
+                        bos_token=self.bos,
+                        eos_token=self.eos,
+                        control_tokens=self.controls,
+                        variables=self.variables,
+                        now=RENDER_DATE,
+                    )
+                )
+                where.append(index)
+            except ChatFormatError as exc:
+                failures.append((index, str(exc)))
+        encoded: list[EncodedDialogue | None] = [None] * len(dialogues)
+        for index, e in zip(
+            where,
+            encode_rendered(self.tokenizer, rendered, self.train_on),
+            strict=True,  # type: ignore[arg-type]
+        ):
+            encoded[index] = e
+        stats = ChatStats(dialogues=len(dialogues))
+        ids, labels = [], []
+        for e in encoded:
+            if e is not None and e.n_trained == 0:
+                stats.no_trainable += 1
+                stats.no_trainable_tokens += len(e.ids)
+                e = None
+            elif e is not None and len(e.ids) > self.long_len and self.overlong == "truncate":
+                cut = truncate_at_turns(e, self.long_len)
+                if cut is None:
+                    stats.truncate_dropped += 1
+                    stats.truncate_dropped_tokens += len(e.ids)
+                else:
+                    stats.truncated += 1
+                    stats.truncated_tokens += len(e.ids) - len(cut.ids)
+                e = cut
+            ids.append(e.ids if e is not None else _EMPTY)
+            labels.append(e.labels() if e is not None else _EMPTY)
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        flat_ids = np.concatenate(ids).astype(np.int32) if ids else _EMPTY
+        flat_labels = np.concatenate(labels).astype(np.int32) if labels else _EMPTY
+        return flat_ids, flat_labels, lengths, stats, failures
+
+
+# Templates that print today's date see this fixed date, so reruns are byte-identical.
+RENDER_DATE = datetime(2025, 1, 1, tzinfo=UTC)
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+def chat_record_batch(
+    batch: DocBatch, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray
+) -> pa.RecordBatch:
+    base = batch_to_record_batch(batch, ids, lengths)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    labels_arr = pa.ListArray.from_arrays(offsets, pa.array(labels, type=pa.int32()))
+    return pa.RecordBatch.from_arrays([*base.columns, labels_arr], schema=CHAT_SHARD_SCHEMA)
+
+
+def tokenize_chat_batches(
+    batches: Iterator[DocBatch],
+    encoder: ChatEncoder,
+    stats: ChatStats,
+    on_failure: Callable[[DocBatch, int, str], None],
+) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
+    """``on_failure(batch, index, reason)`` applies the bad-line policy to a dialogue the
+    template refused (raise, or quarantine and count); the dialogue stays an empty document."""
+    for batch in batches:
+        ids, labels, lengths, batch_stats, failures = encoder(batch.texts)
+        for index, reason in failures:
+            on_failure(batch, index, reason)
+        stats.add(batch_stats)
+        yield batch, chat_record_batch(batch, ids, labels, lengths)

@@ -24,6 +24,7 @@ this module and the CLI print; everything below logs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -37,20 +38,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from tqdm import tqdm
 
 from packcli import __version__
 from packcli.card import CONFIG_NAMES, render_card
-from packcli.config import PlanConfig, ReadConfig, RunConfig, TokenizeConfig, WriteConfig
-from packcli.encode import prefetch, tokenize_batches
+from packcli.chat import load_chat_template, special_tokens_from_config, validate_messages
+from packcli.config import (
+    ChatConfig,
+    PlanConfig,
+    ReadConfig,
+    RunConfig,
+    TokenizeConfig,
+    WriteConfig,
+)
+from packcli.encode import ChatEncoder, ChatStats, prefetch, tokenize_batches, tokenize_chat_batches
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
 from packcli.fastpath import choose_encoder
 from packcli.faults import crash_point
 from packcli.plan import Plan, RowLayout, plan_two_tier
-from packcli.read import DocBatch, ReadStats, iter_batches, resolve_inputs
+from packcli.read import DocBatch, ReadStats, RejectSink, iter_batches, resolve_inputs
 from packcli.report import build_report
 from packcli.shards import (
+    CHAT_SHARD_SCHEMA,
+    SHARD_SCHEMA,
     SUCCESS,
     ShardWriter,
     TokenShards,
@@ -66,6 +78,7 @@ from packcli.write import TokenSource, file_ranges, write_config_file
 log = logging.getLogger(__name__)
 
 MARKER = "packcli.json"
+REJECTED = "rejected.jsonl"
 
 
 @dataclass
@@ -125,6 +138,7 @@ class _Tokenizing:
     eos: int | None
     bos: int | None
     settings: dict[str, Any]  # fingerprinted
+    chat: ChatEncoder | None = None
 
     @property
     def record(self) -> dict[str, Any]:
@@ -141,15 +155,37 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
     loaded = load_tokenizer(cfg.tokenize.tokenizer)
     eos = resolve_special(loaded, cfg.tokenize.eos, "eos")
     bos = resolve_special(loaded, cfg.tokenize.bos, "bos")
-    settings = {
+    settings: dict[str, Any] = {
         "text_field": cfg.read.text_field,
+        "on_bad_line": cfg.read.on_bad_line,
         "tokenizer_sha256": loaded.fingerprint,
         "eos": eos,
         "bos": bos,
         "shard_tokens": cfg.tokenize.shard_tokens,
         "packcli": __version__,
     }
-    return _Tokenizing(loaded, eos, bos, settings)
+    chat = None
+    if cfg.chat.is_chat:
+        template = load_chat_template(cfg.tokenize.tokenizer, cfg.chat.chat_template)
+        chat = ChatEncoder(
+            loaded.tokenizer,
+            template,
+            train_on=cfg.chat.train_on,
+            special_tokens=special_tokens_from_config(loaded.config),
+            long_len=cfg.plan.long_len,
+            overlong=cfg.plan.overlong,
+        )
+        # The chat path cuts dialogues at turn boundaries while tokenizing, so the long tier
+        # and the policy are part of what the shards depend on.
+        settings["chat"] = {
+            **dataclasses.asdict(cfg.chat),
+            "template_source": template.source,
+            "template_sha256": hashlib.sha256(template.text.encode("utf-8")).hexdigest(),
+            "special_tokens": chat.variables | {"bos_token": chat.bos, "eos_token": chat.eos},
+            "long_len": cfg.plan.long_len,
+            "overlong": cfg.plan.overlong,
+        }
+    return _Tokenizing(loaded, eos, bos, settings, chat)
 
 
 def tokenize_task(
@@ -182,7 +218,11 @@ def tokenize_task(
             "fingerprint": _fingerprint({"stage": stage_fp, "files": files}),
             "settings": tok.settings,
             "tokenizer": tok.record,
-            "config": {"read": dataclasses.asdict(cfg.read), "tokenize": cfg.to_dict()["tokenize"]},
+            "config": {
+                "read": dataclasses.asdict(cfg.read),
+                "tokenize": cfg.to_dict()["tokenize"],
+                "chat": dataclasses.asdict(cfg.chat),
+            },
             "files": files,
         },
     )
@@ -193,7 +233,15 @@ def tokenize_task(
         for stale in (folder / "files").glob("*"):
             if stale.name not in keys:
                 shutil.rmtree(stale)
-    encoder, backend = _choose_backend(cfg, tok, files)
+    if tok.chat is not None:
+        encoder: Any = tok.chat
+        backend = {
+            "requested": cfg.tokenize.backend,
+            "backend": "hf",
+            "fallback_reason": "chat loss masks need the tokenizer's character offsets",
+        }
+    else:
+        encoder, backend = _choose_backend(cfg, tok, files)
     atomic_write_json(folder / "backend.json", backend)
     total = sum(files[k]["size"] for k in mine)
     reused = True
@@ -268,13 +316,43 @@ def _tokenize_file(
             len(done_shards),
         )
     stats = ReadStats()
+    chat_stats = ChatStats()
     done_bytes = 0
-    with ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards) as writer:
+    path = entry["path"]
+    skip = cfg.read.on_bad_line == "skip"
+    schema = CHAT_SHARD_SCHEMA if isinstance(encoder, ChatEncoder) else SHARD_SCHEMA
+    with (
+        RejectSink(folder / REJECTED) as sink,
+        ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, schema) as writer,
+    ):
+        validate = None
+        if isinstance(encoder, ChatEncoder):
+            field = cfg.chat.messages_field
+            validate = functools.partial(validate_messages, field=field)
         source = iter_batches(
-            [Path(entry["path"])], cfg.read.text_field, cfg.read.batch_size, stats
+            [Path(path)],
+            cfg.read.text_field,
+            cfg.read.batch_size,
+            stats,
+            on_bad_line=cfg.read.on_bad_line,
+            rejects=sink,
+            validate=validate,
         )
         batches = prefetch(_skip_documents(source, resume_doc, k))
-        for batch, record_batch in tokenize_batches(batches, encoder, bos=bos, eos=eos):
+
+        def template_failed(batch: DocBatch, index: int, reason: str) -> None:
+            line = int(batch.line[index])
+            if not skip:
+                raise InputError(f"{path}:{line}: {reason}")
+            stats.rejected["template_error"] = stats.rejected.get("template_error", 0) + 1
+            raw = orjson.dumps({cfg.chat.messages_field: batch.texts[index]})
+            sink.add(path, line, "template_error", raw, reason)
+
+        if isinstance(encoder, ChatEncoder):
+            tokenized = tokenize_chat_batches(batches, encoder, chat_stats, template_failed)
+        else:
+            tokenized = tokenize_batches(batches, encoder, bos=bos, eos=eos)
+        for batch, record_batch in tokenized:
             shards_before = len(writer.manifests)
             writer.add(record_batch)
             if len(writer.manifests) > shards_before:
@@ -288,7 +366,7 @@ def _tokenize_file(
         success,
         {
             "fingerprint": entry["fingerprint"],
-            "path": entry["path"],
+            "path": path,
             "num_docs": sum(m["num_docs"] for m in writer.manifests),
             "num_tokens": sum(m["num_tokens"] for m in writer.manifests),
             "shards": writer.manifests,
@@ -296,7 +374,9 @@ def _tokenize_file(
                 "documents": stats.documents,
                 "blank_lines": stats.blank_lines,
                 "bytes_read": stats.bytes_read,
+                "rejected": dict(sorted(stats.rejected.items())),
             },
+            "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
         },
     )
     return False
@@ -358,6 +438,8 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     shards: list[dict[str, Any]] = []
     missing = []
     totals = {"documents": 0, "blank_lines": 0, "bytes_read": 0}
+    rejected: dict[str, int] = {}
+    chat: dict[str, int] | None = None
     next_doc = 0
     for entry in stage["files"]:
         done = _read_json(folder / "files" / entry["key"] / SUCCESS)
@@ -375,6 +457,10 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
         next_doc += done["num_docs"]
         for key in totals:
             totals[key] += done["read_stats"][key]
+        for reason, n in done["read_stats"].get("rejected", {}).items():
+            rejected[reason] = rejected.get(reason, 0) + n
+        if done.get("chat") is not None:
+            chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
     if missing:
         raise PackcliError(
             f"tokenize task(s) not finished: {len(missing)} of {len(stage['files'])} input "
@@ -386,7 +472,13 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             "fingerprint": stage["fingerprint"],
             "files": [{k: f[k] for k in ("path", "size", "mtime_ns")} for f in stage["files"]],
             "shards": shards,
-            "read_stats": {"files": len(stage["files"]), **totals},
+            "read_stats": {
+                "files": len(stage["files"]),
+                **totals,
+                "rejected": dict(sorted(rejected.items())),
+            },
+            "chat": chat,
+            "file_keys": [f["key"] for f in stage["files"]],
             "tokens": sum(m["num_tokens"] for m in shards),
             "tokenizer": stage["tokenizer"],
             "backend": _read_json(folder / "backend.json"),
@@ -481,6 +573,7 @@ def stored_config(cfg: RunConfig) -> RunConfig:
     values = {
         "read": stage.get("config", {}).get("read", dataclasses.asdict(cfg.read)),
         "tokenize": stage.get("config", {}).get("tokenize", dataclasses.asdict(cfg.tokenize)),
+        "chat": stage.get("config", {}).get("chat", dataclasses.asdict(cfg.chat)),
         "plan": plan.get("plan", dataclasses.asdict(cfg.plan)),
         "write": write.get("write", dataclasses.asdict(cfg.write)),
     }
@@ -490,6 +583,7 @@ def stored_config(cfg: RunConfig) -> RunConfig:
         tokenize=TokenizeConfig(**values["tokenize"]),
         plan=PlanConfig(**values["plan"]),
         write=WriteConfig(**values["write"]),
+        chat=ChatConfig(**values["chat"]),
     )
 
 
@@ -597,6 +691,7 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         for f in (out / "data" / name).glob("*"):
             if f.name not in keep and (f.suffix == ".parquet" or ".tmp-" in f.name):
                 f.unlink()
+    _gather_rejects(cfg, out, shards)
     lengths = shards.column("length").astype(np.int64)
     largest = int(lengths.argmax())
     report = build_report(
@@ -608,7 +703,10 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
             "files": len(shards.success["files"]),
             "blank_lines": shards.success["read_stats"]["blank_lines"],
             "bytes": sum(f["size"] for f in shards.success["files"]),
+            "rejected_lines": sum(shards.success["read_stats"].get("rejected", {}).values()),
+            "rejected": shards.success["read_stats"].get("rejected", {}),
         },
+        chat=shards.success.get("chat"),
         largest_provenance={
             "file": shards.success["files"][int(shards.column("file_index")[largest])]["path"],
             "line": int(shards.column("line")[largest]),
@@ -619,6 +717,7 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         "command": command,
         "tokenizer": shards.success["tokenizer"],
         "tokenizer_backend": shards.success.get("backend", {}),
+        "format": cfg.chat.format,
         "inputs": shards.success["files"],
         "tokens_fingerprint": shards.success["fingerprint"],
         "work_dir": _relative_to_out(cfg.work_path, out),
@@ -632,6 +731,28 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         out / MARKER, {"config": cfg.to_dict(), "run": run_info, "report": report, "files": files}
     )
     return report
+
+
+def _gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
+    """``OUT/rejected.jsonl``: every quarantined line of every input file, in input order
+    (written atomically; removed when nothing was rejected)."""
+    target = out / REJECTED
+    parts = [
+        cfg.work_path / "tokens" / "files" / key / REJECTED
+        for key in shards.success.get("file_keys", [])
+    ]
+    parts = [p for p in parts if p.is_file()]
+    if not parts:
+        target.unlink(missing_ok=True)
+        return
+    tmp = target.with_name(f".{REJECTED}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as sink:
+        for part in parts:
+            with open(part, "rb") as fh:
+                shutil.copyfileobj(fh, sink)
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(tmp, target)
 
 
 def _relative_to_out(path: Path, out: Path) -> str:

@@ -92,11 +92,11 @@ import logging
 import os
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
@@ -551,6 +551,7 @@ def iter_batches(
     *,
     on_bad_line: str = "error",
     rejects: RejectSink | None = None,
+    validate: Callable[[Any], Any] | None = None,
 ) -> Iterator[DocBatch]:
     """Stream the documents of ``paths`` (in the given order) in batches of ``batch_size``.
 
@@ -562,6 +563,10 @@ def iter_batches(
     ``rejects`` (if given), and reading goes on. Document ids stay contiguous over the kept
     documents. Every batch except the last holds exactly ``batch_size`` documents. ``stats``,
     if given, is updated as reading proceeds.
+
+    ``validate`` replaces the text-field rule for other record kinds (chat): it gets the parsed
+    line and returns the value to put in ``DocBatch.texts``, or raises ``ValueError`` whose
+    message is the reason (reason key ``bad_record``).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -609,9 +614,10 @@ def iter_batches(
                     # The fast path: one parse, two type checks, as cheap as before the policy
                     # existed. Blank lines cost what they did; anything else unusual goes to
                     # _diagnose, which is allowed to be slow.
+                    record_error = None
                     try:
                         doc = loads(line)
-                        text = doc[key]
+                        text = doc[key] if validate is None else validate(doc)
                     except decode_error as exc:
                         if line.isspace():
                             blank += 1
@@ -619,8 +625,14 @@ def iter_batches(
                         text = doc = exc
                     except (KeyError, TypeError):
                         text = None
-                    if type(text) is not str or not text:
-                        verdict = _diagnose(line, key, doc)
+                    except ValueError as exc:  # validate's reason, e.g. a malformed dialogue
+                        text, record_error = None, ("bad_record", str(exc))
+                    if (
+                        text is None
+                        if validate is not None
+                        else (type(text) is not str or not text)
+                    ):
+                        verdict = record_error or _diagnose(line, key, doc)
                         if isinstance(verdict, str):
                             text = verdict  # valid after all (big numbers)
                         else:

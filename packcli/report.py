@@ -22,6 +22,7 @@ def build_report(
     long_len: int,
     input_stats: dict[str, Any],
     largest_provenance: dict[str, Any] | None,
+    chat: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     lengths = np.asarray(lengths, dtype=np.int64)
     stats = plan.stats
@@ -57,6 +58,9 @@ def build_report(
             "tokens": int(lengths[largest]) if largest >= 0 else 0,
             **(largest_provenance or {}),
         },
+        # Chat: what was removed while tokenizing (dialogues kept as empty documents, so
+        # `documents_by_length.empty` counts them too). None for text.
+        "chat": chat,
     }
 
 
@@ -93,6 +97,18 @@ def format_report(report: dict[str, Any]) -> str:
         f"dropped   {_n(pol['dropped_docs'])} documents ({_n(pol['dropped_tokens'])} tokens), "
         f"{_n(pol['empty_docs'])} empty",
     ]
+    rejected = inp.get("rejected") or {}
+    if rejected:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in rejected.items())
+        lines.append(f"rejected  {_n(inp['rejected_lines'])} lines ({reasons}): rejected.jsonl")
+    chat = report.get("chat")
+    if chat:
+        lines.append(
+            f"chat      {_n(chat['dialogues'])} dialogues; dropped {_n(chat['no_trainable'])} "
+            f"with nothing to train, {_n(chat['truncate_dropped'])} too long for one turn; "
+            f"truncated {_n(chat['truncated'])} at a turn ({_n(chat['truncated_tokens'])} "
+            "tokens removed)"
+        )
     big = report["largest_document"]
     if big["doc_id"] >= 0:
         where = f" at {big['file']}:{big['line']}" if "file" in big else ""
