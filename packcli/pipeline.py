@@ -268,7 +268,12 @@ def _choose_backend(
     """
     sample: list[str] = []
     if cfg.tokenize.backend != "hf" and files:
-        batches = iter_batches([Path(files[0]["path"])], cfg.read.text_field, SAMPLE_DOCS)
+        batches = iter_batches(
+            [Path(files[0]["path"])],
+            cfg.read.text_field,
+            SAMPLE_DOCS,
+            on_bad_line=cfg.read.on_bad_line,
+        )
         first = next(iter(batches), None)
         sample = first.texts if first is not None else []
     return choose_encoder(

@@ -378,3 +378,28 @@ def test_empty_corpus_is_an_error(toy_tokenizer_path: Path, tmp_path: Path) -> N
     corpus.write_text("\n  \n")
     code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", tmp_path / "o", "-q")
     assert code == 1 and "no documents" in output and "2 blank lines" in output
+
+
+def test_skip_policy_quarantines_bad_lines_and_keeps_good_ones(
+    toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "mixed.jsonl"
+    lines = [b'{"text": "good one"}', b"{broken", b'{"text": 5}', b"\xff\xfe", b'{"text": "two"}']
+    corpus.write_bytes(b"\n".join(lines) + b"\n")
+    code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", tmp_path / "e", "-q")
+    assert code == 1 and f"{corpus}:2" in output
+    out = tmp_path / "s"
+    code, output = invoke(
+        "pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-q", "--on-bad-line", "skip"
+    )
+    assert code == 0, output
+    report = json.loads((out / "packcli.json").read_text())["report"]
+    assert report["input"]["documents"] == 2 and report["input"]["rejected_lines"] == 3
+    assert report["input"]["rejected"] == {"invalid_json": 1, "invalid_utf8": 1, "not_string": 1}
+    quarantined = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [q["line"] for q in quarantined] == [2, 3, 4]
+    import base64
+
+    assert [base64.b64decode(q["raw_b64"]).rstrip(b"\n") for q in quarantined] == lines[1:4]
+    code, output = invoke("verify", out)
+    assert code == 0, output
