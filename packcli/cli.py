@@ -59,6 +59,14 @@ def _errors_to_exit(func: Callable[..., None]) -> Callable[..., None]:
         except PackcliError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
+        except OSError as exc:  # full disk, permissions, read-only file systems
+            where = f" {exc.filename}" if exc.filename else ""
+            typer.echo(
+                f"error: cannot access{where}: {exc.strerror or exc}; nothing was marked "
+                "complete, rerun the same command to resume once this is fixed",
+                err=True,
+            )
+            raise typer.Exit(1) from None
 
     return wrapper
 

@@ -403,3 +403,26 @@ def test_skip_policy_quarantines_bad_lines_and_keeps_good_ones(
     assert [base64.b64decode(q["raw_b64"]).rstrip(b"\n") for q in quarantined] == lines[1:4]
     code, output = invoke("verify", out)
     assert code == 0, output
+
+
+def test_full_disk_is_a_clear_error_and_nothing_is_marked_complete(
+    toy_tokenizer_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import packcli.write
+
+    corpus = tmp_path / "c.jsonl"
+    write_corpus(corpus, [5, 50, 500])
+
+    def full(path: str, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(packcli.write.pq, "ParquetWriter", full)
+    out = tmp_path / "o"
+    code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", out, *SMALL)
+    assert code == 1 and "No space left on device" in output and "rerun" in output
+    assert not (out / "packcli.json").exists()
+    monkeypatch.undo()
+    code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", out, *SMALL)
+    assert code == 0 and "reused tokenized shards" in output
