@@ -4,11 +4,13 @@ Tokenization is the physical limit of ``packcli pack``; everything else (reading
 decompressing, planning, writing) should hide behind it. This script generates a corpus
 (``scripts/make_sample_corpus.py``), then measures on the same texts and cores:
 
-(a) the raw throughput of the same tokenizer's fastest batched call, ``encode_batch_fast``
-    over the texts already in memory, in batches of the same size packcli uses;
-(b) ``packcli pack`` end to end (in-process, fresh output folder), with its stage times;
+(a) the raw throughput of HF ``encode_batch_fast`` over the texts already in memory, in
+    batches of the same size packcli uses, and (a') the same for the tiktoken fast path
+    packcli builds from the same ``tokenizer.json``;
+(b) ``packcli pack --tokenizer-backend hf`` and (c) ``packcli pack`` (auto: the fast path
+    when it verifies) end to end (in-process, fresh output folder), with their stage times;
 
-and prints MB/s and tokens/s for both and the ratio (b)/(a). With ``--memory`` it also runs
+and prints MB/s, tokens/s and the ratios against (a) and (a'). With ``--memory`` it also runs
 the tokenize stage alone in a subprocess on two corpus sizes 10x apart and prints the peak
 RSS of each, to show that tokenizing memory does not grow with the corpus.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -36,7 +39,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from make_sample_corpus import main as make_corpus_main  # noqa: E402
 
 from packcli.config import build_config  # noqa: E402
+from packcli.fastpath import build_tiktoken_encoder  # noqa: E402
 from packcli.pipeline import run_pack  # noqa: E402
+from packcli.tokenizer import hf_batch_encoder  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT / "packcli" / "assets" / "demo_tokenizer.json"
 
@@ -53,27 +58,33 @@ def make_corpus(path: Path, size_mb: int, seed: int) -> None:
         sys.argv = argv
 
 
-def raw_tokenizer(path: Path, tokenizer: Path, batch_size: int) -> tuple[float, int, int]:
-    """Seconds, bytes and tokens of encode_batch_fast over the texts held in memory."""
+def raw_tokenizer(
+    path: Path, tokenizer: Path, batch_size: int, backend: str
+) -> tuple[float, int, int]:
+    """Seconds, bytes and tokens of the backend's batched call over texts held in memory:
+    HF ``encode_batch_fast``, or the tiktoken fast path packcli builds from the same file."""
     texts = [orjson.loads(line)["text"] for line in path.open("rb") if line.strip()]
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
     tok = Tokenizer.from_file(str(tokenizer))
+    if backend == "hf":
+        encode = hf_batch_encoder(tok)
+    else:
+        encode = build_tiktoken_encoder(tok, num_threads=os.cpu_count() or 1)
     t0 = time.perf_counter()
     tokens = 0
     for i in range(0, len(texts), batch_size):
-        batch = tok.encode_batch_fast(texts[i : i + batch_size], add_special_tokens=False)
-        tokens += sum(len(e.ids) for e in batch)
+        tokens += sum(len(ids) for ids in encode(texts[i : i + batch_size]))
     return time.perf_counter() - t0, nbytes, tokens
 
 
-def packcli_pack(path: Path, tokenizer: Path, out: Path) -> tuple[float, dict, dict]:
+def packcli_pack(path: Path, tokenizer: Path, out: Path, backend: str) -> tuple[float, dict, dict]:
     if out.exists():
         shutil.rmtree(out)
     cfg = build_config(
         overrides={
             "run": {"out": str(out)},
             "read": {"inputs": (str(path),)},
-            "tokenize": {"tokenizer": str(tokenizer)},
+            "tokenize": {"tokenizer": str(tokenizer), "backend": backend},
         }
     )
     t0 = time.perf_counter()
@@ -114,29 +125,38 @@ def main() -> None:
     corpus = work / f"corpus-{args.size_mb}mb.jsonl"
     make_corpus(corpus, args.size_mb, args.seed)
 
-    raw, pack, stages = [], [], []
+    rows: dict[str, list[float]] = {}
+    stages: dict[str, list[dict]] = {"auto": [], "hf": []}
+    nbytes = tokens = 0
     for _ in range(args.repeats):
-        raw.append(raw_tokenizer(corpus, args.tokenizer, args.batch_size))
-        secs, timings, report = packcli_pack(corpus, args.tokenizer, work / "out")
-        pack.append(secs)
-        stages.append(timings)
-    raw_s = statistics.median(r[0] for r in raw)
-    _, nbytes, raw_tokens = raw[0]
-    pack_s = statistics.median(pack)
-    tokens = report["input"]["tokens"]
+        for backend in ("hf", "tiktoken"):
+            secs, nbytes, _ = raw_tokenizer(corpus, args.tokenizer, args.batch_size, backend)
+            rows.setdefault(f"raw {backend}", []).append(secs)
+        for backend in ("auto", "hf"):
+            secs, timings, report = packcli_pack(corpus, args.tokenizer, work / "out", backend)
+            rows.setdefault(f"pack {backend}", []).append(secs)
+            stages[backend].append(timings)
+            tokens = report["input"]["tokens"]
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    labels = {
+        "raw hf": "(a) HF encode_batch_fast, in memory",
+        "raw tiktoken": "(a') fast path, in memory",
+        "pack hf": "(b) packcli pack --tokenizer-backend hf",
+        "pack auto": "(c) packcli pack (auto: fast path)",
+    }
     print(f"corpus {corpus.name}: {nbytes / 1e6:.1f} MB of text, {tokens:,} tokens (with EOS)")
-    print(f"{'what':<34}{'seconds':>9}{'MB/s':>8}{'Mtok/s':>8}{'ratio':>7}")
-    print(
-        f"{'(a) encode_batch_fast, in memory':<34}{raw_s:>9.1f}{nbytes / raw_s / 1e6:>8.2f}"
-        f"{raw_tokens / raw_s / 1e6:>8.2f}{1:>7.2f}"
-    )
-    print(
-        f"{'(b) packcli pack, end to end':<34}{pack_s:>9.1f}{nbytes / pack_s / 1e6:>8.2f}"
-        f"{tokens / pack_s / 1e6:>8.2f}{raw_s / pack_s:>7.2f}"
-    )
-    stage = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
-    print("stages of (b): " + ", ".join(f"{k} {v:.1f}s" for k, v in stage.items()))
-    print(json.dumps({"ratio_b_over_a": raw_s / pack_s, "stages": stage}))
+    print(f"{'what':<42}{'seconds':>9}{'MB/s':>8}{'Mtok/s':>8}{'vs (a)':>8}{'vs (a)':>8}")
+    print(f"{'':<42}{'':>9}{'':>8}{'':>8}{'HF':>8}{'fast':>8}")
+    for key in ("raw hf", "raw tiktoken", "pack hf", "pack auto"):
+        t = med[key]
+        print(
+            f"{labels[key]:<42}{t:>9.1f}{nbytes / t / 1e6:>8.2f}{tokens / t / 1e6:>8.2f}"
+            f"{med['raw hf'] / t:>8.2f}{med['raw tiktoken'] / t:>8.2f}"
+        )
+    for backend, runs in stages.items():
+        stage = {k: statistics.median(s[k] for s in runs) for k in runs[0]}
+        print(f"stages of pack {backend}: " + ", ".join(f"{k} {v:.1f}s" for k, v in stage.items()))
+    print(json.dumps({k: round(v, 3) for k, v in med.items()}))
     if args.memory:
         small = work / f"corpus-{max(1, args.size_mb // 10)}mb.jsonl"
         make_corpus(small, max(1, args.size_mb // 10), args.seed)
