@@ -107,6 +107,9 @@ Overlong = Annotated[
 Algorithm = Annotated[str | None, typer.Option(help="Bin packing: bfd, ffd or wrapped [bfd].")]
 Seed = Annotated[int | None, typer.Option(help="Seed for the row shuffle [0].")]
 BatchSize = Annotated[int | None, typer.Option(help="Documents per tokenizer batch [1024].")]
+NumProc = Annotated[
+    int | None, typer.Option(help="Tokenizer threads per process (0 = all cores) [0].")
+]
 Backend = Annotated[
     str | None,
     typer.Option(
@@ -181,6 +184,7 @@ def pack(
     seed: Seed = None,
     batch_size: BatchSize = None,
     tokenizer_backend: Backend = None,
+    num_proc: NumProc = None,
     on_bad_line: OnBadLine = None,
     format_: Format = None,
     messages_field: MessagesField = None,
@@ -229,6 +233,7 @@ def pack(
             "eos": _special(eos),
             "bos": _special(bos),
             "backend": tokenizer_backend,
+            "num_proc": num_proc,
         },
         plan={
             "short_len": short_len,
@@ -280,6 +285,7 @@ def tokenize(
     bos: Bos = None,
     batch_size: BatchSize = None,
     tokenizer_backend: Backend = None,
+    num_proc: NumProc = None,
     on_bad_line: OnBadLine = None,
     format_: Format = None,
     messages_field: MessagesField = None,
@@ -313,6 +319,7 @@ def tokenize(
             "eos": _special(eos),
             "bos": _special(bos),
             "backend": tokenizer_backend,
+            "num_proc": num_proc,
         },
     )
     check_output_folder(cfg.out_path, overwrite=False)

@@ -10,6 +10,7 @@ always says how it was made.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,17 @@ class TokenizeConfig:
     bos: str | int = "none"
     shard_tokens: int = 64 * 1024 * 1024
     backend: str = "auto"  # auto | hf | tiktoken (see packcli/fastpath.py)
+    num_proc: int = 0  # tokenizer threads; 0 = all cores
+
+    @property
+    def threads(self) -> int:
+        return self.num_proc or os.cpu_count() or 1
 
     def __post_init__(self) -> None:
+        if self.num_proc < 0:
+            raise ConfigError(
+                f"tokenize.num_proc must be >= 0 (0 = all cores), got {self.num_proc}"
+            )
         if self.backend not in ("auto", "hf", "tiktoken"):
             raise ConfigError(
                 f"tokenize.backend must be auto, hf or tiktoken, got {self.backend!r}"

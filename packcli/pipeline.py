@@ -100,7 +100,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _bar(quiet: bool, **kwargs: Any) -> tqdm:
-    return tqdm(disable=quiet, file=sys.stderr, dynamic_ncols=True, **kwargs)
+    """A progress bar on stderr; off with --quiet, and by itself when stderr is not a
+    terminal (batch jobs' logs stay free of carriage-return noise)."""
+    return tqdm(disable=True if quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)
 
 
 def check_output_folder(out: Path, overwrite: bool) -> None:
@@ -199,6 +201,9 @@ def tokenize_task(
     out = _require_out(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).unlink(missing_ok=True)
+    if cfg.tokenize.num_proc:
+        # HF tokenizers' Rust thread pool reads this when it first starts in the process.
+        os.environ["RAYON_NUM_THREADS"] = str(cfg.tokenize.num_proc)
     paths = resolve_inputs(cfg.read.inputs)
     tok = _resolve_tokenizing(cfg)
     stage_fp = _fingerprint(tok.settings)
@@ -277,7 +282,7 @@ def _choose_backend(
         first = next(iter(batches), None)
         sample = first.texts if first is not None else []
     return choose_encoder(
-        tok.loaded.tokenizer, cfg.tokenize.backend, sample, num_threads=os.cpu_count() or 1
+        tok.loaded.tokenizer, cfg.tokenize.backend, sample, num_threads=cfg.tokenize.threads
     )
 
 
@@ -725,6 +730,8 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         "format": cfg.chat.format,
         "inputs": shards.success["files"],
         "tokens_fingerprint": shards.success["fingerprint"],
+        # Inputs + tokenizer + every setting the Parquet bytes depend on.
+        "fingerprint": fingerprint,
         "work_dir": _relative_to_out(cfg.work_path, out),
     }
     for stale in (out / "stats").glob("*.png"):  # plots of an earlier run; `stats` remakes them

@@ -362,9 +362,22 @@ def test_config_file_and_flags(toy_tokenizer_path: Path, tmp_path: Path) -> None
     cfg.write_text("plan:\n  short_len: 32\n  long_len: 512\n  overlong: drop\n")
     out = tmp_path / "o"
     code, output = invoke(
-        "pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "--long-len", "256", "-q"
+        "pack",
+        corpus,
+        "-t",
+        toy_tokenizer_path,
+        "-o",
+        out,
+        "-c",
+        cfg,
+        "--long-len",
+        "256",
+        "--num-proc",
+        "1",
+        "-q",
     )
     assert code == 0, output
+    assert json.loads((out / "packcli.json").read_text())["config"]["tokenize"]["num_proc"] == 1
     resolved = json.loads((out / "packcli.json").read_text())["config"]["plan"]
     assert (resolved["short_len"], resolved["long_len"], resolved["overlong"]) == (32, 256, "drop")
     bad = tmp_path / "bad.yaml"

@@ -39,6 +39,11 @@ def test_flags_override_yaml(tmp_path: Path) -> None:
         ("tokenize:\n  eos: [1]\n", "token string or an id"),
         ("read:\n  batch_size: 0\n", "batch_size"),
         ("write:\n  compression: brotli9\n", "compression"),
+        ("tokenize:\n  num_proc: -2\n", "num_proc"),
+        ("tokenize:\n  backend: spacy\n", "backend"),
+        ("read:\n  on_bad_line: ignore\n", "on_bad_line"),
+        ("chat:\n  format: chat\nplan:\n  overlong: split\n", "never split"),
+        ("chat:\n  train_on: users\n", "train_on"),
         ("plan: {short_len: 3\n", "invalid YAML"),
     ],
 )
