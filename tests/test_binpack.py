@@ -232,3 +232,49 @@ def test_group_by_residue_invariants(lengths: list[int], granule: int, capacity:
             members = arr[groups == g]
             first = (granule - members.max() % granule) % granule
             assert (granule - int(members.sum()) % granule) % granule <= first
+
+
+def optimal_bins(lengths: list[int], capacity: int) -> int:
+    """Exact minimum number of bins by backtracking (fine for a dozen items)."""
+    items = sorted(lengths, reverse=True)
+    best = len(items)
+
+    def place(i: int, loads: list[int]) -> None:
+        nonlocal best
+        if len(loads) >= best:
+            return
+        if i == len(items):
+            best = len(loads)
+            return
+        seen = set()
+        for b in range(len(loads)):
+            if loads[b] + items[i] <= capacity and loads[b] not in seen:
+                seen.add(loads[b])
+                loads[b] += items[i]
+                place(i + 1, loads)
+                loads[b] -= items[i]
+        loads.append(items[i])
+        place(i + 1, loads)
+        loads.pop()
+
+    place(0, [])
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 100), min_size=1, max_size=12), capacity=st.integers(100, 130)
+)
+def test_bfd_within_the_known_bound_of_the_optimum(lengths: list[int], capacity: int) -> None:
+    bins = int(pack_lengths(np.array(lengths), capacity).max()) + 1
+    opt = optimal_bins(lengths, capacity)
+    assert opt <= bins <= 11 / 9 * opt + 6 / 9
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=400))
+def test_bfd_never_needs_more_than_one_percent_over_ffd(lengths: list[int]) -> None:
+    arr = np.array(lengths)
+    bfd = int(pack_lengths(arr, 4096).max()) + 1
+    ffd = int(pack_lengths(arr, 4096, algorithm="ffd").max()) + 1
+    assert bfd <= ffd * 1.01
