@@ -59,6 +59,22 @@ def _copy_slices(
         out[d : d + n] = values[s : s + n]
 
 
+@numba.njit(cache=True, nogil=True)
+def _segment_ids(seg_per_row: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Per token, the 1-based index of its segment within its row (one pass, no temporaries;
+    ``np.repeat`` of a per-segment index costs ~3x more at 500M tokens)."""
+    out = np.empty(lens.sum(), dtype=np.int32)
+    pos = 0
+    seg = 0
+    for r in range(seg_per_row.shape[0]):
+        for k in range(seg_per_row[r]):
+            n = lens[seg]
+            out[pos : pos + n] = k + 1
+            pos += n
+            seg += 1
+    return out
+
+
 class TokenSource:
     """Random access to document slices across all tokenized shards."""
 
@@ -99,11 +115,8 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
     lens = plan.piece_len[pieces]
     tokens = source.gather(docs, starts, lens)
 
-    seg_per_row = np.diff(layout.row_offsets[r0 : r1 + 1])
     seg_offsets = layout.row_offsets[r0 : r1 + 1] - p0
-    # 1-based segment index within its row, then one id per token.
-    seg_index = np.arange(pieces.size, dtype=np.int64) - np.repeat(seg_offsets[:-1], seg_per_row)
-    segment_ids = np.repeat((seg_index + 1).astype(np.int32), lens)
+    segment_ids = _segment_ids(np.diff(seg_offsets), lens)
     row_tokens = layout.row_tokens[r0:r1]
     tok_offsets = np.zeros(r1 - r0 + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=tok_offsets[1:])
@@ -176,23 +189,36 @@ def write_config_file(
 
 
 def pack_table(
-    table: pa.Table, config: PlanConfig, column: str = "input_ids"
-) -> tuple[pa.Table, pa.Table, Plan]:
+    table: pa.Table,
+    config: PlanConfig,
+    column: str = "input_ids",
+    *,
+    configs: tuple[str, ...] = ("long", "short"),
+) -> tuple[pa.Table | None, pa.Table | None, Plan]:
     """In-memory two-tier packing of already tokenized documents: ``(long, short, plan)``.
 
     For callers that hold tokens in Arrow (e.g. a ``datasets.Dataset``'s table) rather than
     jsonl on disk; the tables use the public row schema. Document ``i`` of ``table`` gets
-    doc id ``i``.
+    doc id ``i``. ``configs`` picks which tables to build (the other is ``None``): building
+    one gathers every token once instead of twice.
     """
-    ids = table.column(column).combine_chunks()
-    if isinstance(ids, pa.ChunkedArray):  # an empty table has no chunk to combine
+    col = table.column(column)
+    if col.num_chunks == 1:
+        ids = col.chunk(0)  # no copy
+    elif col.num_chunks == 0:
         ids = pa.array([], type=pa.list_(pa.int32()))
+    else:
+        ids = col.combine_chunks()
     if not pa.types.is_integer(ids.type.value_type):
         raise ValueError(f"column {column!r} must be a list of integers, got {ids.type}")
     offsets = ids.offsets.to_numpy().astype(np.int64)
     values = ids.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     plan = plan_two_tier(np.diff(offsets), config)
     source = TokenSource([ShardTokens(values=values, offsets=offsets, first_doc_id=0)])
-    long = rows_to_table(plan, plan.long, 0, plan.long.num_rows, source)
-    short = rows_to_table(plan, plan.short, 0, plan.short.num_rows, source)
-    return long, short, plan
+    tables = {
+        name: rows_to_table(plan, getattr(plan, name), 0, getattr(plan, name).num_rows, source)
+        if name in configs
+        else None
+        for name in ("long", "short")
+    }
+    return tables["long"], tables["short"], plan
