@@ -155,6 +155,61 @@ def _config(config: Path | None, **sections: dict[str, Any]) -> RunConfig:
     return build_config(file_values, sections, source=str(config) if config else "options")
 
 
+def _tokenize_sections(
+    inputs: list[str],
+    text_field: str | None,
+    batch_size: int | None,
+    on_bad_line: str | None,
+    format_: str | None,
+    messages_field: str | None,
+    chat_template: str | None,
+    train_on: str | None,
+    tokenizer: str | None,
+    eos: str | None,
+    bos: str | None,
+    backend: str | None,
+    num_proc: int | None,
+) -> dict[str, dict[str, Any]]:
+    """The read, chat and tokenize flags shared by ``pack`` and ``tokenize``."""
+    return {
+        "read": {
+            "inputs": tuple(inputs),
+            "text_field": text_field,
+            "batch_size": batch_size,
+            "on_bad_line": on_bad_line,
+        },
+        "chat": {
+            "format": format_,
+            "messages_field": messages_field,
+            "chat_template": chat_template,
+            "train_on": train_on,
+        },
+        "tokenize": {
+            "tokenizer": tokenizer,
+            "eos": _special(eos),
+            "bos": _special(bos),
+            "backend": backend,
+            "num_proc": num_proc,
+        },
+    }
+
+
+def _plan_section(
+    short_len: int | None,
+    long_len: int | None,
+    overlong: str | None,
+    algorithm: str | None,
+    seed: int | None,
+) -> dict[str, Any]:
+    return {
+        "short_len": short_len,
+        "long_len": long_len,
+        "overlong": overlong,
+        "algorithm": algorithm,
+        "seed": seed,
+    }
+
+
 def _command() -> str:
     return "packcli " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
@@ -216,32 +271,22 @@ def pack(
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
-        read={
-            "inputs": tuple(inputs),
-            "text_field": text_field,
-            "batch_size": batch_size,
-            "on_bad_line": on_bad_line,
-        },
-        chat={
-            "format": format_,
-            "messages_field": messages_field,
-            "chat_template": chat_template,
-            "train_on": train_on,
-        },
-        tokenize={
-            "tokenizer": tokenizer,
-            "eos": _special(eos),
-            "bos": _special(bos),
-            "backend": tokenizer_backend,
-            "num_proc": num_proc,
-        },
-        plan={
-            "short_len": short_len,
-            "long_len": long_len,
-            "overlong": overlong,
-            "algorithm": algorithm,
-            "seed": seed,
-        },
+        **_tokenize_sections(
+            inputs,
+            text_field,
+            batch_size,
+            on_bad_line,
+            format_,
+            messages_field,
+            chat_template,
+            train_on,
+            tokenizer,
+            eos,
+            bos,
+            tokenizer_backend,
+            num_proc,
+        ),
+        plan=_plan_section(short_len, long_len, overlong, algorithm, seed),
     )
     if num_tasks is not None and num_tasks < 1:
         raise ConfigError(f"--num-tasks must be >= 1, got {num_tasks}")
@@ -302,25 +347,21 @@ def tokenize(
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
-        read={
-            "inputs": tuple(inputs),
-            "text_field": text_field,
-            "batch_size": batch_size,
-            "on_bad_line": on_bad_line,
-        },
-        chat={
-            "format": format_,
-            "messages_field": messages_field,
-            "chat_template": chat_template,
-            "train_on": train_on,
-        },
-        tokenize={
-            "tokenizer": tokenizer,
-            "eos": _special(eos),
-            "bos": _special(bos),
-            "backend": tokenizer_backend,
-            "num_proc": num_proc,
-        },
+        **_tokenize_sections(
+            inputs,
+            text_field,
+            batch_size,
+            on_bad_line,
+            format_,
+            messages_field,
+            chat_template,
+            train_on,
+            tokenizer,
+            eos,
+            bos,
+            tokenizer_backend,
+            num_proc,
+        ),
     )
     check_output_folder(cfg.out_path, overwrite=False)
     index, count = resolve_task(task_index, num_tasks)
@@ -348,13 +389,7 @@ def plan(
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
-        plan={
-            "short_len": short_len,
-            "long_len": long_len,
-            "overlong": overlong,
-            "algorithm": algorithm,
-            "seed": seed,
-        },
+        plan=_plan_section(short_len, long_len, overlong, algorithm, seed),
     )
     planned, _ = plan_stage(cfg, quiet=quiet)
     for name in ("short", "long"):
