@@ -76,6 +76,24 @@ def _tree_add(cnt: np.ndarray, size: int, leaf: int, delta: int) -> None:
 
 
 @numba.njit(cache=True)
+def _take(head: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, size: int, room: int) -> int:
+    """Pop the most recently stored bin with exactly ``room`` free."""
+    b = head[room]
+    head[room] = nxt[b]
+    _tree_add(cnt, size, room, -1)
+    return b
+
+
+@numba.njit(cache=True)
+def _put(head: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, size: int, b: int, room: int) -> None:
+    """Store bin ``b`` under its free room (full bins are not stored: nothing fits)."""
+    if room > 0:
+        nxt[b] = head[room]
+        head[room] = b
+        _tree_add(cnt, size, room, 1)
+
+
+@numba.njit(cache=True)
 def _find_at_least(cnt: np.ndarray, size: int, x: int) -> int:
     """Smallest leaf index >= x with a non-zero count, or -1."""
     node = size + x
@@ -117,11 +135,7 @@ def _best_fit(
     assign = np.empty(n, dtype=np.int64)
 
     for b in range(k):
-        r = open_remaining[b]
-        if r > 0:
-            nxt[b] = head[r]
-            head[r] = b
-            _tree_add(cnt, size, r, 1)
+        _put(head, nxt, cnt, size, b, open_remaining[b])
     n_bins = k
 
     for j in range(n):
@@ -129,19 +143,14 @@ def _best_fit(
         s = lengths[i]
         found = _find_at_least(cnt, size, s)  # tightest bin with room for s
         if found >= 0:
-            b = head[found]
-            head[found] = nxt[b]
-            _tree_add(cnt, size, found, -1)
+            b = _take(head, nxt, cnt, size, found)
             rem = found - s
         else:
             b = n_bins
             n_bins += 1
             rem = capacity - s
         assign[i] = b
-        if rem > 0:
-            nxt[b] = head[rem]
-            head[rem] = b
-            _tree_add(cnt, size, rem, 1)
+        _put(head, nxt, cnt, size, b, rem)
     return assign, n_bins
 
 
@@ -233,9 +242,7 @@ def _granular_fit(
                     break
             x = found - res + granule  # first room of the next residue window
         if best >= 0:
-            b = head[best]
-            head[best] = nxt[b]
-            _tree_add(cnt, size, best, -1)
+            b = _take(head, nxt, cnt, size, best)
             rem = best - s
         else:
             b = n_bins
@@ -243,10 +250,7 @@ def _granular_fit(
             rem = capacity - s
         assign[i] = b
         remaining[b] = rem
-        if rem > 0:
-            nxt[b] = head[rem]
-            head[rem] = b
-            _tree_add(cnt, size, rem, 1)
+        _put(head, nxt, cnt, size, b, rem)
     return assign, n_bins, remaining[:n_bins].copy()
 
 
