@@ -238,16 +238,25 @@ def tokenize_task(
         for stale in (folder / "files").glob("*"):
             if stale.name not in keys:
                 shutil.rmtree(stale)
+    pending = [
+        k
+        for k in mine
+        if _read_json(folder / "files" / files[k]["key"] / SUCCESS).get("fingerprint")
+        != files[k]["fingerprint"]
+    ]
+    encoder: Any = None
     if tok.chat is not None:
-        encoder: Any = tok.chat
+        encoder = tok.chat
         backend = {
             "requested": cfg.tokenize.backend,
             "backend": "hf",
             "fallback_reason": "chat loss masks need the tokenizer's character offsets",
         }
-    else:
+        atomic_write_json(folder / "backend.json", backend)
+    elif pending or not (folder / "backend.json").is_file():
+        # Building and checking the fast path costs seconds; skip it when nothing is left.
         encoder, backend = _choose_backend(cfg, tok, files)
-    atomic_write_json(folder / "backend.json", backend)
+        atomic_write_json(folder / "backend.json", backend)
     total = sum(files[k]["size"] for k in mine)
     reused = True
     with _bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
