@@ -97,6 +97,7 @@ def test_local_executor_with_several_tasks_matches(
 
 def test_ray_executor_matches_local(toy_tokenizer_path: Path, tmp_path: Path) -> None:
     import ray  # in the dev extras, so CI always runs this
+
     corpus = tmp_path / "c"
     corpus.mkdir()
     counts = mixed_lengths(200, seed=6)
