@@ -110,7 +110,11 @@ def test_chat_pack_trains_only_assistant_turns(
     out = tmp_path / "out"
     code, output = invoke("pack", path, "-t", chat_tok, "-o", out, *ARGS, "--train-on", train_on)
     assert code == 0, output
-    report = json.loads((out / "packcli.json").read_text())["report"]
+    meta = json.loads((out / "packcli.json").read_text())
+    report = meta["report"]
+    # Loss masks need character offsets, which only HF gives: the fast path stands aside.
+    assert meta["run"]["tokenizer_backend"]["backend"] == "hf"
+    assert "offsets" in meta["run"]["tokenizer_backend"]["fallback_reason"]
     assert report["chat"]["no_trainable"] == 1
     assert report["policy"]["dropped_docs"] == 1  # the overlong dialogue, dropped by default
     tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
