@@ -49,7 +49,7 @@ import logging
 import re
 import string
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -1300,6 +1300,25 @@ def encode_dialogues(
     position; to skip such lines instead, ``render`` each one and call ``encode_rendered``.
     """
     _check_train_on(train_on)
+    rendered = render_dialogues(
+        tokenizer, template, dialogues, special_tokens, limits=limits, now=now
+    )
+    return encode_rendered(tokenizer, [r for _, r in rendered], train_on)
+
+
+def render_dialogues(
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    dialogues: Sequence[Sequence[Mapping[str, Any]]],
+    special_tokens: Mapping[str, str] | None = None,
+    *,
+    limits: RenderLimits = DEFAULT_LIMITS,
+    now: datetime | None = None,
+    on_error: Callable[[int, ChatFormatError], None] | None = None,
+) -> list[tuple[int, Rendered]]:
+    """``(index, Rendered)`` of each dialogue, with the tokenizer's special tokens as template
+    variables. A dialogue the template rejects raises ``ChatFormatError`` with ``index`` set,
+    or, given ``on_error``, is reported to it and left out (a skip policy)."""
     variables = dict(special_tokens or {})
     bos, eos = variables.pop("bos_token", ""), variables.pop("eos_token", "")
     controls = control_tokens_of(tokenizer)
@@ -1307,21 +1326,26 @@ def encode_dialogues(
     for index, messages in enumerate(dialogues):
         try:
             rendered.append(
-                render(
-                    template,
-                    messages,
-                    bos_token=bos,
-                    eos_token=eos,
-                    control_tokens=controls,
-                    variables=variables,
-                    limits=limits,
-                    now=now,
+                (
+                    index,
+                    render(
+                        template,
+                        messages,
+                        bos_token=bos,
+                        eos_token=eos,
+                        control_tokens=controls,
+                        variables=variables,
+                        limits=limits,
+                        now=now,
+                    ),
                 )
             )
         except ChatFormatError as exc:
             exc.index = index
-            raise
-    return encode_rendered(tokenizer, rendered, train_on)
+            if on_error is None:
+                raise
+            on_error(index, exc)
+    return rendered
 
 
 def encode_dialogue(

@@ -26,12 +26,10 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from packcli.chat import (
-    ChatFormatError,
     ChatTemplate,
     EncodedDialogue,
-    control_tokens_of,
     encode_rendered,
-    render,
+    render_dialogues,
     truncate_at_turns,
 )
 from packcli.read import DocBatch
@@ -202,11 +200,7 @@ class ChatEncoder:
         self.tokenizer = tokenizer
         self.template = template
         self.train_on = train_on
-        variables = dict(special_tokens)
-        self.bos = variables.pop("bos_token", "")
-        self.eos = variables.pop("eos_token", "")
-        self.variables = variables
-        self.controls = control_tokens_of(tokenizer)
+        self.special_tokens = special_tokens
         self.long_len = long_len
         self.overlong = overlong
 
@@ -215,29 +209,18 @@ class ChatEncoder:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
         """``(ids, labels, lengths, stats, failures)``; ``failures`` lists (index, reason) of
         dialogues the template refused (kept empty here; the caller applies the policy)."""
-        rendered, where, failures = [], [], []
-        for index, messages in enumerate(dialogues):
-            try:
-                rendered.append(
-                    render(
-                        self.template,
-                        messages,
-                        bos_token=self.bos,
-                        eos_token=self.eos,
-                        control_tokens=self.controls,
-                        variables=self.variables,
-                        now=RENDER_DATE,
-                    )
-                )
-                where.append(index)
-            except ChatFormatError as exc:
-                failures.append((index, str(exc)))
+        failures: list[tuple[int, str]] = []
+        rendered = render_dialogues(
+            self.tokenizer,
+            self.template,
+            dialogues,
+            self.special_tokens,
+            now=RENDER_DATE,
+            on_error=lambda index, exc: failures.append((index, str(exc))),
+        )
         encoded: list[EncodedDialogue | None] = [None] * len(dialogues)
-        for index, e in zip(
-            where,
-            encode_rendered(self.tokenizer, rendered, self.train_on),
-            strict=True,  # type: ignore[arg-type]
-        ):
+        results = encode_rendered(self.tokenizer, [r for _, r in rendered], self.train_on)  # type: ignore[arg-type]
+        for (index, _), e in zip(rendered, results, strict=True):
             encoded[index] = e
         stats = ChatStats(dialogues=len(dialogues))
         ids, labels = [], []

@@ -183,7 +183,7 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
             **dataclasses.asdict(cfg.chat),
             "template_source": template.source,
             "template_sha256": hashlib.sha256(template.text.encode("utf-8")).hexdigest(),
-            "special_tokens": chat.variables | {"bos_token": chat.bos, "eos_token": chat.eos},
+            "special_tokens": chat.special_tokens,
             "long_len": cfg.plan.long_len,
             "overlong": cfg.plan.overlong,
         }

@@ -182,3 +182,31 @@ def test_bad_dialogue_errors_or_is_quarantined(chat_tok: Path, tmp_path: Path) -
     long = datasets.load_dataset(str(out), "long", split="train")
     assert sorted(d for r in long for d in r["doc_ids"]) == [0, 1]
     assert np.all(np.array(long[0]["labels"]) >= -100)
+
+
+def test_template_failures_follow_the_bad_line_policy(chat_tok: Path, tmp_path: Path) -> None:
+    from packcli.chat import load_chat_template
+
+    chatml = load_chat_template(None, "chatml").text
+    template = tmp_path / "picky.jinja"
+    template.write_text(
+        "{% if messages | length > 2 %}{{ raise_exception('at most one exchange') }}{% endif %}"
+        + chatml
+    )
+    one = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": m}) for m in (one, one * 2, one)) + "\n")
+    args = ["--format", "chat", "--chat-template", template, "--short-len", "64"]
+    args += ["--long-len", "256", "-q"]
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "e", *args)
+    assert code == 1 and f"{path}:2" in output and "at most one exchange" in output
+    out = tmp_path / "s"
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", out, *args, "--on-bad-line", "skip")
+    assert code == 0, output
+    report = json.loads((out / "packcli.json").read_text())["report"]
+    assert report["input"]["rejected"] == {"template_error": 1}
+    assert report["documents_by_length"]["empty"] == 1  # kept as an empty document, not packed
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["reason"]) for r in rejected] == [(2, "template_error")]
+    code, output = invoke("verify", out)
+    assert code == 0, output
