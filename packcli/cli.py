@@ -106,6 +106,10 @@ Overlong = Annotated[
 ]
 Algorithm = Annotated[str | None, typer.Option(help="Bin packing: bfd, ffd or wrapped [bfd].")]
 Seed = Annotated[int | None, typer.Option(help="Seed for the row shuffle [0].")]
+Balance = Annotated[
+    str | None,
+    typer.Option(help="attention: move long documents out of the costliest long rows [none]."),
+]
 BatchSize = Annotated[int | None, typer.Option(help="Documents per tokenizer batch [1024].")]
 NumProc = Annotated[
     int | None, typer.Option(help="Tokenizer threads per process (0 = all cores) [0].")
@@ -200,6 +204,7 @@ def _plan_section(
     overlong: str | None,
     algorithm: str | None,
     seed: int | None,
+    balance: str | None,
 ) -> dict[str, Any]:
     return {
         "short_len": short_len,
@@ -207,6 +212,7 @@ def _plan_section(
         "overlong": overlong,
         "algorithm": algorithm,
         "seed": seed,
+        "balance": balance,
     }
 
 
@@ -237,6 +243,7 @@ def pack(
     overlong: Overlong = None,
     algorithm: Algorithm = None,
     seed: Seed = None,
+    balance: Balance = None,
     batch_size: BatchSize = None,
     tokenizer_backend: Backend = None,
     num_proc: NumProc = None,
@@ -286,7 +293,7 @@ def pack(
             tokenizer_backend,
             num_proc,
         ),
-        plan=_plan_section(short_len, long_len, overlong, algorithm, seed),
+        plan=_plan_section(short_len, long_len, overlong, algorithm, seed, balance),
     )
     if num_tasks is not None and num_tasks < 1:
         raise ConfigError(f"--num-tasks must be >= 1, got {num_tasks}")
@@ -379,6 +386,7 @@ def plan(
     overlong: Overlong = None,
     algorithm: Algorithm = None,
     seed: Seed = None,
+    balance: Balance = None,
     work_dir: WorkDir = None,
     quiet: Quiet = False,
 ) -> None:
@@ -389,7 +397,7 @@ def plan(
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
-        plan=_plan_section(short_len, long_len, overlong, algorithm, seed),
+        plan=_plan_section(short_len, long_len, overlong, algorithm, seed, balance),
     )
     planned, _ = plan_stage(cfg, quiet=quiet)
     for name in ("short", "long"):

@@ -81,8 +81,11 @@ class PlanConfig:
     overlong: str = "split"
     algorithm: str = "bfd"
     seed: int = 0
+    balance: str = "none"  # none | attention (see packcli/balance.py)
 
     def __post_init__(self) -> None:
+        if self.balance not in ("none", "attention"):
+            raise ConfigError(f"plan.balance must be none or attention, got {self.balance!r}")
         if self.short_len < 1:
             raise ConfigError(f"plan.short_len must be >= 1, got {self.short_len}")
         if self.long_len <= self.short_len:

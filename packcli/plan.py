@@ -27,6 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from packcli.balance import balance_attention, balance_ratio
 from packcli.binpack import group_by_residue, pack_granular, pack_into_open_bins, pack_lengths
 from packcli.config import PlanConfig
 
@@ -212,6 +213,16 @@ def plan_two_tier(lengths: np.ndarray, config: PlanConfig) -> Plan:
     unit_members, unit_offsets = _group_by(unit_of_piece, n_units)
     unit_first_doc = piece_doc[unit_members[unit_offsets[:-1]]]
     row_of_unit, n_rows = _pack_long_tier(unit_sizes, long_idx.size, unit_first_doc, config)
+    # Attention cost of each unit: a long piece's length squared, a pack's sum of squares.
+    piece_sq = piece_len.astype(np.float64) ** 2
+    unit_cost = np.bincount(unit_of_piece, weights=piece_sq, minlength=n_units)
+    is_long = np.arange(n_units) < long_idx.size
+    if config.balance == "attention" and n_rows:
+        row_of_unit, balance = balance_attention(row_of_unit, unit_sizes, unit_cost, is_long, L)
+    else:
+        row_cost = np.bincount(row_of_unit, weights=unit_cost, minlength=n_rows)
+        balance = {"ratio": balance_ratio(row_cost)}
+    stats["long_attention_balance"] = balance
 
     rng = np.random.default_rng(config.seed)
     pack_rank = rng.permutation(n_packs).astype(np.int64)

@@ -52,7 +52,14 @@ def build_report(
                 "empty_docs",
             )
         },
-        "tiers": {"short": tier_summary(plan.short), "long": tier_summary(plan.long)},
+        "tiers": {
+            "short": tier_summary(plan.short),
+            # Attention cost balance: max/mean over rows of sum(segment length^2).
+            "long": {
+                **tier_summary(plan.long),
+                "attention_balance": stats.get("long_attention_balance"),
+            },
+        },
         "largest_document": {
             "doc_id": largest,
             "tokens": int(lengths[largest]) if largest >= 0 else 0,

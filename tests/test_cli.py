@@ -374,8 +374,16 @@ def test_config_file_and_flags(toy_tokenizer_path: Path, tmp_path: Path) -> None
         "256",
         "--num-proc",
         "1",
+        "--balance",
+        "attention",
         "-q",
     )
+    assert code == 0, output
+    balance = json.loads((out / "packcli.json").read_text())["report"]["tiers"]["long"][
+        "attention_balance"
+    ]
+    assert balance["after"] <= balance["before"] and balance["after"] >= balance["floor"] - 1e-9
+    code, output = invoke("verify", out)
     assert code == 0, output
     assert json.loads((out / "packcli.json").read_text())["config"]["tokenize"]["num_proc"] == 1
     resolved = json.loads((out / "packcli.json").read_text())["config"]["plan"]

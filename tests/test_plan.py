@@ -102,12 +102,17 @@ def check_plan(lengths: np.ndarray, cfg: PlanConfig, plan: Plan) -> None:
     factor=st.integers(2, 6),
     overlong=st.sampled_from(["split", "truncate", "drop"]),
     algorithm=st.sampled_from(["bfd", "ffd", "wrapped"]),
+    balance=st.sampled_from(["none", "attention"]),
 )
 def test_plan_invariants(
-    lengths: list[int], short_len: int, factor: int, overlong: str, algorithm: str
+    lengths: list[int], short_len: int, factor: int, overlong: str, algorithm: str, balance: str
 ) -> None:
     cfg = PlanConfig(
-        short_len=short_len, long_len=short_len * factor, overlong=overlong, algorithm=algorithm
+        short_len=short_len,
+        long_len=short_len * factor,
+        overlong=overlong,
+        algorithm=algorithm,
+        balance=balance,
     )
     arr = np.array(lengths, dtype=np.int64)
     check_plan(arr, cfg, plan_two_tier(arr, cfg))
