@@ -238,12 +238,12 @@ def tokenize_task(
         for stale in (folder / "files").glob("*"):
             if stale.name not in keys:
                 shutil.rmtree(stale)
-    pending = [
+    pending = {
         k
         for k in mine
         if _read_json(folder / "files" / files[k]["key"] / SUCCESS).get("fingerprint")
         != files[k]["fingerprint"]
-    ]
+    }
     encoder: Any = None
     if tok.chat is not None:
         encoder = tok.chat
@@ -258,14 +258,16 @@ def tokenize_task(
         encoder, backend = _choose_backend(cfg, tok, files)
         atomic_write_json(folder / "backend.json", backend)
     total = sum(files[k]["size"] for k in mine)
-    reused = True
     with _bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
         progress = _TokenizeProgress(bar)
         for k in mine:
-            reused &= _tokenize_file(cfg, k, files[k], encoder, tok.eos, tok.bos, progress)
-    if reused:
+            if k in pending:
+                _tokenize_file(cfg, k, files[k], encoder, tok.eos, tok.bos, progress)
+            else:
+                progress.update(files[k]["size"], 0)
+    if not pending:
         log.info("reusing tokenized shards for all %d input file(s) of this task", len(mine))
-    return reused
+    return not pending
 
 
 SAMPLE_DOCS = 256
@@ -320,12 +322,10 @@ def _tokenize_file(
     eos: int | None,
     bos: int | None,
     progress: _TokenizeProgress,
-) -> bool:
+) -> None:
+    """Tokenize one input file that is not complete yet, resuming after its finished shards."""
     folder = cfg.work_path / "tokens" / "files" / entry["key"]
     success = folder / SUCCESS
-    if _read_json(success).get("fingerprint") == entry["fingerprint"]:
-        progress.update(entry["size"], 0)
-        return True
     done_shards = _resumable_shards(folder, entry["fingerprint"])
     resume_doc = done_shards[-1]["last_doc_index"] + 1 if done_shards else 0
     if done_shards:
@@ -398,7 +398,6 @@ def _tokenize_file(
             "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
         },
     )
-    return False
 
 
 def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
