@@ -726,8 +726,8 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         },
         chat=shards.success.get("chat"),
         largest_provenance={
-            "file": shards.success["files"][int(shards.column("file_index")[largest])]["path"],
-            "line": int(shards.column("line")[largest]),
+            "file": shards.success["files"][shards.value("file_index", largest)]["path"],
+            "line": shards.value("line", largest),
         },
     )
     run_info = {

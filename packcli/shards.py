@@ -168,22 +168,28 @@ class TokenShards:
     def __len__(self) -> int:
         return len(self.manifests)
 
-    def _reader(self, index: int) -> pa.ipc.RecordBatchFileReader:
+    def _reader(self, index: int, fields: list[str] | None = None) -> pa.ipc.RecordBatchFileReader:
+        """Memory-mapped reader of one shard; ``fields`` limits what is read to those columns."""
         source = pa.memory_map(str(self.folder / self.manifests[index]["file"]), "r")
-        return pa.ipc.open_file(source)
+        if fields is None:
+            return pa.ipc.open_file(source)
+        opts = pa.ipc.IpcReadOptions(
+            included_fields=[SHARD_SCHEMA.get_field_index(f) for f in fields]
+        )
+        return pa.ipc.open_file(source, options=opts)
 
     def column(self, name: str) -> np.ndarray:
         """One scalar column over all shards, in doc-id order (reads only that column)."""
-        field_index = SHARD_SCHEMA.get_field_index(name)
-        parts = []
-        for i in range(len(self)):
-            source = pa.memory_map(str(self.folder / self.manifests[i]["file"]), "r")
-            opts = pa.ipc.IpcReadOptions(included_fields=[field_index])
-            table = pa.ipc.open_file(source, options=opts).read_all()
-            parts.append(table.column(0).to_numpy())
+        parts = [self._reader(i, [name]).read_all().column(0).to_numpy() for i in range(len(self))]
         if not parts:
             return np.zeros(0, dtype=SHARD_SCHEMA.field(name).type.to_pandas_dtype())
         return np.concatenate(parts)
+
+    def value(self, name: str, doc_id: int) -> Any:
+        """One scalar column's value for one document (reads only its shard's column)."""
+        index = int(np.searchsorted(self.first_doc_ids, doc_id, side="right")) - 1
+        column = self._reader(index, [name]).read_all().column(0)
+        return column[doc_id - int(self.manifests[index]["first_doc_id"])].as_py()
 
     def shard(self, index: int) -> ShardTokens:
         reader = self._reader(index)

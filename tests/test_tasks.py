@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,14 @@ def test_split_stages_match_single_process(toy_tokenizer_path: Path, tmp_path: P
     cfg.write_text(CFG)
     single = tmp_path / "single"
     invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", single, "-c", cfg, "-q")
+    # The report traces the longest document back to its file and line across files.
+    longest = max(range(500), key=lambda i: counts[i])
+    largest = json.loads((single / "packcli.json").read_text())["report"]["largest_document"]
+    assert largest["doc_id"] == longest
+    assert (Path(largest["file"]).name, largest["line"]) == (
+        f"part-{longest // 100}.jsonl",
+        longest % 100 + 1,
+    )
 
     out = tmp_path / "split"
     tok_args = ["tokenize", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q"]
