@@ -15,6 +15,8 @@ import yaml
 from packcli import __version__
 
 CONFIG_NAMES = ("long", "short")
+MARKER = "packcli.json"  # config + report + file hashes; written last, marks a complete output
+STATS_DIR = "stats"  # plots written by `packcli stats`, embedded in the card
 
 
 def _arrow_bytes(tier: dict[str, Any], chat: bool) -> int:
@@ -154,6 +156,6 @@ def refresh_card(out: Path) -> None:
     plots), atomically."""
     from packcli.shards import atomic_write_bytes
 
-    meta = json.loads((out / "packcli.json").read_text(encoding="utf-8"))
+    meta = json.loads((out / MARKER).read_text(encoding="utf-8"))
     text = render_card(meta["report"], meta["run"], meta["files"], out)
     atomic_write_bytes(out / "README.md", text.encode("utf-8"))

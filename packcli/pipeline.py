@@ -42,7 +42,7 @@ import orjson
 from tqdm import tqdm
 
 from packcli import __version__
-from packcli.card import CONFIG_NAMES, render_card
+from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
 from packcli.chat import load_chat_template, special_tokens_from_config, validate_messages
 from packcli.config import (
     ChatConfig,
@@ -77,7 +77,6 @@ from packcli.write import TokenSource, file_ranges, write_config_file
 
 log = logging.getLogger(__name__)
 
-MARKER = "packcli.json"
 REJECTED = "rejected.jsonl"
 
 
@@ -742,7 +741,7 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         "fingerprint": fingerprint,
         "work_dir": _relative_to_out(cfg.work_path, out),
     }
-    for stale in (out / "stats").glob("*.png"):  # plots of an earlier run; `stats` remakes them
+    for stale in (out / STATS_DIR).glob("*.png"):  # plots of an earlier run; `stats` remakes them
         stale.unlink()
     crash_point("finalize")
     card = render_card(report, run_info, files, out)

@@ -36,13 +36,12 @@ from typing import Annotated, Any
 import typer
 
 from packcli import __version__
-from packcli.card import CONFIG_NAMES
+from packcli.card import CONFIG_NAMES, MARKER
 from packcli.errors import ConfigError, PackcliError, VerifyError
 
 log = logging.getLogger(__name__)
 
 REPO_TYPE = "dataset"
-MARKER = "packcli.json"
 # Remote files a push owns: deleted by ``prune`` when the pushed output does not have them.
 OWNED_PATTERNS = ("data/long/*.parquet", "data/short/*.parquet", "stats/*.png")
 

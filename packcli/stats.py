@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from packcli.card import CONFIG_NAMES
+from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.errors import PackcliError
 
 if TYPE_CHECKING:
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MARKER = "packcli.json"
-STATS_DIR = "stats"
 PLOT_DOC_LENGTHS = "doc_lengths.png"
 PLOT_ROW_FILL = "row_fill.png"
 PLOT_SEGMENTS = "segments_per_row.png"

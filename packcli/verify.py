@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from packcli.card import CONFIG_NAMES
+from packcli.card import CONFIG_NAMES, MARKER
 from packcli.errors import VerifyError
 from packcli.shards import TokenShards, sha256_file
 
@@ -318,7 +318,7 @@ def verify_output(
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
 ) -> dict[str, Any]:
     """Verify ``out``; returns a summary dict or raises ``VerifyError``."""
-    marker = out / "packcli.json"
+    marker = out / MARKER
     if not marker.is_file():
         raise VerifyError(f"{out}: no packcli.json, so the output is missing or incomplete")
     meta = json.loads(marker.read_text(encoding="utf-8"))
