@@ -28,6 +28,18 @@ def data_hashes(out: Path) -> dict[str, str]:
     return {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
 
 
+def three_files(tmp_path: Path, seed: int) -> tuple[Path, Path]:
+    """A 200-document mixed corpus in three files, and the small-tier config."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    counts = mixed_lengths(200, seed=seed)
+    for i in range(3):
+        write_corpus(corpus / f"p{i}.jsonl", counts[i::3], seed=i)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CFG)
+    return corpus, cfg
+
+
 def test_assign_by_size_balances_and_is_deterministic() -> None:
     sizes = [100, 10, 60, 50, 40, 5]
     tasks = assign_by_size(sizes, 2)
@@ -91,13 +103,7 @@ def test_split_stages_match_single_process(toy_tokenizer_path: Path, tmp_path: P
 def test_local_executor_with_several_tasks_matches(
     toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:
-    corpus = tmp_path / "c"
-    corpus.mkdir()
-    counts = mixed_lengths(200, seed=4)
-    for i in range(3):
-        write_corpus(corpus / f"p{i}.jsonl", counts[i::3], seed=i)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CFG)
+    corpus, cfg = three_files(tmp_path, seed=4)
     one, many = tmp_path / "one", tmp_path / "many"
     invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", one, "-c", cfg, "-q")
     invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", many, "-c", cfg, "-q", "--num-tasks", 3)
@@ -107,13 +113,7 @@ def test_local_executor_with_several_tasks_matches(
 def test_ray_executor_matches_local(toy_tokenizer_path: Path, tmp_path: Path) -> None:
     import ray  # in the dev extras, so CI always runs this
 
-    corpus = tmp_path / "c"
-    corpus.mkdir()
-    counts = mixed_lengths(200, seed=6)
-    for i in range(3):
-        write_corpus(corpus / f"p{i}.jsonl", counts[i::3], seed=i)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CFG)
+    corpus, cfg = three_files(tmp_path, seed=6)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", local, "-c", cfg, "-q")
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
