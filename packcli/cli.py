@@ -129,6 +129,13 @@ OnBadLine = Annotated[
     str | None,
     typer.Option(help="Bad input lines: error (stop at file:line) or skip (quarantine) [error]."),
 ]
+SplitBytes = Annotated[
+    int | None,
+    typer.Option(
+        help="Tokenize uncompressed files larger than this as byte spans, one unit of work "
+        "each (0 = never) [1 GiB]."
+    ),
+]
 Format = Annotated[
     str | None, typer.Option("--format", help="text (pretraining) or chat (SFT dialogues) [text].")
 ]
@@ -159,41 +166,29 @@ def _config(config: Path | None, **sections: dict[str, Any]) -> RunConfig:
     return build_config(file_values, sections, source=str(config) if config else "options")
 
 
-def _tokenize_sections(
-    inputs: list[str],
-    text_field: str | None,
-    batch_size: int | None,
-    on_bad_line: str | None,
-    format_: str | None,
-    messages_field: str | None,
-    chat_template: str | None,
-    train_on: str | None,
-    tokenizer: str | None,
-    eos: str | None,
-    bos: str | None,
-    backend: str | None,
-    num_proc: int | None,
-) -> dict[str, dict[str, Any]]:
-    """The read, chat and tokenize flags shared by ``pack`` and ``tokenize``."""
+def _tokenize_sections(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The read, chat and tokenize sections from the flags ``pack`` and ``tokenize`` share
+    (their parameters have the same names; pass the command's ``locals()``)."""
     return {
         "read": {
-            "inputs": tuple(inputs),
-            "text_field": text_field,
-            "batch_size": batch_size,
-            "on_bad_line": on_bad_line,
+            "inputs": tuple(flags["inputs"]),
+            "text_field": flags["text_field"],
+            "batch_size": flags["batch_size"],
+            "on_bad_line": flags["on_bad_line"],
+            "split_bytes": flags["split_bytes"],
         },
         "chat": {
-            "format": format_,
-            "messages_field": messages_field,
-            "chat_template": chat_template,
-            "train_on": train_on,
+            "format": flags["format_"],
+            "messages_field": flags["messages_field"],
+            "chat_template": flags["chat_template"],
+            "train_on": flags["train_on"],
         },
         "tokenize": {
-            "tokenizer": tokenizer,
-            "eos": _special(eos),
-            "bos": _special(bos),
-            "backend": backend,
-            "num_proc": num_proc,
+            "tokenizer": flags["tokenizer"],
+            "eos": _special(flags["eos"]),
+            "bos": _special(flags["bos"]),
+            "backend": flags["tokenizer_backend"],
+            "num_proc": flags["num_proc"],
         },
     }
 
@@ -248,6 +243,7 @@ def pack(
     tokenizer_backend: Backend = None,
     num_proc: NumProc = None,
     on_bad_line: OnBadLine = None,
+    split_bytes: SplitBytes = None,
     format_: Format = None,
     messages_field: MessagesField = None,
     chat_template: ChatTemplateOpt = None,
@@ -278,21 +274,7 @@ def pack(
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
-        **_tokenize_sections(
-            inputs,
-            text_field,
-            batch_size,
-            on_bad_line,
-            format_,
-            messages_field,
-            chat_template,
-            train_on,
-            tokenizer,
-            eos,
-            bos,
-            tokenizer_backend,
-            num_proc,
-        ),
+        **_tokenize_sections(locals()),
         plan=_plan_section(short_len, long_len, overlong, algorithm, seed, balance),
     )
     if num_tasks is not None and num_tasks < 1:
@@ -339,6 +321,7 @@ def tokenize(
     tokenizer_backend: Backend = None,
     num_proc: NumProc = None,
     on_bad_line: OnBadLine = None,
+    split_bytes: SplitBytes = None,
     format_: Format = None,
     messages_field: MessagesField = None,
     chat_template: ChatTemplateOpt = None,
@@ -354,21 +337,7 @@ def tokenize(
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
-        **_tokenize_sections(
-            inputs,
-            text_field,
-            batch_size,
-            on_bad_line,
-            format_,
-            messages_field,
-            chat_template,
-            train_on,
-            tokenizer,
-            eos,
-            bos,
-            tokenizer_backend,
-            num_proc,
-        ),
+        **_tokenize_sections(locals()),
     )
     check_output_folder(cfg.out_path, overwrite=False)
     index, count = resolve_task(task_index, num_tasks)

@@ -29,6 +29,9 @@ class ReadConfig:
     text_field: str = "text"
     batch_size: int = 1024
     on_bad_line: str = "error"  # error | skip (quarantined in OUT/rejected.jsonl)
+    # Uncompressed files larger than this are tokenized as byte spans of this size, each its
+    # own unit of work (so tasks can share one huge file); 0 = never split. Output unchanged.
+    split_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         if self.on_bad_line not in ("error", "skip"):
@@ -38,6 +41,8 @@ class ReadConfig:
             raise ConfigError("read.text_field must be a non-empty field name")
         if self.batch_size < 1:
             raise ConfigError(f"read.batch_size must be >= 1, got {self.batch_size}")
+        if self.split_bytes < 0:
+            raise ConfigError(f"read.split_bytes must be >= 0 (0 = never), got {self.split_bytes}")
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,17 @@ from packcli.executors import Executor
 from packcli.fastpath import choose_encoder
 from packcli.faults import crash_point
 from packcli.plan import Plan, RowLayout, plan_two_tier
-from packcli.read import DocBatch, ReadStats, RejectSink, iter_batches, resolve_inputs
+from packcli.read import (
+    DocBatch,
+    ReadStats,
+    RejectSink,
+    count_newlines,
+    iter_batches,
+    resolve_inputs,
+    shift_reject_lines,
+    split_spans,
+    splittable,
+)
 from packcli.report import build_report
 from packcli.shards import (
     CHAT_SHARD_SCHEMA,
@@ -206,20 +216,13 @@ def tokenize_task(
     paths = resolve_inputs(cfg.read.inputs)
     tok = _resolve_tokenizing(cfg)
     stage_fp = _fingerprint(tok.settings)
-    files = []
-    for p in paths:
-        st = p.stat()
-        path = str(p.resolve())
-        entry = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        entry["key"] = _file_key(path)
-        entry["fingerprint"] = _fingerprint({"stage": stage_fp, **entry})
-        files.append(entry)
+    files, units = _input_units(paths, cfg.read.split_bytes, stage_fp)
     folder = cfg.work_path / "tokens"
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(
         folder / "stage.json",
         {
-            "fingerprint": _fingerprint({"stage": stage_fp, "files": files}),
+            "fingerprint": _fingerprint({"stage": stage_fp, "units": units}),
             "settings": tok.settings,
             "tokenizer": tok.record,
             "config": {
@@ -228,20 +231,21 @@ def tokenize_task(
                 "chat": dataclasses.asdict(cfg.chat),
             },
             "files": files,
+            "units": units,
         },
     )
-    task_of = assign_by_size([f["size"] for f in files], num_tasks)
-    mine = [k for k in range(len(files)) if task_of[k] == task_index]
-    if num_tasks == 1:  # the only task: drop shards of files no longer in the input
-        keys = {f["key"] for f in files}
+    task_of = assign_by_size([u["size"] for u in units], num_tasks)
+    mine = [k for k in range(len(units)) if task_of[k] == task_index]
+    if num_tasks == 1:  # the only task: drop shards of units no longer in the input
+        keys = {u["key"] for u in units}
         for stale in (folder / "files").glob("*"):
             if stale.name not in keys:
                 shutil.rmtree(stale)
     pending = {
         k
         for k in mine
-        if _read_json(folder / "files" / files[k]["key"] / SUCCESS).get("fingerprint")
-        != files[k]["fingerprint"]
+        if _read_json(folder / "files" / units[k]["key"] / SUCCESS).get("fingerprint")
+        != units[k]["fingerprint"]
     }
     encoder: Any = None
     if tok.chat is not None:
@@ -254,40 +258,69 @@ def tokenize_task(
         atomic_write_json(folder / "backend.json", backend)
     elif pending or not (folder / "backend.json").is_file():
         # Building and checking the fast path costs seconds; skip it when nothing is left.
-        encoder, backend = _choose_backend(cfg, tok, files)
+        encoder, backend = _choose_backend(cfg, tok, units)
         atomic_write_json(folder / "backend.json", backend)
-    total = sum(files[k]["size"] for k in mine)
+    total = sum(units[k]["size"] for k in mine)
     with _bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
         progress = _TokenizeProgress(bar)
         for k in mine:
             if k in pending:
-                _tokenize_file(cfg, k, files[k], encoder, tok.eos, tok.bos, progress)
+                _tokenize_unit(cfg, units[k], encoder, tok.eos, tok.bos, progress)
             else:
-                progress.update(files[k]["size"], 0)
+                progress.update(units[k]["size"], 0)
     if not pending:
-        log.info("reusing tokenized shards for all %d input file(s) of this task", len(mine))
+        log.info("reusing tokenized shards for all %d input unit(s) of this task", len(mine))
     return not pending
+
+
+def _input_units(
+    paths: list[Path], split_bytes: int, stage_fp: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The input files, and the units of tokenize work: each file, or each byte span of an
+    uncompressed file larger than ``split_bytes`` (so one huge file still spreads over
+    tasks). Units are in input order; document ids and line numbers are assigned from their
+    counts later, so how files are split never changes the output."""
+    files: list[dict[str, Any]] = []
+    units: list[dict[str, Any]] = []
+    for index, p in enumerate(paths):
+        st = p.stat()
+        path = str(p.resolve())
+        entry = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        files.append(entry)
+        spans = split_spans(st.st_size, split_bytes) if splittable(p) else None
+        for span in spans or [None]:
+            unit: dict[str, Any] = {
+                "file_index": index,
+                "path": path,
+                "span": list(span) if span else None,
+                "size": span[1] - span[0] if span else st.st_size,
+                "key": _file_key(path if span is None else f"{path}#{span[0]}-{span[1]}"),
+            }
+            unit["fingerprint"] = _fingerprint({"stage": stage_fp, **entry, **unit})
+            units.append(unit)
+    return files, units
 
 
 SAMPLE_DOCS = 256
 
 
 def _choose_backend(
-    cfg: RunConfig, tok: _Tokenizing, files: list[dict[str, Any]]
+    cfg: RunConfig, tok: _Tokenizing, units: list[dict[str, Any]]
 ) -> tuple[Any, dict[str, Any]]:
     """HF, or the tiktoken fast path after it reproduced HF's ids on a sample.
 
-    The sample is the first documents of the first input file, the same for every task, so
+    The sample is the first documents of the first input unit, the same for every task, so
     all tasks make the same choice. (Ids are identical either way; the check is what makes
     that true rather than hoped.)
     """
     sample: list[str] = []
-    if cfg.tokenize.backend != "hf" and files:
+    if cfg.tokenize.backend != "hf" and units:
         batches = iter_batches(
-            [Path(files[0]["path"])],
+            [Path(units[0]["path"])],
             cfg.read.text_field,
             SAMPLE_DOCS,
             on_bad_line=cfg.read.on_bad_line,
+            span=_span(units[0]),
         )
         first = next(iter(batches), None)
         sample = first.texts if first is not None else []
@@ -313,30 +346,34 @@ class _TokenizeProgress:
         )
 
 
-def _tokenize_file(
+def _span(unit: dict[str, Any]) -> tuple[int, int] | None:
+    return tuple(unit["span"]) if unit["span"] else None  # type: ignore[return-value]
+
+
+def _tokenize_unit(
     cfg: RunConfig,
-    k: int,
-    entry: dict[str, Any],
+    unit: dict[str, Any],
     encoder: Any,
     eos: int | None,
     bos: int | None,
     progress: _TokenizeProgress,
 ) -> None:
-    """Tokenize one input file that is not complete yet, resuming after its finished shards."""
-    folder = cfg.work_path / "tokens" / "files" / entry["key"]
+    """Tokenize one input unit (a file or a byte span of one) that is not complete yet,
+    resuming after its finished shards."""
+    folder = cfg.work_path / "tokens" / "files" / unit["key"]
     success = folder / SUCCESS
-    done_shards = _resumable_shards(folder, entry["fingerprint"])
+    done_shards = _resumable_shards(folder, unit["fingerprint"])
     resume_doc = done_shards[-1]["last_doc_index"] + 1 if done_shards else 0
     if done_shards:
         log.info(
             "resuming tokenization of %s after %d completed shard(s)",
-            entry["path"],
+            unit["path"],
             len(done_shards),
         )
     stats = ReadStats()
     chat_stats = ChatStats()
     done_bytes = 0
-    path = entry["path"]
+    path = unit["path"]
     skip = cfg.read.on_bad_line == "skip"
     schema = CHAT_SHARD_SCHEMA if isinstance(encoder, ChatEncoder) else SHARD_SCHEMA
     with (
@@ -355,12 +392,14 @@ def _tokenize_file(
             on_bad_line=cfg.read.on_bad_line,
             rejects=sink,
             validate=validate,
+            span=_span(unit),
         )
-        batches = prefetch(_skip_documents(source, resume_doc, k))
+        batches = prefetch(_skip_documents(source, resume_doc, unit["file_index"]))
 
         def template_failed(batch: DocBatch, index: int, reason: str) -> None:
             line = int(batch.line[index])
             if not skip:
+                line += count_newlines(path, stats.first_line_byte)  # a file line, not a span's
                 raise InputError(f"{path}:{line}: {reason}")
             stats.rejected["template_error"] = stats.rejected.get("template_error", 0) + 1
             raw = orjson.dumps({cfg.chat.messages_field: batch.texts[index]})
@@ -379,12 +418,13 @@ def _tokenize_file(
             tokens = int(record_batch.column("length").to_numpy().sum())
             progress.update(batch.progress_bytes - done_bytes, tokens)
             done_bytes = batch.progress_bytes
-    progress.update(entry["size"] - done_bytes, 0)
+    progress.update(unit["size"] - done_bytes, 0)
     atomic_write_json(
         success,
         {
-            "fingerprint": entry["fingerprint"],
+            "fingerprint": unit["fingerprint"],
             "path": path,
+            "span": unit["span"],
             "num_docs": sum(m["num_docs"] for m in writer.manifests),
             "num_tokens": sum(m["num_tokens"] for m in writer.manifests),
             "shards": writer.manifests,
@@ -392,6 +432,7 @@ def _tokenize_file(
                 "documents": stats.documents,
                 "blank_lines": stats.blank_lines,
                 "bytes_read": stats.bytes_read,
+                "lines": stats.lines,
                 "rejected": dict(sorted(stats.rejected.items())),
             },
             "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
@@ -458,17 +499,23 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     rejected: dict[str, int] = {}
     chat: dict[str, int] | None = None
     next_doc = 0
-    for entry in stage["files"]:
-        done = _read_json(folder / "files" / entry["key"] / SUCCESS)
-        if done.get("fingerprint") != entry["fingerprint"]:
-            missing.append(entry["path"])
+    lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
+    units = []
+    for unit in stage["units"]:
+        done = _read_json(folder / "files" / unit["key"] / SUCCESS)
+        if done.get("fingerprint") != unit["fingerprint"]:
+            missing.append(unit["path"] + (f" bytes {unit['span']}" if unit["span"] else ""))
             continue
+        first_line = lines_before[unit["file_index"]]
+        lines_before[unit["file_index"]] += done["read_stats"]["lines"]
+        units.append({"key": unit["key"], "first_line": first_line})
         for m in done["shards"]:
             shards.append(
                 {
                     **m,
-                    "file": f"files/{entry['key']}/{m['file']}",
+                    "file": f"files/{unit['key']}/{m['file']}",
                     "first_doc_id": next_doc + m["first_doc_index"],
+                    "first_line": first_line,  # the shard's line column counts from its unit
                 }
             )
         next_doc += done["num_docs"]
@@ -480,14 +527,14 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
     if missing:
         raise PackcliError(
-            f"tokenize task(s) not finished: {len(missing)} of {len(stage['files'])} input "
-            f"file(s) have no complete shards, e.g. {missing[0]}"
+            f"tokenize task(s) not finished: {len(missing)} of {len(stage['units'])} input "
+            f"unit(s) have no complete shards, e.g. {missing[0]}"
         )
     atomic_write_json(
         index_path,
         {
             "fingerprint": stage["fingerprint"],
-            "files": [{k: f[k] for k in ("path", "size", "mtime_ns")} for f in stage["files"]],
+            "files": stage["files"],
             "shards": shards,
             "read_stats": {
                 "files": len(stage["files"]),
@@ -495,7 +542,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                 "rejected": dict(sorted(rejected.items())),
             },
             "chat": chat,
-            "file_keys": [f["key"] for f in stage["files"]],
+            "units": units,
             "tokens": sum(m["num_tokens"] for m in shards),
             "tokenizer": stage["tokenizer"],
             "backend": _read_json(folder / "backend.json"),
@@ -754,21 +801,25 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
 
 def _gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
     """``OUT/rejected.jsonl``: every quarantined line of every input file, in input order
-    (written atomically; removed when nothing was rejected)."""
+    (written atomically; removed when nothing was rejected). A unit that is a byte span of a
+    file numbered its lines from the span; they become the file's own line numbers here."""
     target = out / REJECTED
     parts = [
-        cfg.work_path / "tokens" / "files" / key / REJECTED
-        for key in shards.success.get("file_keys", [])
+        (cfg.work_path / "tokens" / "files" / unit["key"] / REJECTED, unit["first_line"])
+        for unit in shards.success.get("units", [])
     ]
-    parts = [p for p in parts if p.is_file()]
+    parts = [(p, first_line) for p, first_line in parts if p.is_file()]
     if not parts:
         target.unlink(missing_ok=True)
         return
     tmp = target.with_name(f".{REJECTED}.tmp-{os.getpid()}")
     with open(tmp, "wb") as sink:
-        for part in parts:
+        for part, first_line in parts:
             with open(part, "rb") as fh:
-                shutil.copyfileobj(fh, sink)
+                if first_line:
+                    shift_reject_lines(fh, sink, first_line)
+                else:
+                    shutil.copyfileobj(fh, sink)
         sink.flush()
         os.fsync(sink.fileno())
     os.replace(tmp, target)

@@ -156,7 +156,11 @@ class ReadStats:
     documents: int = 0
     blank_lines: int = 0
     bytes_read: int = 0  # uncompressed bytes
+    lines: int = 0  # lines read (documents + blank + rejected), counted at the end of a file
     rejected: dict[str, int] = field(default_factory=dict)  # reason key -> lines (``skip``)
+    # With ``span``: the byte offset of the span's first line (the start of the first line
+    # that begins inside the span); ``count_newlines(path, first_line_byte)`` lines precede it.
+    first_line_byte: int = 0
 
 
 class BadLineError(InputError):
@@ -171,6 +175,27 @@ class BadLineError(InputError):
         self.file = file
         self.line = line
         self.reason = reason
+
+
+_RAW_KEY = b', "raw_b64": "'
+
+
+def _reject_record(file: str, line: int, reason: str, detail: str, raw_b64: bytes) -> bytes:
+    # stdlib json with ensure_ascii: a file name that is not valid UTF-8 (surrogateescape) is
+    # still written, as \udcXX escapes, where orjson would raise. The base64 is spliced in as
+    # bytes: it needs no escaping, and json.dumps takes ~1 s per 40 MB to find that out.
+    head = json.dumps({"file": file, "line": line, "reason": reason, "detail": detail})
+    return b"".join((head[:-1].encode("ascii"), _RAW_KEY, raw_b64, b'"}\n'))
+
+
+def shift_reject_lines(source: BinaryIO, sink: BinaryIO, offset: int) -> None:
+    """Copy ``rejected.jsonl`` records adding ``offset`` to each ``line``: a span's records
+    count lines from the span, and become file lines once the spans before it are counted."""
+    for record in source:
+        head, _, raw = record.partition(_RAW_KEY)
+        meta = json.loads(head + b"}")
+        meta["line"] += offset
+        sink.write(_reject_record(**meta, raw_b64=raw.removesuffix(b'"}\n')))
 
 
 class RejectSink:
@@ -199,13 +224,7 @@ class RejectSink:
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self._tmp, "wb")  # noqa: SIM115 (closed in close/abort)
-        # stdlib json with ensure_ascii: a file name that is not valid UTF-8 (surrogateescape)
-        # is still written, as \udcXX escapes, where orjson would raise. The base64 is spliced
-        # in as bytes: it needs no escaping, and json.dumps takes ~1 s per 40 MB to find that out.
-        head = json.dumps({"file": file, "line": line, "reason": reason, "detail": detail})
-        self._fh.write(
-            b"".join((head[:-1].encode("ascii"), b', "raw_b64": "', base64.b64encode(raw), b'"}\n'))
-        )
+        self._fh.write(_reject_record(file, line, reason, detail, base64.b64encode(raw)))
         self.count += 1
 
     def close(self) -> None:
@@ -257,6 +276,32 @@ def _compression(path: Path | str) -> str | None:
     if name.endswith(".jsonl.zst"):
         return "zstd"
     return None
+
+
+def splittable(path: Path | str) -> bool:
+    """Whether byte ranges of ``path`` can be read on their own (uncompressed jsonl only:
+    gzip and zstd streams cannot be entered mid-way)."""
+    return _compression(path) == "plain"
+
+
+def split_spans(size: int, split_bytes: int) -> list[tuple[int, int]] | None:
+    """Byte ranges of at most ``split_bytes`` covering a file of ``size`` bytes, or ``None``
+    (read it whole) when it is not larger than that or splitting is off (``split_bytes`` 0)."""
+    if split_bytes <= 0 or size <= split_bytes:
+        return None
+    return [(lo, min(lo + split_bytes, size)) for lo in range(0, size, split_bytes)]
+
+
+def count_newlines(path: Path | str, end: int) -> int:
+    """Newlines in the first ``end`` bytes of ``path``: the number of lines before byte ``end``
+    when ``end`` starts a line. Used to turn span-relative line numbers into file lines, on
+    the error path only (it reads everything before ``end``)."""
+    count = 0
+    with open(path, "rb") as fh:
+        while end > 0 and (block := fh.read(min(end, _READ_BUFFER))):
+            count += block.count(b"\n")
+            end -= len(block)
+    return count
 
 
 def _suffix_list() -> str:
@@ -543,6 +588,20 @@ def _diagnose(line: bytes, text_field: str, parsed: object) -> _Verdict:
     return _check_document(parsed, text_field)
 
 
+class _LineBase:
+    """Lines before a span's first line, counted once and only when an error needs them."""
+
+    def __init__(self, path: Path, first_line_byte: int) -> None:
+        self.path = path
+        self.first_line_byte = first_line_byte
+        self._count: int | None = None if first_line_byte else 0
+
+    def __call__(self) -> int:
+        if self._count is None:
+            self._count = count_newlines(self.path, self.first_line_byte)
+        return self._count
+
+
 def iter_batches(
     paths: Sequence[Path],
     text_field: str = "text",
@@ -552,6 +611,7 @@ def iter_batches(
     on_bad_line: str = "error",
     rejects: RejectSink | None = None,
     validate: Callable[[Any], Any] | None = None,
+    span: tuple[int, int] | None = None,
 ) -> Iterator[DocBatch]:
     """Stream the documents of ``paths`` (in the given order) in batches of ``batch_size``.
 
@@ -567,7 +627,18 @@ def iter_batches(
     ``validate`` replaces the text-field rule for other record kinds (chat): it gets the parsed
     line and returns the value to put in ``DocBatch.texts``, or raises ``ValueError`` whose
     message is the reason (reason key ``bad_record``).
+
+    ``span=(lo, hi)`` reads only the lines that *begin* in bytes ``lo..hi-1`` of a single
+    uncompressed file (the last one read past ``hi`` to its end), so consecutive spans read
+    every line exactly once and tokenize tasks can share one huge file. Line numbers in
+    batches, ``stats`` and ``rejects`` then count from the span's first line (the caller adds
+    the lines of the spans before it); errors raised here still name the file's own line.
     """
+    if span is not None:
+        if len(paths) != 1 or not splittable(paths[0]):
+            raise ValueError("span needs exactly one uncompressed .jsonl file")
+        if not 0 <= span[0] <= span[1]:
+            raise ValueError(f"span must be (lo, hi) with 0 <= lo <= hi, got {span}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if on_bad_line not in BAD_LINE_POLICIES:
@@ -593,22 +664,36 @@ def iter_batches(
         except OSError as exc:
             raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from exc
         lineno = 0
+        counted = 0  # lines already added to stats.lines
         blank = 0
         nbytes = 0
         bom = False
         try:
             size = os.fstat(raw.fileno()).st_size
+            lo, hi = (0, size) if span is None else (min(span[0], size), min(span[1], size))
             stream, corrupt_errors = _open_lines(path, raw)
             logger.debug("reading %s (%d bytes on disk)", path, size)
             segments.append((len(texts), file_index))
             texts_append = texts.append
             lines_append = lines.append
+            pos = lo  # where the next line starts (tracked for spans only)
+            if lo > 0:
+                raw.seek(lo - 1)
+                if raw.read(1) != b"\n":  # the rest of a line that began in an earlier span
+                    pos += len(raw.readline())
+                stats.first_line_byte = pos
+            line_base = _LineBase(path, pos)
             try:
-                if stream.peek(3)[:3] == _BOM:  # type: ignore[attr-defined]
+                if lo == 0 and stream.peek(3)[:3] == _BOM:  # type: ignore[attr-defined]
                     stream.read(3)
                     nbytes += 3
+                    pos += 3
                     bom = True
                 for line in stream:
+                    if span is not None:
+                        if (0 if bom and not lineno else pos) >= hi:  # a BOM is in line 1
+                            break
+                        pos += len(line)
                     lineno += 1
                     nbytes += len(line)
                     # The fast path: one parse, two type checks, as cheap as before the policy
@@ -638,9 +723,8 @@ def iter_batches(
                         else:
                             reason, message = verdict
                             if not skip:
-                                raise BadLineError(
-                                    str(path), lineno, reason, f"{path}:{lineno}: {message}"
-                                )
+                                at = line_base() + lineno
+                                raise BadLineError(str(path), at, reason, f"{path}:{at}: {message}")
                             rejected[reason] = rejected.get(reason, 0) + 1
                             if rejects is not None:
                                 raw_line = _BOM + line if bom and lineno == 1 else line
@@ -652,9 +736,11 @@ def iter_batches(
                         stats.documents = next_id + batch_size
                         stats.blank_lines += blank
                         stats.bytes_read += nbytes
+                        stats.lines += lineno - counted
                         blank = nbytes = 0
+                        counted = lineno
                         yield _make_batch(
-                            texts, lines, segments, next_id, done_bytes + min(raw.tell(), size)
+                            texts, lines, segments, next_id, done_bytes + min(raw.tell(), hi) - lo
                         )
                         next_id += batch_size
                         texts = []
@@ -681,10 +767,11 @@ def iter_batches(
             stream.close()
         finally:
             raw.close()
-        done_bytes += size
+        done_bytes += hi - lo
         stats.files += 1
         stats.blank_lines += blank
         stats.bytes_read += nbytes
+        stats.lines += lineno - counted
         stats.documents = next_id + len(texts)
         if len(texts) == batch_size:
             yield _make_batch(texts, lines, segments, next_id, done_bytes)

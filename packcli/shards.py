@@ -189,7 +189,10 @@ class TokenShards:
         """One scalar column's value for one document (reads only its shard's column)."""
         index = int(np.searchsorted(self.first_doc_ids, doc_id, side="right")) - 1
         column = self._reader(index, [name]).read_all().column(0)
-        return column[doc_id - int(self.manifests[index]["first_doc_id"])].as_py()
+        value = column[doc_id - int(self.manifests[index]["first_doc_id"])].as_py()
+        if name == "line":  # a shard of a byte span counts lines from the span's first line
+            value += self.manifests[index].get("first_line", 0)
+        return value
 
     def shard(self, index: int) -> ShardTokens:
         reader = self._reader(index)

@@ -103,3 +103,25 @@ def test_changed_input_invalidates_tokenized_shards(
     assert "reusing tokenized shards" not in again.stderr
     meta = json.loads((out / "packcli.json").read_text())
     assert meta["report"]["input"]["documents"] == 401
+
+
+def test_killed_run_over_byte_spans_resumes_to_identical_output(
+    setup, toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """The corpus tokenized as byte spans of one file, killed inside a later span: the rerun finishes only what is missing and matches the whole-file reference."""
+    corpus, cfg, ref, ref_hashes = setup
+    split = tmp_path / "cfg.yaml"
+    split.write_text(cfg.read_text().replace("read:\n", "read:\n  split_bytes: 40000\n"))
+    out = tmp_path / "out"
+    killed = run_pack(corpus, toy_tokenizer_path, out, split, crash="tokenize:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    units = json.loads((out / ".packcli/tokens/stage.json").read_text())["units"]
+    assert len(units) >= 3
+    done = [(out / ".packcli/tokens/files" / u["key"] / "_SUCCESS.json").exists() for u in units]
+    assert done[0] and not all(done)  # killed after the first span, before the last
+    again = run_pack(corpus, toy_tokenizer_path, out, split)
+    assert again.returncode == 0, again.stderr
+    assert "after " in again.stderr and "completed shard(s)" in again.stderr
+    assert data_hashes(out) == ref_hashes
+    ref_report = json.loads((ref / "packcli.json").read_text())["report"]
+    assert json.loads((out / "packcli.json").read_text())["report"] == ref_report
