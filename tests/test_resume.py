@@ -108,7 +108,8 @@ def test_changed_input_invalidates_tokenized_shards(
 def test_killed_run_over_byte_spans_resumes_to_identical_output(
     setup, toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:
-    """The corpus tokenized as byte spans of one file, killed inside a later span: the rerun finishes only what is missing and matches the whole-file reference."""
+    """The corpus tokenized as byte spans of one file, killed inside a later span: the
+    rerun finishes only what is missing and matches the whole-file reference."""
     corpus, cfg, ref, ref_hashes = setup
     split = tmp_path / "cfg.yaml"
     split.write_text(cfg.read_text().replace("read:\n", "read:\n  split_bytes: 40000\n"))

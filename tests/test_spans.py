@@ -165,10 +165,7 @@ def test_error_policy_names_file_line_through_the_cli(
     lines = [json.dumps({"text": f"document {i}"}) for i in range(400)]
     lines[333] = "[1, 2]"
     path.write_text("\n".join(lines) + "\n")
-    result = runner.invoke(
-        app,
-        ["pack", str(path), "-t", str(toy_tokenizer_path), "-o", str(tmp_path / "o"), "-q"]
-        + ["--split-bytes", "1000"],
-    )
+    args = ["pack", path, "-t", toy_tokenizer_path, "-o", tmp_path / "o", "--split-bytes", 1000]
+    result = runner.invoke(app, [str(a) for a in args])
     assert result.exit_code == 1
     assert f"{path}:334:" in result.output
