@@ -297,6 +297,10 @@ def pack(
         f"\ntime      tokenize {t['tokenize']:.1f}s{reused}, plan {t['plan']:.2f}s, "
         f"write {t['write']:.1f}s"
     )
+    if result.tokenize_times and not result.reused_tokens:
+        busy = ", ".join(f"{k} {v:.1f}s" for k, v in result.tokenize_times.items())
+        busy = busy.replace("wait", "idle waiting for the tokenizer")
+        typer.echo(f"          tokenize busy: {busy} (threads overlap)")
     typer.echo(f"wrote     {out}  (load with datasets.load_dataset({out!r}, 'long'))")
 
 

@@ -12,8 +12,10 @@ thread driving the tokenizer's own Rust threads), and assembling/writing the pre
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -85,12 +87,52 @@ def batch_to_record_batch(batch: DocBatch, ids: np.ndarray, lengths: np.ndarray)
     )
 
 
-def prefetch(source: Iterator[DocBatch], depth: int = 4) -> Iterator[DocBatch]:
+@dataclass
+class StageTimes:
+    """Seconds each part of the tokenize stage was busy, to show what limits it.
+
+    The parts run in different threads at once, so they add up to more than the wall time;
+    each field is written by one thread only. When the tokenizer is the limit, ``encode`` is
+    close to the wall time and ``wait`` (the caller idle, waiting for the tokenizer) is large.
+    """
+
+    read: float = 0.0  # reader thread: reading, decompressing, parsing lines
+    encode: float = 0.0  # tokenizer calls (their own threads inside)
+    assemble: float = 0.0  # ids to numpy and Arrow record batches
+    write: float = 0.0  # writing shards
+    wait: float = 0.0  # the caller waiting for the tokenizer
+
+    @staticmethod
+    def ordered(values: dict[str, float]) -> dict[str, float]:
+        """``values`` in the stage's own order (JSON records sort their keys)."""
+        return {f.name: values[f.name] for f in fields(StageTimes) if f.name in values}
+
+    def add(self, other: StageTimes | dict[str, float]) -> None:
+        values = other if isinstance(other, dict) else dataclasses.asdict(other)
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + values.get(f.name, 0.0))
+
+
+def _timed_source(source: Iterator[DocBatch], times: StageTimes) -> Iterator[DocBatch]:
+    while True:
+        t0 = time.perf_counter()
+        item = next(source, None)
+        times.read += time.perf_counter() - t0
+        if item is None:
+            return
+        yield item
+
+
+def prefetch(
+    source: Iterator[DocBatch], depth: int = 4, times: StageTimes | None = None
+) -> Iterator[DocBatch]:
     """Run ``source`` in a background thread, ``depth`` batches ahead.
 
     Exceptions raised by the reader (e.g. a malformed line) are re-raised in the consumer at
     the point in the stream where they happened, so error order is the input order.
     """
+    if times is not None:
+        source = _timed_source(source, times)
     q: queue.Queue = queue.Queue(maxsize=depth)
     done = object()
     stop = threading.Event()
@@ -134,6 +176,7 @@ def tokenize_batches(
     *,
     bos: int | None,
     eos: int | None,
+    times: StageTimes | None = None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
     """Tokenize batch i+1 in a worker thread while batch i is assembled and written.
 
@@ -141,23 +184,38 @@ def tokenize_batches(
     batch (flattening ids, building Arrow arrays, writing shards) overlaps it instead of
     leaving the tokenizer's threads idle. Order is preserved.
     """
+    times = times if times is not None else StageTimes()
+
+    def encode(texts: list[str]) -> Sequence[Sequence[int]]:
+        t0 = time.perf_counter()
+        try:
+            return encoder(texts)
+        finally:
+            times.encode += time.perf_counter() - t0
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-encode") as pool:
         pending: tuple[DocBatch, Future] | None = None
         for batch in batches:
-            future = pool.submit(encoder, batch.texts)
+            future = pool.submit(encode, batch.texts)
             if pending is not None:
-                yield _finish(pending, bos, eos)
+                yield _finish(pending, bos, eos, times)
             pending = (batch, future)
         if pending is not None:
-            yield _finish(pending, bos, eos)
+            yield _finish(pending, bos, eos, times)
 
 
 def _finish(
-    pending: tuple[DocBatch, Future], bos: int | None, eos: int | None
+    pending: tuple[DocBatch, Future], bos: int | None, eos: int | None, times: StageTimes
 ) -> tuple[DocBatch, pa.RecordBatch]:
     batch, future = pending
-    ids, lengths = assemble(future.result(), bos=bos, eos=eos)
-    return batch, batch_to_record_batch(batch, ids, lengths)
+    t0 = time.perf_counter()
+    id_lists = future.result()
+    t1 = time.perf_counter()
+    ids, lengths = assemble(id_lists, bos=bos, eos=eos)
+    record_batch = batch_to_record_batch(batch, ids, lengths)
+    times.wait += t1 - t0
+    times.assemble += time.perf_counter() - t1
+    return batch, record_batch
 
 
 @dataclass
@@ -265,12 +323,20 @@ def tokenize_chat_batches(
     encoder: ChatEncoder,
     stats: ChatStats,
     on_failure: Callable[[DocBatch, int, str], None],
+    times: StageTimes | None = None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
     """``on_failure(batch, index, reason)`` applies the bad-line policy to a dialogue the
-    template refused (raise, or quarantine and count); the dialogue stays an empty document."""
+    template refused (raise, or quarantine and count); the dialogue stays an empty document.
+    Rendering and tokenizing run in the caller's thread (``encode`` in ``times``)."""
+    times = times if times is not None else StageTimes()
     for batch in batches:
+        t0 = time.perf_counter()
         ids, labels, lengths, batch_stats, failures = encoder(batch.texts)
+        t1 = time.perf_counter()
         for index, reason in failures:
             on_failure(batch, index, reason)
         stats.add(batch_stats)
-        yield batch, chat_record_batch(batch, ids, labels, lengths)
+        record_batch = chat_record_batch(batch, ids, labels, lengths)
+        times.encode += t1 - t0
+        times.assemble += time.perf_counter() - t1
+        yield batch, record_batch

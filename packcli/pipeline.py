@@ -52,7 +52,14 @@ from packcli.config import (
     TokenizeConfig,
     WriteConfig,
 )
-from packcli.encode import ChatEncoder, ChatStats, prefetch, tokenize_batches, tokenize_chat_batches
+from packcli.encode import (
+    ChatEncoder,
+    ChatStats,
+    StageTimes,
+    prefetch,
+    tokenize_batches,
+    tokenize_chat_batches,
+)
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
 from packcli.fastpath import choose_encoder
@@ -93,8 +100,10 @@ REJECTED = "rejected.jsonl"
 @dataclass
 class RunResult:
     report: dict[str, Any]
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
     reused_tokens: bool = False
+    # Busy seconds inside the tokenize stage (read, encode, assemble, write, wait).
+    tokenize_times: dict[str, float] = field(default_factory=dict)
 
 
 def _fingerprint(obj: Any) -> str:
@@ -372,6 +381,7 @@ def _tokenize_unit(
         )
     stats = ReadStats()
     chat_stats = ChatStats()
+    times = StageTimes()
     done_bytes = 0
     path = unit["path"]
     skip = cfg.read.on_bad_line == "skip"
@@ -394,7 +404,7 @@ def _tokenize_unit(
             validate=validate,
             span=_span(unit),
         )
-        batches = prefetch(_skip_documents(source, resume_doc, unit["file_index"]))
+        batches = prefetch(_skip_documents(source, resume_doc, unit["file_index"]), times=times)
 
         def template_failed(batch: DocBatch, index: int, reason: str) -> None:
             line = int(batch.line[index])
@@ -406,9 +416,9 @@ def _tokenize_unit(
             sink.add(path, line, "template_error", raw, reason)
 
         if isinstance(encoder, ChatEncoder):
-            tokenized = tokenize_chat_batches(batches, encoder, chat_stats, template_failed)
+            tokenized = tokenize_chat_batches(batches, encoder, chat_stats, template_failed, times)
         else:
-            tokenized = tokenize_batches(batches, encoder, bos=bos, eos=eos)
+            tokenized = tokenize_batches(batches, encoder, bos=bos, eos=eos, times=times)
         for batch, record_batch in tokenized:
             shards_before = len(writer.manifests)
             writer.add(record_batch)
@@ -418,7 +428,14 @@ def _tokenize_unit(
             tokens = int(record_batch.column("length").to_numpy().sum())
             progress.update(batch.progress_bytes - done_bytes, tokens)
             done_bytes = batch.progress_bytes
+    times.write = writer.flush_seconds
     progress.update(unit["size"] - done_bytes, 0)
+    log.info(
+        "tokenized %s%s: busy seconds %s",
+        path,
+        f" bytes {unit['span']}" if unit["span"] else "",
+        ", ".join(f"{k} {v:.2f}" for k, v in dataclasses.asdict(times).items()),
+    )
     atomic_write_json(
         success,
         {
@@ -436,6 +453,7 @@ def _tokenize_unit(
                 "rejected": dict(sorted(stats.rejected.items())),
             },
             "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
+            "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
         },
     )
 
@@ -500,6 +518,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     chat: dict[str, int] | None = None
     next_doc = 0
     lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
+    times = StageTimes()
     units = []
     for unit in stage["units"]:
         done = _read_json(folder / "files" / unit["key"] / SUCCESS)
@@ -525,6 +544,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             rejected[reason] = rejected.get(reason, 0) + n
         if done.get("chat") is not None:
             chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
+        times.add(done.get("times", {}))
     if missing:
         raise PackcliError(
             f"tokenize task(s) not finished: {len(missing)} of {len(stage['units'])} input "
@@ -543,6 +563,8 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             },
             "chat": chat,
             "units": units,
+            # Busy seconds of the tokenize stage's parts, summed over units (when they ran).
+            "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
             "tokens": sum(m["num_tokens"] for m in shards),
             "tokenizer": stage["tokenizer"],
             "backend": _read_json(folder / "backend.json"),
@@ -864,4 +886,9 @@ def run_pack(
         executor.map(write_stage, (cfg,), n, quiet=quiet)
     timings["write"] = time.perf_counter() - t0
     report = finalize_stage(cfg, command=command, plan=plan)
-    return RunResult(report=report, timings=timings, reused_tokens=reused)
+    return RunResult(
+        report=report,
+        timings=timings,
+        reused_tokens=reused,
+        tokenize_times=StageTimes.ordered(shards.success.get("times", {})),
+    )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,7 @@ class ShardWriter:
         self.manifests: list[dict[str, Any]] = list(done or [])
         self._pending: list[pa.RecordBatch] = []
         self._pending_tokens = 0
+        self.flush_seconds = 0.0  # time spent writing shards, for the stage breakdown
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -114,6 +116,11 @@ class ShardWriter:
             self._flush()
 
     def _flush(self) -> None:
+        t0 = time.perf_counter()
+        self._write_shard()
+        self.flush_seconds += time.perf_counter() - t0
+
+    def _write_shard(self) -> None:
         index = len(self.manifests)
         final = self.folder / shard_name(index)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")

@@ -10,9 +10,13 @@ decompressing, planning, writing) should hide behind it. This script generates a
 (b) ``packcli pack --tokenizer-backend hf`` and (c) ``packcli pack`` (auto: the fast path
     when it verifies) end to end (in-process, fresh output folder), with their stage times;
 
-and prints MB/s, tokens/s and the ratios against (a) and (a'). With ``--memory`` it also runs
-the tokenize stage alone in a subprocess on two corpus sizes 10x apart and prints the peak
-RSS of each, to show that tokenizing memory does not grow with the corpus.
+and prints MB/s, tokens/s, the ratios against (a) and (a') by wall time, the CPU seconds
+each used (all threads; on a shared machine the CPU ratio is the steadier one), and the
+tokenize stage's breakdown (busy seconds of reading, the tokenizer calls, assembling,
+writing, and the time the pipeline sat waiting for the tokenizer). Repeats are interleaved
+and medians reported. With ``--memory`` it also runs the tokenize stage alone in a
+subprocess on two corpus sizes 10x apart and prints the peak RSS of each, to show that
+tokenizing memory does not grow with the corpus.
 
     python scripts/bench_pipeline.py --size-mb 300 --memory
 """
@@ -41,7 +45,7 @@ from make_sample_corpus import main as make_corpus_main  # noqa: E402
 
 from packcli.config import PlanConfig, build_config  # noqa: E402
 from packcli.fastpath import build_tiktoken_encoder  # noqa: E402
-from packcli.pipeline import run_pack  # noqa: E402
+from packcli.pipeline import RunResult, run_pack  # noqa: E402
 from packcli.plan import plan_two_tier  # noqa: E402
 from packcli.tokenizer import hf_batch_encoder  # noqa: E402
 
@@ -62,9 +66,10 @@ def make_corpus(path: Path, size_mb: int, seed: int) -> None:
 
 def raw_tokenizer(
     path: Path, tokenizer: Path, batch_size: int, backend: str
-) -> tuple[float, int, int]:
-    """Seconds, bytes and tokens of the backend's batched call over texts held in memory:
-    HF ``encode_batch_fast``, or the tiktoken fast path packcli builds from the same file."""
+) -> tuple[float, float, int, int]:
+    """Wall seconds, CPU seconds, bytes and tokens of the backend's batched call over texts
+    held in memory: HF ``encode_batch_fast``, or the tiktoken fast path packcli builds from
+    the same file."""
     texts = [orjson.loads(line)["text"] for line in path.open("rb") if line.strip()]
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
     tok = Tokenizer.from_file(str(tokenizer))
@@ -72,14 +77,16 @@ def raw_tokenizer(
         encode = hf_batch_encoder(tok)
     else:
         encode = build_tiktoken_encoder(tok, num_threads=os.cpu_count() or 1)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tokens = 0
     for i in range(0, len(texts), batch_size):
         tokens += sum(len(ids) for ids in encode(texts[i : i + batch_size]))
-    return time.perf_counter() - t0, nbytes, tokens
+    return time.perf_counter() - t0, time.process_time() - c0, nbytes, tokens
 
 
-def packcli_pack(path: Path, tokenizer: Path, out: Path, backend: str) -> tuple[float, dict, dict]:
+def packcli_pack(
+    path: Path, tokenizer: Path, out: Path, backend: str
+) -> tuple[float, float, RunResult]:
     if out.exists():
         shutil.rmtree(out)
     cfg = build_config(
@@ -89,9 +96,9 @@ def packcli_pack(path: Path, tokenizer: Path, out: Path, backend: str) -> tuple[
             "tokenize": {"tokenizer": str(tokenizer), "backend": backend},
         }
     )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = run_pack(cfg, quiet=True)
-    return time.perf_counter() - t0, result.timings, result.report
+    return time.perf_counter() - t0, time.process_time() - c0, result
 
 
 def tokenize_peak_rss_mb(path: Path, tokenizer: Path, out: Path) -> float:
@@ -130,18 +137,24 @@ def main() -> None:
     make_corpus(corpus, args.size_mb, args.seed)
 
     rows: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     stages: dict[str, list[dict]] = {"auto": [], "hf": []}
+    busy: dict[str, list[dict]] = {"auto": [], "hf": []}
     nbytes = tokens = 0
     for _ in range(args.repeats):
         for backend in ("hf", "tiktoken"):
-            secs, nbytes, _ = raw_tokenizer(corpus, args.tokenizer, args.batch_size, backend)
+            secs, cpu_s, nbytes, _ = raw_tokenizer(corpus, args.tokenizer, args.batch_size, backend)
             rows.setdefault(f"raw {backend}", []).append(secs)
+            cpu.setdefault(f"raw {backend}", []).append(cpu_s)
         for backend in ("auto", "hf"):
-            secs, timings, report = packcli_pack(corpus, args.tokenizer, work / "out", backend)
+            secs, cpu_s, result = packcli_pack(corpus, args.tokenizer, work / "out", backend)
             rows.setdefault(f"pack {backend}", []).append(secs)
-            stages[backend].append(timings)
-            tokens = report["input"]["tokens"]
+            cpu.setdefault(f"pack {backend}", []).append(cpu_s)
+            stages[backend].append(result.timings)
+            busy[backend].append(result.tokenize_times)
+            tokens = result.report["input"]["tokens"]
     med = {k: statistics.median(v) for k, v in rows.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     labels = {
         "raw hf": "(a) HF encode_batch_fast, in memory",
         "raw tiktoken": "(a') fast path, in memory",
@@ -149,17 +162,26 @@ def main() -> None:
         "pack auto": "(c) packcli pack (auto: fast path)",
     }
     print(f"corpus {corpus.name}: {nbytes / 1e6:.1f} MB of text, {tokens:,} tokens (with EOS)")
-    print(f"{'what':<42}{'seconds':>9}{'MB/s':>8}{'Mtok/s':>8}{'vs (a)':>8}{'vs (a)':>8}")
-    print(f"{'':<42}{'':>9}{'':>8}{'':>8}{'HF':>8}{'fast':>8}")
+    print(f"tokenizer {args.tokenizer.name}, {os.cpu_count()} cores, medians of {args.repeats}")
+    head = f"{'what':<42}{'wall s':>8}{'MB/s':>7}{'Mtok/s':>7}{'vs (a)':>8}{'vs (a)':>8}"
+    print(head + f"{'CPU s':>8}{'CPU vs':>8}")
+    print(f"{'':<42}{'':>8}{'':>7}{'':>7}{'HF':>8}{'fast':>8}{'':>8}{'(a)':>8}")
     for key in ("raw hf", "raw tiktoken", "pack hf", "pack auto"):
         t = med[key]
         print(
-            f"{labels[key]:<42}{t:>9.1f}{nbytes / t / 1e6:>8.2f}{tokens / t / 1e6:>8.2f}"
+            f"{labels[key]:<42}{t:>8.1f}{nbytes / t / 1e6:>7.2f}{tokens / t / 1e6:>7.2f}"
             f"{med['raw hf'] / t:>8.2f}{med['raw tiktoken'] / t:>8.2f}"
+            f"{med_cpu[key]:>8.1f}{med_cpu['raw hf'] / med_cpu[key]:>8.2f}"
         )
-    for backend, runs in stages.items():
-        stage = {k: statistics.median(s[k] for s in runs) for k in runs[0]}
-        print(f"stages of pack {backend}: " + ", ".join(f"{k} {v:.1f}s" for k, v in stage.items()))
+    for backend in ("hf", "auto"):
+        stage = {k: statistics.median(s[k] for s in stages[backend]) for k in stages[backend][0]}
+        parts = {k: statistics.median(b[k] for b in busy[backend]) for k in busy[backend][0]}
+        print(
+            f"stages of pack {backend}: "
+            + ", ".join(f"{k} {v:.1f}s" for k, v in stage.items())
+            + "; inside tokenize, busy: "
+            + ", ".join(f"{k} {v:.1f}s" for k, v in parts.items())
+        )
     print(json.dumps({k: round(v, 3) for k, v in med.items()}))
     if args.memory:
         small = work / f"corpus-{max(1, args.size_mb // 10)}mb.jsonl"

@@ -61,7 +61,22 @@ def packed(
     )
     assert code == 0, output
     assert "efficiency" in output and "long" in output
+    assert "tokenize busy: read " in output and "idle waiting for the tokenizer" in output
     return out
+
+
+def test_tokenize_stage_breakdown(packed: Path) -> None:
+    """Each input unit records where its tokenize time went; the index sums them."""
+    tokens = packed / ".packcli" / "tokens"
+    index = json.loads((tokens / "_SUCCESS.json").read_text())
+    parts = ["read", "encode", "assemble", "write", "wait"]
+    assert sorted(index["times"]) == sorted(parts)
+    assert index["times"]["encode"] > 0 and index["times"]["write"] > 0
+    units = [json.loads(p.read_text()) for p in sorted(tokens.glob("files/*/_SUCCESS.json"))]
+    assert len(units) == 3
+    for part in parts:
+        total = sum(u["times"][part] for u in units)
+        assert index["times"][part] == pytest.approx(total, abs=0.01)
 
 
 def corpus_texts(corpus_dir: Path) -> list[str]:
