@@ -9,7 +9,8 @@ generated text (70% the demo corpus's synthetic language, 30% multilingual), bat
 documents, 2 threads, identical ids on all 15,940 documents: HF 0.33 MB/s, tiktoken 1.63 MB/s,
 **5.0x** (medians of 3; 6.2x in CPU seconds on a 16 MB rerun). That machine was a 2-core VM
 shared with other jobs, so the absolute rates are low and only the ratio carries over.
-Building the encoding for a 100k vocabulary takes ~3 s, mostly the reachability proof below.
+Building the encoding for a 100k vocabulary takes ~3 s, mostly the reachability proof below;
+the result is cached per tokenizer (``cache_dir()``) so later runs and tasks skip it.
 
 What "the same" takes. A ``tiktoken.Encoding`` is a split regex, a map ``bytes -> rank`` and
 special tokens; it merges, inside each regex piece, the adjacent pair whose *concatenation*
@@ -52,21 +53,26 @@ the fast path only when the check passes (``auto``) or refuses loudly (``tiktoke
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import logging
+import os
 import random
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from tokenizers import Tokenizer, models
 
+from packcli import __version__
 from packcli.errors import ConfigError
+from packcli.shards import atomic_write_bytes
 from packcli.tokenizer import BatchEncoder, hf_batch_encoder
 
 log = logging.getLogger(__name__)
@@ -511,9 +517,107 @@ class FastPath:
         }
 
 
-def build_tiktoken_encoder(tokenizer: Tokenizer, num_threads: int) -> FastPath:
-    """The tiktoken fast path for ``tokenizer``; raises ``FastPathUnsupported`` with the reason."""
-    return FastPath(derive_spec(tokenizer), num_threads)
+def build_tiktoken_encoder(
+    tokenizer: Tokenizer, num_threads: int, fingerprint: str | None = None
+) -> FastPath:
+    """The tiktoken fast path for ``tokenizer``; raises ``FastPathUnsupported`` with the reason.
+
+    With the tokenizer's ``fingerprint`` (sha256 of its serialization), the derived spec is
+    kept in the cache folder and reused by later runs and tasks (deriving it costs ~3 s for a
+    100k vocabulary, per task). The self-check still runs every time.
+    """
+    if fingerprint is None:
+        return FastPath(derive_spec(tokenizer), num_threads)
+    spec = _load_cached_spec(fingerprint)
+    if spec is None:
+        spec = derive_spec(tokenizer)
+        _store_cached_spec(fingerprint, spec)
+    return FastPath(spec, num_threads)
+
+
+_SPEC_FORMAT = 1
+
+
+def cache_dir() -> Path | None:
+    """``$PACKCLI_CACHE_DIR`` (empty: no cache), else ``$XDG_CACHE_HOME/packcli``, else
+    ``~/.cache/packcli``."""
+    value = os.environ.get("PACKCLI_CACHE_DIR")
+    if value is not None:
+        return Path(value) if value else None
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "packcli"
+
+
+def _spec_path(fingerprint: str) -> Path | None:
+    folder = cache_dir()
+    return None if folder is None else folder / f"fastpath-{fingerprint[:32]}.json"
+
+
+def _load_cached_spec(fingerprint: str) -> TiktokenSpec | None:
+    """The cached spec for this exact tokenizer and packcli version, or ``None`` (absent,
+    unreadable or from another version: derived again)."""
+    path = _spec_path(fingerprint)
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+        if (data["format"], data["packcli"], data["tokenizer_sha256"]) != (
+            _SPEC_FORMAT,
+            __version__,
+            fingerprint,
+        ):
+            return None
+        raw = data["spec"]
+        spec = TiktokenSpec(
+            pattern=raw["pattern"],
+            mergeable_ranks={
+                base64.b64decode(token): rank for token, rank in raw["mergeable_ranks"]
+            },
+            special_tokens=raw["special_tokens"],
+            rank_to_id=None
+            if raw["rank_to_id"] is None
+            else np.asarray(raw["rank_to_id"], dtype=np.int64),
+            normalizer=raw["normalizer"],
+            split_added=raw["split_added"],
+            proof=raw["proof"],
+            excluded=raw["excluded"],
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the cached fast-path spec %s: %s", path, exc)
+        return None
+    log.info("fast-path spec from the cache: %s", path)
+    return spec
+
+
+def _store_cached_spec(fingerprint: str, spec: TiktokenSpec) -> None:
+    """Best effort: a read-only or full cache folder only costs the next run the derivation."""
+    path = _spec_path(fingerprint)
+    if path is None:
+        return
+    raw = {
+        "pattern": spec.pattern,
+        "mergeable_ranks": [
+            [base64.b64encode(token).decode("ascii"), rank]
+            for token, rank in spec.mergeable_ranks.items()
+        ],
+        "special_tokens": spec.special_tokens,
+        "rank_to_id": None if spec.rank_to_id is None else spec.rank_to_id.tolist(),
+        "normalizer": spec.normalizer,
+        "split_added": spec.split_added,
+        "proof": spec.proof,
+        "excluded": spec.excluded,
+    }
+    data = {
+        "format": _SPEC_FORMAT,
+        "packcli": __version__,
+        "tokenizer_sha256": fingerprint,
+        "spec": raw,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
+    except OSError as exc:
+        log.warning("cannot cache the fast-path spec in %s: %s", path.parent, exc)
 
 
 def _show(text: str) -> str:
@@ -662,6 +766,7 @@ def choose_encoder(
     backend: Backend,
     sample_texts: Sequence[str],
     num_threads: int,
+    fingerprint: str | None = None,
 ) -> tuple[BatchEncoder, dict[str, Any]]:
     """The encoder to tokenize with, and a record of the choice for the report.
 
@@ -678,7 +783,7 @@ def choose_encoder(
     if backend == "hf":
         return hf, record
     try:
-        fast = build_tiktoken_encoder(tokenizer, num_threads)
+        fast = build_tiktoken_encoder(tokenizer, num_threads, fingerprint)
     except FastPathUnsupported as exc:
         reason = f"unsupported: {exc.reason}"
         if backend == "tiktoken":

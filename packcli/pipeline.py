@@ -334,7 +334,11 @@ def _choose_backend(
         first = next(iter(batches), None)
         sample = first.texts if first is not None else []
     return choose_encoder(
-        tok.loaded.tokenizer, cfg.tokenize.backend, sample, num_threads=cfg.tokenize.threads
+        tok.loaded.tokenizer,
+        cfg.tokenize.backend,
+        sample,
+        num_threads=cfg.tokenize.threads,
+        fingerprint=tok.loaded.fingerprint,
     )
 
 

@@ -18,6 +18,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="packcli-hf-cache-")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+# The fast path's spec cache: private to the session, never the user's home.
+os.environ["PACKCLI_CACHE_DIR"] = tempfile.mkdtemp(prefix="packcli-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import logging
 import random
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
@@ -430,3 +431,59 @@ def test_self_check_names_the_first_difference() -> None:
     bad = self_check(off_by_one, hf, ["x" * 500 + "y"])
     assert not bad.ok
     assert bad.mismatch is not None and "(501 chars) at token 2" in bad.mismatch
+
+
+@pytest.mark.parametrize("variant", ["plain", "permuted"])
+def test_spec_cache_round_trip(
+    llama3_tok: Tokenizer,
+    texts: list[str],
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+    variant: str,
+) -> None:
+    """The derived spec is cached per tokenizer fingerprint and reused without deriving."""
+    tok = permuted_ids(llama3_tok) if variant == "permuted" else llama3_tok
+    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path))
+    fingerprint = "ab" * 32
+    first = fastpath.build_tiktoken_encoder(tok, 2, fingerprint)
+    assert [p.name for p in tmp_path.iterdir()] == [f"fastpath-{fingerprint[:32]}.json"]
+    derived = fastpath.derive_spec(tok)
+    assert (derived.rank_to_id is None) == (variant == "plain")
+
+    def refuse(_: Tokenizer) -> None:
+        raise AssertionError("derived again despite the cache")
+
+    monkeypatch.setattr(fastpath, "derive_spec", refuse)
+    cached = fastpath.build_tiktoken_encoder(tok, 2, fingerprint)
+    for name in ("pattern", "mergeable_ranks", "special_tokens", "normalizer", "proof"):
+        assert getattr(cached.spec, name) == getattr(derived, name)
+    if derived.rank_to_id is not None:
+        assert np.array_equal(cached.spec.rank_to_id, derived.rank_to_id)
+    assert_identical(cached, tok, texts)
+    assert cached(texts) == first(texts)
+
+
+def test_spec_cache_ignores_bad_or_foreign_entries(
+    gpt2_tok: Tokenizer, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path))
+    fingerprint = "cd" * 32
+    fastpath.build_tiktoken_encoder(gpt2_tok, 1, fingerprint)
+    path = tmp_path / f"fastpath-{fingerprint[:32]}.json"
+    data = json.loads(path.read_text())
+    calls = []
+    real = fastpath.derive_spec
+    monkeypatch.setattr(fastpath, "derive_spec", lambda t: calls.append(1) or real(t))
+    # Another packcli version's entry, a cut-off file: derived again, then rewritten.
+    path.write_text(json.dumps({**data, "packcli": "0.0.0"}))
+    fastpath.build_tiktoken_encoder(gpt2_tok, 1, fingerprint)
+    path.write_text(path.read_text()[:1000])
+    with caplog.at_level(logging.WARNING):
+        fastpath.build_tiktoken_encoder(gpt2_tok, 1, fingerprint)
+    assert "ignoring the cached fast-path spec" in caplog.text
+    assert len(calls) == 2
+    assert json.loads(path.read_text()) == data
+    # An empty PACKCLI_CACHE_DIR turns the cache off.
+    monkeypatch.setenv("PACKCLI_CACHE_DIR", "")
+    fastpath.build_tiktoken_encoder(gpt2_tok, 1, "ef" * 32)
+    assert len(calls) == 3 and len(list(tmp_path.iterdir())) == 1
