@@ -305,7 +305,9 @@ def _input_units(
                 "size": span[1] - span[0] if span else st.st_size,
                 "key": _file_key(path if span is None else f"{path}#{span[0]}-{span[1]}"),
             }
-            unit["fingerprint"] = _fingerprint({"stage": stage_fp, **entry, **unit})
+            # Not the file's index: adding a file to the input must not redo the others.
+            keyed = {k: v for k, v in unit.items() if k != "file_index"}
+            unit["fingerprint"] = _fingerprint({"stage": stage_fp, **entry, **keyed})
             units.append(unit)
     return files, units
 
@@ -539,6 +541,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                     "file": f"files/{unit['key']}/{m['file']}",
                     "first_doc_id": next_doc + m["first_doc_index"],
                     "first_line": first_line,  # the shard's line column counts from its unit
+                    "file_index": unit["file_index"],  # in this run's input list
                 }
             )
         next_doc += done["num_docs"]

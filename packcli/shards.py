@@ -32,7 +32,7 @@ SHARD_SCHEMA = pa.schema(
         pa.field("input_ids", pa.list_(pa.int32())),
         pa.field("length", pa.int32()),
         pa.field("doc_index", pa.int64()),  # position in its input file (global ids come later)
-        pa.field("file_index", pa.int32()),
+        pa.field("file_index", pa.int32()),  # when tokenized; the index's entry is current
         pa.field("line", pa.int64()),
     ]
 )
@@ -195,6 +195,10 @@ class TokenShards:
     def value(self, name: str, doc_id: int) -> Any:
         """One scalar column's value for one document (reads only its shard's column)."""
         index = int(np.searchsorted(self.first_doc_ids, doc_id, side="right")) - 1
+        if name == "file_index" and "file_index" in self.manifests[index]:
+            # The index knows the file's place in *this* run's inputs; a reused shard's column
+            # holds its place when it was tokenized (files may have been added since).
+            return self.manifests[index]["file_index"]
         column = self._reader(index, [name]).read_all().column(0)
         value = column[doc_id - int(self.manifests[index]["first_doc_id"])].as_py()
         if name == "line":  # a shard of a byte span counts lines from the span's first line

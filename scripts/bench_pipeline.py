@@ -162,7 +162,10 @@ def main() -> None:
         "pack auto": "(c) packcli pack (auto: fast path)",
     }
     print(f"corpus {corpus.name}: {nbytes / 1e6:.1f} MB of text, {tokens:,} tokens (with EOS)")
-    print(f"tokenizer {args.tokenizer.name}, {os.cpu_count()} cores, medians of {args.repeats}")
+    print(
+        f"tokenizer {args.tokenizer.name}, {os.cpu_count()} cores, medians of {args.repeats}, "
+        f"load average at the end {os.getloadavg()[0]:.2f} (1 min) {os.getloadavg()[1]:.2f} (5 min)"
+    )
     head = f"{'what':<42}{'wall s':>8}{'MB/s':>7}{'Mtok/s':>7}{'vs (a)':>8}{'vs (a)':>8}"
     print(head + f"{'CPU s':>8}{'CPU vs':>8}")
     print(f"{'':<42}{'':>8}{'':>7}{'':>7}{'HF':>8}{'fast':>8}{'':>8}{'(a)':>8}")

@@ -124,3 +124,27 @@ def test_ray_executor_matches_local(toy_tokenizer_path: Path, tmp_path: Path) ->
         ray.shutdown()
     assert data_hashes(on_ray) == data_hashes(local)
     assert "all invariants hold" in invoke("verify", on_ray)
+
+
+def test_adding_a_file_reuses_the_others_and_keeps_provenance(
+    toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """A new input that sorts first shifts every file's index: the other files' shards are
+    reused as they are, and the report still names the right file and line."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    write_corpus(corpus / "b.jsonl", [5, 8, 400, 3], seed=1)  # the longest: b.jsonl line 3
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CFG)
+    out = tmp_path / "out"
+    args = ["pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q"]
+    invoke(*args)
+    (success,) = (out / ".packcli/tokens/files").glob("*/_SUCCESS.json")
+    before = success.stat().st_mtime_ns
+    write_corpus(corpus / "a.jsonl", [4, 6, 9], seed=2)
+    invoke(*args)
+    assert success.stat().st_mtime_ns == before  # b.jsonl was not tokenized again
+    report = json.loads((out / "packcli.json").read_text())["report"]
+    assert report["input"]["documents"] == 7
+    largest = report["largest_document"]
+    assert (Path(largest["file"]).name, largest["line"], largest["doc_id"]) == ("b.jsonl", 3, 5)
