@@ -1,19 +1,25 @@
-"""Bin packing over integer lengths: best-fit decreasing in O(N + C + N log C).
+"""Bin packing over integer lengths: best-fit decreasing in O(C + N log_64 C).
 
 Lengths are bounded integers (1..capacity), which is what makes an exact, fast best fit
-possible: items are counting-sorted by length (O(N + C)), and open bins are kept in buckets
-keyed by their *remaining capacity*, with a bit tree over those buckets. For each item of size
-``s`` the tree finds the smallest remaining capacity ``r >= s`` that has an open bin in
-O(log C) (best fit), the bin moves to bucket ``r - s``, and full bins leave the structure.
-Memory is O(C) for the tree plus 4 bytes per item (sort order) and 8 per bin.
+possible: items are counting-sorted by length (O(N + C)), and open bins are kept in LIFO
+lists keyed by their *remaining capacity*, with a 64-ary bitmap tree over the rooms that have
+a bin (3 levels of 64-bit words cover 262,144 rooms). For each item of size ``s`` the bitmap
+finds the smallest room ``r >= s`` that has an open bin with a few word operations (best
+fit), the bin moves to list ``r - s``, and full bins leave the structure. Items are taken in
+sorted order from a sorted copy of the lengths, so the loop reads memory sequentially, and
+the bins are scattered back to item order at the end. Memory is O(C) plus ~24 bytes per
+item (sort order, sorted sizes, assignment) and 8 per bin.
 
 The kernels are compiled with numba (cached on disk after the first call). Measured on the
-2-core dev machine (docs/benchmarks.md): 1M SFT-like lengths in ~0.3 s, 10M in ~3 s, within
-0.004% of the lower bound; 131x faster than TRL's ``pack_dataset`` (bfd) on 1M documents in
-the same run, which also ends 0.42% over the bound because it packs per batch of 1000.
+2-core dev machine (docs/benchmarks.md, ``python scripts/bench_plan.py --sizes 1000000
+10000000 --repeats 3``, medians, load ~1.9 from other jobs): 1M SFT-like lengths in 0.16 s,
+10M in 1.4 s (a binary count tree indexed through the sort order took 0.28 s and 3.2 s),
+within 0.004% of the lower bound; the plan is over 100x faster than TRL's ``pack_dataset``
+(bfd) on 1M documents in the same run (``scripts/bench_pack.py``), which also ends 0.42%
+over the bound because it packs per batch of 1000.
 
 Best-fit decreasing is deterministic here: ties in length keep input order, ties in remaining
-capacity go to the most recently touched bin (a LIFO bucket), and bins are numbered in the
+capacity go to the most recently touched bin (a LIFO list), and bins are numbered in the
 order they are opened, so the same lengths always give the same assignment.
 
 ``pack_lengths`` is the public entry point (other tools call it). The two-tier planner also

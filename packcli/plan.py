@@ -12,7 +12,7 @@
    straddles a short-pack boundary in either view.
 
 Both steps are global over the corpus and use ``binpack`` (best-fit decreasing by default:
-O(N log C), ~0.1 s per million documents). Rows of each config are then shuffled with the
+O(C + N log_64 C), ~0.15 s per million documents). Rows of each config are then shuffled with the
 seed, because best-fit decreasing emits rows grouped by document size and training should not
 see all long documents first. Everything here is deterministic for given lengths and config.
 
