@@ -1,19 +1,25 @@
-"""Bin packing over integer lengths: best-fit decreasing in O(N + C + N log C).
+"""Bin packing over integer lengths: best-fit decreasing in O(C + N log_64 C).
 
 Lengths are bounded integers (1..capacity), which is what makes an exact, fast best fit
-possible: items are counting-sorted by length (O(N + C)), and open bins are kept in buckets
-keyed by their *remaining capacity*, with a bit tree over those buckets. For each item of size
-``s`` the tree finds the smallest remaining capacity ``r >= s`` that has an open bin in
-O(log C) (best fit), the bin moves to bucket ``r - s``, and full bins leave the structure.
-Memory is O(C) for the tree plus 4 bytes per item (sort order) and 8 per bin.
+possible: items are counting-sorted by length (O(N + C)), and open bins are kept in LIFO
+lists keyed by their *remaining capacity*, with a 64-ary bitmap tree over the rooms that have
+a bin (3 levels of 64-bit words cover 262,144 rooms). For each item of size ``s`` the bitmap
+finds the smallest room ``r >= s`` that has an open bin with a few word operations (best
+fit), the bin moves to list ``r - s``, and full bins leave the structure. Items are taken in
+sorted order from a sorted copy of the lengths, so the loop reads memory sequentially, and
+the bins are scattered back to item order at the end. Memory is O(C) plus ~24 bytes per
+item (sort order, sorted sizes, assignment) and 8 per bin.
 
 The kernels are compiled with numba (cached on disk after the first call). Measured on the
-2-core dev machine (docs/benchmarks.md): 1M SFT-like lengths in ~0.3 s, 10M in ~3 s, within
-0.004% of the lower bound; 131x faster than TRL's ``pack_dataset`` (bfd) on 1M documents in
-the same run, which also ends 0.42% over the bound because it packs per batch of 1000.
+2-core dev machine (docs/benchmarks.md, ``python scripts/bench_plan.py --sizes 1000000
+10000000 --repeats 3``, medians, load ~1.9 from other jobs): 1M SFT-like lengths in 0.16 s,
+10M in 1.4 s (a binary count tree indexed through the sort order took 0.28 s and 3.2 s),
+within 0.004% of the lower bound; the plan is over 100x faster than TRL's ``pack_dataset``
+(bfd) on 1M documents in the same run (``scripts/bench_pack.py``), which also ends 0.42%
+over the bound because it packs per batch of 1000.
 
 Best-fit decreasing is deterministic here: ties in length keep input order, ties in remaining
-capacity go to the most recently touched bin (a LIFO bucket), and bins are numbered in the
+capacity go to the most recently touched bin (a LIFO list), and bins are numbered in the
 order they are opened, so the same lengths always give the same assignment.
 
 ``pack_lengths`` is the public entry point (other tools call it). The two-tier planner also
@@ -28,6 +34,7 @@ from typing import Literal
 
 import numba
 import numpy as np
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 Algorithm = Literal["bfd", "ffd", "wrapped"]
 ALGORITHMS: tuple[str, ...] = ("bfd", "ffd", "wrapped")
@@ -69,6 +76,22 @@ def _order_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
+def _stable_order(keys: np.ndarray, n_keys: int) -> np.ndarray:
+    """Counting sort: indices by increasing key (0..n_keys-1), ties in input order."""
+    counts = np.zeros(n_keys + 1, dtype=np.int64)
+    for k in keys:
+        counts[k + 1] += 1
+    for k in range(n_keys):
+        counts[k + 1] += counts[k]
+    order = np.empty(keys.shape[0], dtype=np.int64)
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        order[counts[k]] = i
+        counts[k] += 1
+    return order
+
+
+@numba.njit(cache=True)
 def _tree_add(cnt: np.ndarray, size: int, leaf: int, delta: int) -> None:
     node = size + leaf
     while node >= 1:
@@ -77,82 +100,128 @@ def _tree_add(cnt: np.ndarray, size: int, leaf: int, delta: int) -> None:
 
 
 @numba.njit(cache=True)
-def _take(head: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, size: int, room: int) -> int:
+def _bitmap_new(n_leaves: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A 64-ary bitmap tree over leaves 0..n_leaves-1: bit r of level 0 is set when leaf r is
+    non-empty, and a bit of level k+1 is set when its 64-bit word of level k is non-zero.
+    Returns (flat words, level offsets, words per level); 3 levels cover 262,144 leaves."""
+    n_words = [max(1, (n_leaves + 63) // 64)]
+    while n_words[-1] > 1:
+        n_words.append((n_words[-1] + 63) // 64)
+    nw = np.array(n_words, dtype=np.int64)
+    offs = np.zeros(nw.size + 1, dtype=np.int64)
+    offs[1:] = np.cumsum(nw)
+    return np.zeros(offs[-1], dtype=np.uint64), offs, nw
+
+
+@numba.njit(cache=True)
+def _bitmap_set(bits: np.ndarray, offs: np.ndarray, leaf: int) -> None:
+    pos = leaf
+    for level in range(offs.shape[0] - 1):
+        i = offs[level] + (pos >> 6)
+        was = bits[i]
+        bits[i] = was | (np.uint64(1) << np.uint64(pos & 63))
+        if was != 0:
+            return  # the levels above already say this word is non-empty
+        pos >>= 6
+
+
+@numba.njit(cache=True)
+def _bitmap_clear(bits: np.ndarray, offs: np.ndarray, leaf: int) -> None:
+    pos = leaf
+    for level in range(offs.shape[0] - 1):
+        i = offs[level] + (pos >> 6)
+        bits[i] &= ~(np.uint64(1) << np.uint64(pos & 63))
+        if bits[i] != 0:
+            return
+        pos >>= 6
+
+
+@numba.njit(cache=True)
+def _bitmap_next(bits: np.ndarray, offs: np.ndarray, nw: np.ndarray, x: int) -> int:
+    """Smallest set leaf >= x, or -1: up until a word has a set bit at or after the
+    position, then down by lowest set bits. O(levels) word operations."""
+    n_levels = nw.shape[0]
+    pos = x
+    level = 0
+    while level < n_levels:
+        w = pos >> 6
+        if w < nw[level]:
+            m = bits[offs[level] + w] & (np.uint64(0xFFFFFFFFFFFFFFFF) << np.uint64(pos & 63))
+            if m != 0:
+                pos = (w << 6) + trailing_zeros(m)
+                break
+        pos = w + 1
+        level += 1
+    if level == n_levels:
+        return -1
+    while level > 0:
+        level -= 1
+        pos = (pos << 6) + trailing_zeros(bits[offs[level] + pos])
+    return pos
+
+
+@numba.njit(cache=True)
+def _take(head: np.ndarray, nxt: np.ndarray, bits: np.ndarray, offs: np.ndarray, room: int) -> int:
     """Pop the most recently stored bin with exactly ``room`` free."""
     b = head[room]
     head[room] = nxt[b]
-    _tree_add(cnt, size, room, -1)
+    if head[room] < 0:
+        _bitmap_clear(bits, offs, room)
     return b
 
 
 @numba.njit(cache=True)
-def _put(head: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, size: int, b: int, room: int) -> None:
+def _put(
+    head: np.ndarray, nxt: np.ndarray, bits: np.ndarray, offs: np.ndarray, b: int, room: int
+) -> None:
     """Store bin ``b`` under its free room (full bins are not stored: nothing fits)."""
     if room > 0:
+        if head[room] < 0:
+            _bitmap_set(bits, offs, room)
         nxt[b] = head[room]
         head[room] = b
-        _tree_add(cnt, size, room, 1)
-
-
-@numba.njit(cache=True)
-def _find_at_least(cnt: np.ndarray, size: int, x: int) -> int:
-    """Smallest leaf index >= x with a non-zero count, or -1."""
-    node = size + x
-    if cnt[node] > 0:
-        return x
-    while node > 1:
-        if (node & 1) == 0 and cnt[node + 1] > 0:
-            node += 1
-            while node < size:
-                node *= 2
-                if cnt[node] == 0:
-                    node += 1
-            return node - size
-        node >>= 1
-    return -1
 
 
 @numba.njit(cache=True)
 def _best_fit(
-    lengths: np.ndarray,
-    order: np.ndarray,
-    capacity: int,
-    open_remaining: np.ndarray,
+    sizes: np.ndarray, capacity: int, open_remaining: np.ndarray
 ) -> tuple[np.ndarray, int]:
-    """Best fit of ``lengths`` taken in ``order``; bins 0..K-1 start with ``open_remaining``.
+    """Best fit of ``sizes`` in the given (decreasing) order; bins 0..K-1 start with
+    ``open_remaining`` free. Returns the bin of each position of ``sizes``.
 
-    ``cnt`` is a bit tree over remaining capacities 0..capacity (leaf r counts open bins
-    with r free); ``head``/``nxt`` are per-capacity LIFO lists of bin ids.
+    Open bins sit in per-room LIFO lists (``head``/``nxt``) with a bitmap tree over the
+    rooms that have a bin. Taking sizes in sorted order (instead of indexing through the
+    sort order) keeps the loop's memory access sequential: 2.7x faster at 1M items.
     """
-    n = lengths.shape[0]
+    n = sizes.shape[0]
     k = open_remaining.shape[0]
-    size = 1
-    while size < capacity + 1:
-        size *= 2
-    cnt = np.zeros(2 * size, dtype=np.int32)
+    bits, offs, nw = _bitmap_new(capacity + 1)
     head = np.full(capacity + 1, -1, dtype=np.int64)
-    max_bins = k + n
-    nxt = np.empty(max_bins, dtype=np.int64)
-    assign = np.empty(n, dtype=np.int64)
-
+    nxt = np.empty(k + n, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
     for b in range(k):
-        _put(head, nxt, cnt, size, b, open_remaining[b])
+        _put(head, nxt, bits, offs, b, open_remaining[b])
     n_bins = k
-
     for j in range(n):
-        i = order[j]
-        s = lengths[i]
-        found = _find_at_least(cnt, size, s)  # tightest bin with room for s
+        s = sizes[j]
+        found = _bitmap_next(bits, offs, nw, s)  # tightest bin with room for s
         if found >= 0:
-            b = _take(head, nxt, cnt, size, found)
+            b = _take(head, nxt, bits, offs, found)
             rem = found - s
         else:
             b = n_bins
             n_bins += 1
             rem = capacity - s
-        assign[i] = b
-        _put(head, nxt, cnt, size, b, rem)
-    return assign, n_bins
+        out[j] = b
+        _put(head, nxt, bits, offs, b, rem)
+    return out, n_bins
+
+
+def _scatter(order: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Back from sorted positions to item order: ``out[order[j]] = values[j]``."""
+    out = np.empty_like(values)
+    out[order] = values
+    return out
 
 
 @numba.njit(cache=True)
@@ -210,29 +279,26 @@ def _next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 @numba.njit(cache=True)
 def _granular_fit(
-    lengths: np.ndarray, order: np.ndarray, capacity: int, granule: int
+    sizes: np.ndarray, capacity: int, granule: int
 ) -> tuple[np.ndarray, int, np.ndarray]:
-    """Best fit *modulo granule*: put each item where the room left over is closest to a
-    multiple of ``granule`` (ties: least room). For each k the tree finds the smallest room
-    >= s + k*granule, so one item costs O((capacity / granule) log capacity)."""
-    n = lengths.shape[0]
-    size = 1
-    while size < capacity + 1:
-        size *= 2
-    cnt = np.zeros(2 * size, dtype=np.int32)
+    """Best fit *modulo granule* of ``sizes`` in the given order: put each item where the
+    room left over is closest to a multiple of ``granule`` (ties: least room). For each k the
+    bitmap finds the smallest room >= s + k*granule, so one item costs O(capacity / granule)
+    bitmap look-ups."""
+    n = sizes.shape[0]
+    bits, offs, nw = _bitmap_new(capacity + 1)
     head = np.full(capacity + 1, -1, dtype=np.int64)
     nxt = np.empty(max(n, 1), dtype=np.int64)
     remaining = np.empty(max(n, 1), dtype=np.int64)
-    assign = np.empty(n, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
     n_bins = 0
     for j in range(n):
-        i = order[j]
-        s = lengths[i]
+        s = sizes[j]
         best = -1
         best_res = granule
         x = s
         while x <= capacity:
-            found = _find_at_least(cnt, size, x)
+            found = _bitmap_next(bits, offs, nw, x)
             if found < 0:
                 break
             res = (found - s) % granule
@@ -243,16 +309,16 @@ def _granular_fit(
                     break
             x = found - res + granule  # first room of the next residue window
         if best >= 0:
-            b = _take(head, nxt, cnt, size, best)
+            b = _take(head, nxt, bits, offs, best)
             rem = best - s
         else:
             b = n_bins
             n_bins += 1
             rem = capacity - s
-        assign[i] = b
+        out[j] = b
         remaining[b] = rem
-        _put(head, nxt, cnt, size, b, rem)
-    return assign, n_bins, remaining[:n_bins].copy()
+        _put(head, nxt, bits, offs, b, rem)
+    return out, n_bins, remaining[:n_bins].copy()
 
 
 @numba.njit(cache=True)
@@ -287,7 +353,10 @@ def _residue_groups(
     """
     n = sizes.shape[0]
     res = sizes % granule
-    order = np.argsort(res * (capacity + 1) + sizes, kind="mergesort")
+    # By (residue, size, index), as two stable counting sorts (numba's argsort is
+    # O(N log N) with a large constant: 1 s of the 10M-document plan).
+    by_size = _stable_order(sizes, capacity + 1)
+    order = by_size[_stable_order(res[by_size], granule)]
     head = np.zeros(granule + 1, dtype=np.int64)
     for i in range(n):
         head[res[i] + 1] += 1
@@ -302,7 +371,7 @@ def _residue_groups(
     used = np.zeros(n, dtype=np.bool_)
     group = np.empty(n, dtype=np.int64)
     n_groups = 0
-    for a in np.argsort(-sizes, kind="mergesort"):
+    for a in _order_decreasing(sizes, capacity):
         if used[a]:
             continue
         used[a] = True
@@ -354,7 +423,7 @@ def pack_lengths(
     order = _order_decreasing(arr, capacity)
     if algorithm == "ffd":
         return _first_fit(arr, order, capacity)[0]
-    return _best_fit(arr, order, capacity, np.zeros(0, dtype=np.int64))[0]
+    return _scatter(order, _best_fit(arr[order], capacity, np.zeros(0, dtype=np.int64))[0])
 
 
 def pack_into_open_bins(
@@ -372,8 +441,8 @@ def pack_into_open_bins(
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64), int(rem.size)
     order = _order_decreasing(arr, capacity)
-    assign, n_bins = _best_fit(arr, order, capacity, rem)
-    return assign, int(n_bins)
+    assign, n_bins = _best_fit(arr[order], capacity, rem)
+    return _scatter(order, assign), int(n_bins)
 
 
 def bin_loads(assignment: np.ndarray, lengths: np.ndarray, n_bins: int | None = None) -> np.ndarray:
@@ -399,8 +468,8 @@ def pack_granular(
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     order = _order_decreasing(arr, capacity)
-    assign, _, remaining = _granular_fit(arr, order, capacity, granule)
-    return assign, remaining
+    assign, _, remaining = _granular_fit(arr[order], capacity, granule)
+    return _scatter(order, assign), remaining
 
 
 def group_by_residue(

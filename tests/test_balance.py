@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packcli.balance import balance_attention, balance_ratio
+from packcli.config import PlanConfig
+from packcli.plan import plan_two_tier
 
 
 def test_moves_a_second_long_document_out_of_the_costliest_row() -> None:
@@ -53,3 +55,24 @@ def test_never_worse_never_overflows(data: list[tuple[int, int, bool]]) -> None:
     after = np.bincount(new_rows, weights=cost, minlength=n).max()
     assert after <= before
     assert summary["after"] == balance_ratio(np.bincount(new_rows, weights=cost, minlength=n))
+
+
+def test_lowers_the_ratio_of_a_plan_that_pairs_large_documents() -> None:
+    # The pretraining mix with documents capped at 64k (scripts/bench_balance.py): rows
+    # pair two or three large documents, so the costliest row is far above the floor.
+    rng = np.random.default_rng(0)
+    n = 10_000
+    lengths = np.clip(rng.lognormal(np.log(600), 1.2, n).astype(np.int64), 1, None)
+    tail = rng.random(n) < 0.03
+    lengths[tail] = (4096 * np.exp(rng.exponential(1.0, int(tail.sum())))).astype(np.int64)
+    lengths = np.minimum(lengths, 65536)
+    plain = plan_two_tier(lengths, PlanConfig())
+    balanced = plan_two_tier(lengths, PlanConfig(balance="attention"))
+    summary = balanced.stats["long_attention_balance"]
+    assert summary["before"] == plain.stats["long_attention_balance"]["ratio"]
+    assert summary["after"] < 0.7 * summary["before"]  # measured: 4.95 -> 2.67 (floor 2.48)
+    assert summary["after"] >= summary["floor"]
+    assert balanced.long.num_rows == plain.long.num_rows  # no extra rows
+    assert balanced.long.row_tokens.max() <= 131072
+    assert np.array_equal(np.sort(balanced.long.row_pieces), np.arange(balanced.piece_len.size))
+    assert np.array_equal(balanced.short.row_pieces, plain.short.row_pieces)

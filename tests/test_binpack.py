@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packcli import binpack
 from packcli.binpack import (
     bin_loads,
     group_by_residue,
@@ -278,3 +279,20 @@ def test_bfd_never_needs_more_than_one_percent_over_ffd(lengths: list[int]) -> N
     bfd = int(pack_lengths(arr, 4096).max()) + 1
     ffd = int(pack_lengths(arr, 4096, algorithm="ffd").max()) + 1
     assert bfd <= ffd * 1.01
+
+
+@pytest.mark.parametrize("n_leaves", [1, 63, 64, 65, 4097, 131073, 262144, 300000])
+def test_bitmap_finds_the_next_set_leaf(n_leaves: int) -> None:
+    rng = np.random.default_rng(n_leaves)
+    bits, offs, nw = binpack._bitmap_new(n_leaves)
+    present = np.zeros(n_leaves, dtype=bool)
+    for leaf in rng.integers(0, n_leaves, 200):
+        if present[leaf]:
+            binpack._bitmap_clear(bits, offs, int(leaf))
+        else:
+            binpack._bitmap_set(bits, offs, int(leaf))
+        present[leaf] = not present[leaf]
+        for x in {0, int(leaf), n_leaves - 1, int(rng.integers(0, n_leaves))}:
+            after = np.flatnonzero(present[x:])
+            expected = x + int(after[0]) if after.size else -1
+            assert binpack._bitmap_next(bits, offs, nw, x) == expected

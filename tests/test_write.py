@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
+from packcli import write
 from packcli.config import PlanConfig
 from packcli.write import ROW_SCHEMA, pack_table
 
@@ -32,3 +34,17 @@ def test_pack_table_holds_every_token_and_can_build_one_config() -> None:
         assert sorted(pieces[i]) == sorted(expected)
     only_short = pack_table(table, cfg, configs=("short",))
     assert only_short[0] is None and only_short[1].equals(short)
+
+
+def test_threaded_gather_matches_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 900, 300)
+    docs = [rng.integers(0, 70_000, n).astype(np.int32) for n in lengths]
+    table = pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))})
+    cfg = PlanConfig(short_len=256, long_len=2048)
+    monkeypatch.setattr(write, "_THREADS", 1)
+    expected = pack_table(table, cfg)
+    monkeypatch.setattr(write, "_THREADS", 3)
+    monkeypatch.setattr(write, "_PARALLEL_MIN_TOKENS", 0)
+    got = pack_table(table, cfg)
+    assert got[0].equals(expected[0]) and got[1].equals(expected[1])
