@@ -3,8 +3,9 @@
 The plan says which slice of which document goes where; tokens come from the memory-mapped
 tokenized shards. Gathering is one compiled slice copy per segment (no per-token Python, no
 index arrays of 8 bytes per token), and the per-token ``segment_ids`` column is one compiled
-fill per segment; both run on threads over token-balanced ranges of segments. Rows are written in row groups of about ``row_group_tokens`` tokens (so
-readers can stream a 128k-token config without loading a whole file) to
+fill per segment; both run on threads over token-balanced ranges of segments. Rows are
+written in row groups of about ``row_group_tokens`` tokens (so readers can stream a
+128k-token config without loading a whole file) to
 ``data/<config>/train-NNNNN-of-NNNNN.parquet``, each under a temp name and renamed when
 complete. Dictionary encoding is off: token ids are high-entropy and dictionaries only cost
 time and bytes (measured: 1.14 vs 0.90 bytes/token with zstd).
