@@ -112,7 +112,10 @@ Balance = Annotated[
 ]
 BatchSize = Annotated[int | None, typer.Option(help="Documents per tokenizer batch [1024].")]
 NumProc = Annotated[
-    int | None, typer.Option(help="Tokenizer threads per process (0 = all cores) [0].")
+    int | None,
+    typer.Option(
+        help="Threads per process for tokenizing and for writing output files (0 = all cores) [0]."
+    ),
 ]
 Backend = Annotated[
     str | None,
