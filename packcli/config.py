@@ -28,6 +28,9 @@ class ReadConfig:
     inputs: tuple[str, ...] = ()
     text_field: str = "text"
     batch_size: int = 1024
+    # A batch also ends at this many bytes of jsonl (0 = no limit): bounds tokenize memory
+    # when documents are huge (ids come back from the tokenizer as Python lists).
+    batch_bytes: int = 32 << 20
     on_bad_line: str = "error"  # error | skip (quarantined in OUT/rejected.jsonl)
     # Uncompressed files larger than this are tokenized as byte spans of this size, each its
     # own unit of work (so tasks can share one huge file); 0 = never split. Output unchanged.
@@ -41,6 +44,10 @@ class ReadConfig:
             raise ConfigError("read.text_field must be a non-empty field name")
         if self.batch_size < 1:
             raise ConfigError(f"read.batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_bytes < 0:
+            raise ConfigError(
+                f"read.batch_bytes must be >= 0 (0 = no limit), got {self.batch_bytes}"
+            )
         if self.split_bytes < 0:
             raise ConfigError(f"read.split_bytes must be >= 0 (0 = never), got {self.split_bytes}")
 

@@ -410,6 +410,7 @@ def _tokenize_unit(
             rejects=sink,
             validate=validate,
             span=_span(unit),
+            batch_bytes=cfg.read.batch_bytes,
         )
         batches = prefetch(_skip_documents(source, resume_doc, unit["file_index"]), times=times)
 

@@ -612,6 +612,7 @@ def iter_batches(
     rejects: RejectSink | None = None,
     validate: Callable[[Any], Any] | None = None,
     span: tuple[int, int] | None = None,
+    batch_bytes: int = 0,
 ) -> Iterator[DocBatch]:
     """Stream the documents of ``paths`` (in the given order) in batches of ``batch_size``.
 
@@ -621,7 +622,10 @@ def iter_batches(
     ``on_bad_line="error"`` it raises ``BadLineError`` (an ``InputError``) ``"file:line:
     reason"``; with ``"skip"`` it is counted by reason in ``stats.rejected`` and passed to
     ``rejects`` (if given), and reading goes on. Document ids stay contiguous over the kept
-    documents. Every batch except the last holds exactly ``batch_size`` documents. ``stats``,
+    documents. Every batch except the last holds exactly ``batch_size`` documents, unless
+    ``batch_bytes`` (> 0) ends it early: a batch closes once its lines reach that many bytes,
+    so a run of huge documents cannot make one batch of gigabytes (the tokenizer turns a
+    batch into Python lists of ~40 bytes a token). ``stats``,
     if given, is updated as reading proceeds.
 
     ``validate`` replaces the text-field rule for other record kinds (chat): it gets the parsed
@@ -653,6 +657,7 @@ def iter_batches(
     key = text_field
 
     texts: list[str] = []
+    text_bytes = 0  # bytes of the lines in ``texts``
     lines: list[int] = []
     segments: list[tuple[int, int]] = []  # (offset in batch, file index) where a file starts
     next_id = 0  # global id of texts[0]
@@ -730,10 +735,11 @@ def iter_batches(
                                 raw_line = _BOM + line if bom and lineno == 1 else line
                                 rejects.add(str(path), lineno, reason, raw_line, message)
                             continue
-                    if len(texts) == batch_size:
+                    if len(texts) == batch_size or (batch_bytes and text_bytes >= batch_bytes):
                         # Flush lazily (only once another document arrives) so that a batch
                         # ending a file is yielded after the file is done, with exact progress.
-                        stats.documents = next_id + batch_size
+                        full = len(texts)
+                        stats.documents = next_id + full
                         stats.blank_lines += blank
                         stats.bytes_read += nbytes
                         stats.lines += lineno - counted
@@ -742,7 +748,8 @@ def iter_batches(
                         yield _make_batch(
                             texts, lines, segments, next_id, done_bytes + min(raw.tell(), hi) - lo
                         )
-                        next_id += batch_size
+                        next_id += full
+                        text_bytes = 0
                         texts = []
                         lines = []
                         segments = [(0, file_index)]
@@ -750,6 +757,7 @@ def iter_batches(
                         lines_append = lines.append
                     texts_append(text)
                     lines_append(lineno)
+                    text_bytes += len(line)
             except corrupt_errors as exc:
                 message = (
                     f"{path}: corrupt compressed stream after line {lineno} "
@@ -773,9 +781,10 @@ def iter_batches(
         stats.bytes_read += nbytes
         stats.lines += lineno - counted
         stats.documents = next_id + len(texts)
-        if len(texts) == batch_size:
+        if len(texts) == batch_size or (batch_bytes and text_bytes >= batch_bytes):
             yield _make_batch(texts, lines, segments, next_id, done_bytes)
-            next_id += batch_size
+            next_id += len(texts)
+            text_bytes = 0
             texts = []
             lines = []
             segments = []

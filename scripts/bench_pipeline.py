@@ -16,7 +16,10 @@ tokenize stage's breakdown (busy seconds of reading, the tokenizer calls, assemb
 writing, and the time the pipeline sat waiting for the tokenizer). Repeats are interleaved
 and medians reported. With ``--memory`` it also runs the tokenize stage alone in a
 subprocess on two corpus sizes 10x apart and prints the peak RSS of each, to show that
-tokenizing memory does not grow with the corpus.
+tokenizing memory does not grow with the corpus: it is bounded by the tokenized shard being
+filled (``tokenize.shard_tokens``, 64M tokens by default: ~8 bytes a token while a shard is
+gathered and combined), so it is measured both with the default shard size and with shards
+small enough (``--memory-shard-tokens``) that both corpora fill several.
 
     python scripts/bench_pipeline.py --size-mb 300 --memory
 """
@@ -43,7 +46,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from make_sample_corpus import main as make_corpus_main  # noqa: E402
 
-from packcli.config import PlanConfig, build_config  # noqa: E402
+from packcli.config import PlanConfig, TokenizeConfig, build_config  # noqa: E402
 from packcli.fastpath import build_tiktoken_encoder  # noqa: E402
 from packcli.pipeline import RunResult, run_pack  # noqa: E402
 from packcli.plan import plan_two_tier  # noqa: E402
@@ -101,19 +104,28 @@ def packcli_pack(
     return time.perf_counter() - t0, time.process_time() - c0, result
 
 
-def tokenize_peak_rss_mb(path: Path, tokenizer: Path, out: Path) -> float:
-    """Peak RSS of ``packcli tokenize`` alone, in a fresh subprocess."""
+def tokenize_peak_rss_mb(path: Path, tokenizer: Path, out: Path, shard_tokens: int) -> float:
+    """Peak RSS of ``packcli tokenize`` alone, in a fresh subprocess.
+
+    Read from ``VmHWM`` (the peak of the child's own address space): ``ru_maxrss`` would
+    report this benchmark's RSS at the fork, which Linux carries over ``exec``.
+    """
     if out.exists():
         shutil.rmtree(out)
+    out.mkdir(parents=True)
+    config = out.parent / f"{out.name}-config.yaml"
+    config.write_text(f"tokenize:\n  shard_tokens: {shard_tokens}\n")
     code = (
         "import resource, sys\n"
         "from packcli.cli import app\n"
         "try:\n"
         f"    app(['tokenize', {str(path)!r}, '-t', {str(tokenizer)!r}, '-o', {str(out)!r},"
-        " '-q'])\n"
+        f" '-c', {str(config)!r}, '-q'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')]\n"
+        "print(int(hwm[0].split()[1]) if hwm else "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(res.stdout.strip().splitlines()[-1]) / 1024
@@ -126,6 +138,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--memory", action="store_true", help="also measure peak RSS at 2 sizes")
+    ap.add_argument("--memory-shard-tokens", type=int, default=1 << 21)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=20240917)
     args = ap.parse_args()
@@ -189,9 +202,12 @@ def main() -> None:
     if args.memory:
         small = work / f"corpus-{max(1, args.size_mb // 10)}mb.jsonl"
         make_corpus(small, max(1, args.size_mb // 10), args.seed)
-        for path in (small, corpus):
-            rss = tokenize_peak_rss_mb(path, args.tokenizer, work / "out-mem")
-            print(f"tokenize peak RSS on {path.name}: {rss:.0f} MB")
+        for shard_tokens in (TokenizeConfig().shard_tokens, args.memory_shard_tokens):
+            for path in (small, corpus):
+                rss = tokenize_peak_rss_mb(path, args.tokenizer, work / "out-mem", shard_tokens)
+                print(
+                    f"tokenize peak RSS on {path.name}, shard_tokens {shard_tokens:,}: {rss:.0f} MB"
+                )
     print(f"(workdir {work})")
 
 

@@ -116,6 +116,24 @@ def test_doc_ids_contiguous_across_files_and_batches(tmp_path: Path, batch_size:
     assert starts == list(range(0, sum(counts), batch_size))
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
+def test_batch_bytes_ends_batches_early(tmp_path: Path, suffix: str) -> None:
+    """A run of huge documents makes small batches; every document still comes once, in
+    order, with contiguous ids; 0 means no byte limit."""
+    texts = [("x" * 5000 if i % 10 == 3 else f"d{i}") for i in range(200)]
+    path = _write(tmp_path / f"c{suffix}", _jsonl(texts))
+    stats = ReadStats()
+    batches = _read_all([path], batch_size=50, stats=stats, batch_bytes=12000)
+    assert [t for b in batches for t in b.texts] == texts
+    assert [b.doc_id_start for b in batches] == list(
+        np.cumsum([0] + [len(b.texts) for b in batches[:-1]])
+    )
+    sizes = [sum(len(_jsonl([t])) for t in b.texts) for b in batches]
+    assert max(sizes) < 12000 + 5100  # ends at the first line at or past the limit
+    assert min(len(b.texts) for b in batches[:-1]) < 50 and stats.documents == 200
+    assert [len(b.texts) for b in _read_all([path], batch_size=50, batch_bytes=0)] == [50] * 4
+
+
 def test_line_numbers_with_blank_lines(tmp_path: Path) -> None:
     data = b'\n{"text": "a"}\n   \n\t\r\n{"text": "b"}\n\n{"text": "c"}'  # no final newline
     path = _write(tmp_path / "x.jsonl", data)

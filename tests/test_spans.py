@@ -157,6 +157,23 @@ def test_pack_in_spans_matches_whole_file(
     assert len(json.loads(raw)["text"]) == max(len(t) for t in untidy[1])
 
 
+def test_small_batches_change_nothing(
+    untidy: tuple[Path, list[str]], toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """Batches cut by bytes (and tiny tokenized shards) give the same dataset."""
+    path, _ = untidy
+    small = tmp_path / "small.yaml"
+    small.write_text(CFG + "read:\n  batch_bytes: 3000\ntokenize:\n  shard_tokens: 1024\n")
+    plain = tmp_path / "cfg.yaml"
+    plain.write_text(CFG)
+    args = [path, "-t", toy_tokenizer_path, "-q", "--on-bad-line", "skip"]
+    invoke("pack", *args, "-o", tmp_path / "a", "-c", plain)
+    invoke("pack", *args, "-o", tmp_path / "b", "-c", small)
+    shards = list((tmp_path / "b/.packcli/tokens/files").glob("*/shard-*.arrow"))
+    assert len(shards) > 5
+    assert data_hashes(tmp_path / "b") == data_hashes(tmp_path / "a")
+
+
 def test_error_policy_names_file_line_through_the_cli(
     toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:
