@@ -131,24 +131,8 @@ def tokenize_peak_rss_mb(path: Path, tokenizer: Path, out: Path, shard_tokens: i
     return int(res.stdout.strip().splitlines()[-1]) / 1024
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size-mb", type=int, default=300)
-    ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
-    ap.add_argument("--batch-size", type=int, default=1024)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--memory", action="store_true", help="also measure peak RSS at 2 sizes")
-    ap.add_argument("--memory-shard-tokens", type=int, default=1 << 21)
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--seed", type=int, default=20240917)
-    args = ap.parse_args()
-    # Load (or compile, after an edit) the numba kernels outside the timings.
-    plan_two_tier(np.array([3, 5000, 200_000]), PlanConfig())
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="packcli-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = work / f"corpus-{args.size_mb}mb.jsonl"
-    make_corpus(corpus, args.size_mb, args.seed)
-
+def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
+    """(a), (a'), (b), (c): interleaved repeats, medians, and the stage breakdowns."""
     rows: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     stages: dict[str, list[dict]] = {"auto": [], "hf": []}
@@ -199,10 +183,41 @@ def main() -> None:
             + ", ".join(f"{k} {v:.1f}s" for k, v in parts.items())
         )
     print(json.dumps({k: round(v, 3) for k, v in med.items()}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=int, default=300)
+    ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--memory", action="store_true", help="also measure peak RSS at 2 sizes")
+    ap.add_argument(
+        "--memory-shard-tokens",
+        type=int,
+        default=1 << 21,
+        help="also measure peak RSS with shards this small (0: only the default size)",
+    )
+    ap.add_argument("--memory-only", action="store_true", help="skip the throughput runs")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--seed", type=int, default=20240917)
+    args = ap.parse_args()
+    # Load (or compile, after an edit) the numba kernels outside the timings.
+    plan_two_tier(np.array([3, 5000, 200_000]), PlanConfig())
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="packcli-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / f"corpus-{args.size_mb}mb.jsonl"
+    make_corpus(corpus, args.size_mb, args.seed)
+
+    if not args.memory_only:
+        throughput(args, corpus, work)
     if args.memory:
         small = work / f"corpus-{max(1, args.size_mb // 10)}mb.jsonl"
         make_corpus(small, max(1, args.size_mb // 10), args.seed)
-        for shard_tokens in (TokenizeConfig().shard_tokens, args.memory_shard_tokens):
+        sizes = [TokenizeConfig().shard_tokens] + [args.memory_shard_tokens] * bool(
+            args.memory_shard_tokens
+        )
+        for shard_tokens in sizes:
             for path in (small, corpus):
                 rss = tokenize_peak_rss_mb(path, args.tokenizer, work / "out-mem", shard_tokens)
                 print(
