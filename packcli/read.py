@@ -156,7 +156,7 @@ class ReadStats:
     documents: int = 0
     blank_lines: int = 0
     bytes_read: int = 0  # uncompressed bytes
-    lines: int = 0  # lines read (documents + blank + rejected), counted at the end of a file
+    lines: int = 0  # lines read: documents + blank + rejected
     rejected: dict[str, int] = field(default_factory=dict)  # reason key -> lines (``skip``)
     # With ``span``: the byte offset of the span's first line (the start of the first line
     # that begins inside the span); ``count_newlines(path, first_line_byte)`` lines precede it.
