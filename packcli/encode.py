@@ -49,9 +49,14 @@ def encode_texts(
 def assemble(
     id_lists: Sequence[Sequence[int]], *, bos: int | None, eos: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Flatten per-document ids and add the separators, with numpy (no per-token Python)."""
+    """Flatten per-document ids and add the separators, with numpy (no per-token Python
+    beyond reading HF's lists; the fast path hands over numpy arrays, concatenated in C)."""
     raw_lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
-    flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=int(raw_lengths.sum()))
+    if id_lists and all(isinstance(ids, np.ndarray) for ids in id_lists):
+        flat = np.concatenate(id_lists).astype(np.int32, copy=False)
+    else:
+        total = int(raw_lengths.sum())
+        flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=total)
     extra = (bos is not None) + (eos is not None)
     if extra == 0:
         return flat, raw_lengths

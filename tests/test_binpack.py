@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -272,13 +274,36 @@ def test_bfd_within_the_known_bound_of_the_optimum(lengths: list[int], capacity:
     assert opt <= bins <= 11 / 9 * opt + 6 / 9
 
 
+def test_bfd_can_lose_one_bin_to_ffd_on_a_small_input() -> None:
+    """Neither rule dominates the other on every input (both have the 11/9 OPT + 6/9
+    bound): here textbook best fit strands 92 tokens of room in four bins and needs a
+    fifth, which first fit does not. So "at most 1% over FFD" holds as a property of inputs
+    with enough bins for 1% to be a bin, tested below, not of every tiny input."""
+    lengths = np.array([92, 92, 92, 189, 302, 302, 486, 538, 751, 1289, 2178, 2808, 3422, 3611])
+    bfd = pack_lengths(lengths, 4096)
+    assert bin_loads(bfd, lengths).tolist() == [4005, 4005, 4045, 4005, 92]
+    assert bin_loads(pack_lengths(lengths, 4096, algorithm="ffd"), lengths).max() <= 4096
+    assert int(pack_lengths(lengths, 4096, algorithm="ffd").max()) + 1 == 4
+
+
 @settings(max_examples=100, deadline=None)
-@given(lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=400))
-def test_bfd_never_needs_more_than_one_percent_over_ffd(lengths: list[int]) -> None:
-    arr = np.array(lengths)
-    bfd = int(pack_lengths(arr, 4096).max()) + 1
-    ffd = int(pack_lengths(arr, 4096, algorithm="ffd").max()) + 1
-    assert bfd <= ffd * 1.01
+@given(
+    lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=400),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_bfd_never_needs_more_than_one_percent_over_ffd(lengths: list[int], seed: int) -> None:
+    """At most 1% more bins than FFD, rounded up to whole bins (on a 4-bin input 1% of a bin
+    cannot be spent, so one bin is the least a violation can be); plus a realistic SFT-like
+    mix of a few thousand documents, where 1% is tens of bins."""
+    for arr in (
+        np.array(lengths),
+        np.clip(np.random.default_rng(seed).lognormal(np.log(350), 1.0, 3000), 1, 4096).astype(
+            np.int64
+        ),
+    ):
+        bfd = int(pack_lengths(arr, 4096).max()) + 1
+        ffd = int(pack_lengths(arr, 4096, algorithm="ffd").max()) + 1
+        assert bfd <= math.ceil(ffd * 1.01)
 
 
 @pytest.mark.parametrize("n_leaves", [1, 63, 64, 65, 4097, 131073, 262144, 300000])
