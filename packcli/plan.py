@@ -58,13 +58,19 @@ class RowLayout:
         return len(self.row_offsets) - 1
 
 
+CONFIGS: tuple[str, ...] = ("long", "short")
+
+
 @dataclass(frozen=True)
 class Plan:
+    """Pieces and the row layout of each config; a config that was not asked for
+    (``plan_two_tier(..., configs=...)``) is ``None``."""
+
     piece_doc: np.ndarray  # int64 doc id of each piece
     piece_start: np.ndarray  # int64 token offset of the piece within its document
     piece_len: np.ndarray  # int64 piece length in tokens
-    short: RowLayout
-    long: RowLayout
+    short: RowLayout | None
+    long: RowLayout | None
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -208,10 +214,15 @@ def _place_long_pieces(
 
 
 def _pack_two_tier_bfd(
-    short_sizes: np.ndarray, long_sizes: np.ndarray, config: PlanConfig, stats: dict[str, Any]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    short_sizes: np.ndarray,
+    long_sizes: np.ndarray,
+    config: PlanConfig,
+    stats: dict[str, Any],
+    fill_rows: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
     """``bfd`` for both tiers: (pack of each short piece, pack sizes, long row of each unit
-    -- long pieces then packs --, number of long rows).
+    -- long pieces then packs --, number of long rows); with ``fill_rows`` False the long
+    rows are not filled (``None``, 0): the short packs do not depend on that step.
 
     Long pieces are placed first, so that each row's free room ends close to a multiple of a
     short pack (plain best fit over all units leaves on average half a short pack of waste in
@@ -238,6 +249,8 @@ def _pack_two_tier_bfd(
         pack_sizes = pack_sizes[keep]
         k = fit_rows.size
     stats["fitted_packs"] = int(k)
+    if not fill_rows:
+        return pack_of_short, pack_sizes, None, 0
     room = room.copy()
     room[fit_rows] -= pack_sizes[:k]
     row_of_rest, n_rows = pack_into_open_bins(pack_sizes[k:], L, room)
@@ -261,11 +274,22 @@ def _pack_long_tier(
     return rows, int(rows.max()) + 1 if rows.size else 0
 
 
-def plan_two_tier(lengths: np.ndarray, config: PlanConfig) -> Plan:
-    """Plan both configs from document lengths (index = doc id)."""
+def plan_two_tier(
+    lengths: np.ndarray, config: PlanConfig, *, configs: tuple[str, ...] = CONFIGS
+) -> Plan:
+    """Plan the configs named in ``configs`` (both by default) from document lengths
+    (index = doc id).
+
+    A config left out is ``None`` in the plan and costs only what the other one needs: a
+    short-only plan still places the long pieces (the fitted short packs depend on them) but
+    does not fill, lay out or cost the long rows. The layout of a config is the same with or
+    without the other one.
+    """
+    if not configs or set(configs) - set(CONFIGS):
+        raise ValueError(f"configs must name one or both of {CONFIGS}, got {configs!r}")
+    want_long, want_short = "long" in configs, "short" in configs
     S, L = config.short_len, config.long_len
     piece_doc, piece_start, piece_len, stats = make_pieces(lengths, L, config.overlong)
-    n_pieces = piece_len.size
     is_short = piece_len <= S
     short_idx = np.flatnonzero(is_short)
     long_idx = np.flatnonzero(~is_short)
@@ -273,26 +297,77 @@ def plan_two_tier(lengths: np.ndarray, config: PlanConfig) -> Plan:
     short_sizes, long_sizes = piece_len[short_idx], piece_len[long_idx]
     if config.algorithm == "bfd":
         pack_of_short, pack_sizes, row_of_unit, n_rows = _pack_two_tier_bfd(
-            short_sizes, long_sizes, config, stats
+            short_sizes, long_sizes, config, stats, fill_rows=want_long
         )
     else:  # short tier first, then packs and long pieces together
         pack_of_short = pack_lengths(short_sizes, S, algorithm=config.algorithm)
         n_packs = int(pack_of_short.max()) + 1 if pack_of_short.size else 0
         pack_sizes = np.bincount(pack_of_short, weights=short_sizes, minlength=n_packs)
         pack_sizes = pack_sizes.astype(np.int64)
+        row_of_unit, n_rows = None, 0  # placed with the long layout
     n_packs = pack_sizes.size
+    # The short config's shuffle is drawn first, so it is the same with or without long rows.
+    rng = np.random.default_rng(config.seed)
+    pack_rank = rng.permutation(n_packs).astype(np.int64)
+    short = long = None
+    if want_short:
+        # Packs in shuffled order, each pack's pieces in (doc, start) order.
+        pack_members, pack_offsets = _group_by(pack_of_short, n_packs)
+        pack_order = np.empty(n_packs, dtype=np.int64)
+        pack_order[pack_rank] = np.arange(n_packs)
+        short = _layout(
+            S, pack_order, short_idx[pack_members], pack_offsets, pack_rank, n_packs, pack_sizes
+        )
+    if want_long:
+        long = _long_layout(
+            config,
+            piece_doc,
+            piece_len,
+            long_idx,
+            short_idx,
+            pack_of_short,
+            pack_sizes,
+            row_of_unit,
+            n_rows,
+            rng,
+            stats,
+        )
+    stats.update(
+        documents=int(np.asarray(lengths).size),
+        input_tokens=int(np.asarray(lengths, dtype=np.int64).sum()),
+        short_pieces=int(short_idx.size),
+        long_pieces=int(long_idx.size),
+    )
+    return Plan(piece_doc, piece_start, piece_len, short, long, stats)
 
-    # Long tier: units = long pieces (0..nl-1) then packs (nl..nl+n_packs-1).
-    unit_sizes = np.concatenate([long_sizes, pack_sizes])
+
+def _long_layout(
+    config: PlanConfig,
+    piece_doc: np.ndarray,
+    piece_len: np.ndarray,
+    long_idx: np.ndarray,
+    short_idx: np.ndarray,
+    pack_of_short: np.ndarray,
+    pack_sizes: np.ndarray,
+    row_of_unit: np.ndarray | None,
+    n_rows: int,
+    rng: np.random.Generator,
+    stats: dict[str, Any],
+) -> RowLayout:
+    """The long config: units (long pieces 0..nl-1, then packs) in rows (placed here unless
+    ``row_of_unit`` is given), attention balance, rows in shuffled order, and within a row
+    units by first document."""
+    L = config.long_len
+    unit_sizes = np.concatenate([piece_len[long_idx], pack_sizes])
     n_units = unit_sizes.size
-    unit_of_piece = np.empty(n_pieces, dtype=np.int64)
+    unit_of_piece = np.empty(piece_len.size, dtype=np.int64)
     unit_of_piece[long_idx] = np.arange(long_idx.size)
     unit_of_piece[short_idx] = long_idx.size + pack_of_short
     # Pieces are in (doc, start) order, so grouping is stable and each unit's first member
     # is its first document; a unit sorts by that, so rows read roughly in corpus order.
     unit_members, unit_offsets = _group_by(unit_of_piece, n_units)
     unit_first_doc = piece_doc[unit_members[unit_offsets[:-1]]]
-    if config.algorithm != "bfd":
+    if row_of_unit is None:
         row_of_unit, n_rows = _pack_long_tier(unit_sizes, unit_first_doc, config)
     # Attention cost of each unit: a long piece's length squared, a pack's sum of squares.
     piece_sq = piece_len.astype(np.float64) ** 2
@@ -304,36 +379,11 @@ def plan_two_tier(lengths: np.ndarray, config: PlanConfig) -> Plan:
         row_cost = np.bincount(row_of_unit, weights=unit_cost, minlength=n_rows)
         balance = {"ratio": balance_ratio(row_cost)}
     stats["long_attention_balance"] = balance
-
-    rng = np.random.default_rng(config.seed)
-    pack_rank = rng.permutation(n_packs).astype(np.int64)
     row_rank = rng.permutation(n_rows).astype(np.int64)
-
-    # Short config: packs in shuffled order, each pack's pieces in (doc, start) order.
-    pack_members, pack_offsets = _group_by(pack_of_short, n_packs)
-    pack_order = np.empty(n_packs, dtype=np.int64)
-    pack_order[pack_rank] = np.arange(n_packs)
-    short = _layout(
-        S,
-        pack_order,
-        short_idx[pack_members],
-        pack_offsets,
-        pack_rank,
-        n_packs,
-        pack_sizes,
-    )
-    # Long config: rows in shuffled order; within a row, units by first document.
     unit_row = row_rank[row_of_unit]
     by_doc = np.argsort(unit_first_doc, kind="stable")
     by_row, _ = _group_by(unit_row[by_doc], n_rows)
-    long = _layout(L, by_doc[by_row], unit_members, unit_offsets, unit_row, n_rows, unit_sizes)
-    stats.update(
-        documents=int(np.asarray(lengths).size),
-        input_tokens=int(np.asarray(lengths, dtype=np.int64).sum()),
-        short_pieces=int(short_idx.size),
-        long_pieces=int(long_idx.size),
-    )
-    return Plan(piece_doc, piece_start, piece_len, short, long, stats)
+    return _layout(L, by_doc[by_row], unit_members, unit_offsets, unit_row, n_rows, unit_sizes)
 
 
 def tier_summary(layout: RowLayout) -> dict[str, Any]:

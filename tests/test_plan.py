@@ -240,6 +240,22 @@ def test_pretraining_mix_long_tier_within_a_hundredth_of_a_percent() -> None:
     assert plan.stats["fitted_packs"] > 0
 
 
+@pytest.mark.parametrize("algorithm", ["bfd", "ffd", "wrapped"])
+def test_one_config_plans_the_same_layout(algorithm: str) -> None:
+    lengths = pretrain_lengths(20_000, seed=1)
+    cfg = PlanConfig(algorithm=algorithm, seed=5)
+    both = plan_two_tier(lengths, cfg)
+    for name in ("short", "long"):
+        one = plan_two_tier(lengths, cfg, configs=(name,))
+        other = "long" if name == "short" else "short"
+        assert getattr(one, other) is None
+        a, b = getattr(one, name), getattr(both, name)
+        for f in ("row_offsets", "row_pieces", "row_tokens"):
+            assert np.array_equal(getattr(a, f), getattr(b, f))
+    with pytest.raises(ValueError, match="configs"):
+        plan_two_tier(lengths, cfg, configs=("medium",))
+
+
 def test_invalid_tiers_rejected() -> None:
     from packcli.errors import ConfigError
 
