@@ -311,13 +311,12 @@ def plan_two_tier(
     pack_rank = rng.permutation(n_packs).astype(np.int64)
     short = long = None
     if want_short:
-        # Packs in shuffled order, each pack's pieces in (doc, start) order.
-        pack_members, pack_offsets = _group_by(pack_of_short, n_packs)
-        pack_order = np.empty(n_packs, dtype=np.int64)
-        pack_order[pack_rank] = np.arange(n_packs)
-        short = _layout(
-            S, pack_order, short_idx[pack_members], pack_offsets, pack_rank, n_packs, pack_sizes
-        )
+        # Packs in shuffled order, each pack's pieces in (doc, start) order: one stable
+        # counting sort of the pieces by their pack's rank.
+        by_rank, row_offsets = _group_by(pack_rank[pack_of_short], n_packs)
+        row_tokens = np.empty(n_packs, dtype=np.int64)
+        row_tokens[pack_rank] = pack_sizes
+        short = RowLayout(S, row_offsets, short_idx[by_rank], row_tokens)
     if want_long:
         long = _long_layout(
             config,
