@@ -22,8 +22,9 @@ log_64 C), ~0.15 s per million documents). The fitted packs trade between the ti
 residue ``r`` is either wasted in the long row or costs ``short_len - r`` in the short tier,
 and each row pays where that is cheaper relative to the tier's tokens. On the pretraining mix
 of ``scripts/bench_plan.py`` at 10M documents this took the long tier from 1.000122x to
-1.000075x its lower bound (the short tier from 1.000016x to 1.000040x), and the plan takes
-4.6-5.4 s (docs/benchmarks.md). Rows of each config are then shuffled with the seed, because
+1.000075x its lower bound (the short tier from 1.000016x to 1.000040x), and the plan got
+faster, not slower: 5.9 s against 6.6 s, interleaved on a loaded 2-core machine
+(docs/benchmarks.md). Rows of each config are then shuffled with the seed, because
 best-fit decreasing emits rows grouped by document size and training should not see all
 long documents first. Everything here is deterministic for given lengths and config.
 
