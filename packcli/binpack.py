@@ -25,7 +25,8 @@ order they are opened, so the same lengths always give the same assignment.
 ``pack_lengths`` is the public entry point (other tools call it). The two-tier planner also
 uses ``pack_granular`` (best fit *modulo* a granule, so a long row's free room suits whole
 short packs), ``group_by_residue`` (groups of long documents whose totals are near multiples
-of the short-pack size) and ``pack_into_open_bins`` (best fit into partly filled rows).
+of the short-pack size) and ``pack_into_open_bins`` (best fit into partly filled bins: short
+packs into long rows' free room, and short documents into fitted packs of a given size).
 """
 
 from __future__ import annotations

@@ -5,16 +5,28 @@
    remainder (each piece keeps its doc id and is then placed by its own length),
    ``truncate``d to ``long_len``, or ``drop``ped. Documents with zero tokens are dropped and
    counted (they cannot be placed and carry nothing to train on).
-2. **Short tier.** Pieces of at most ``short_len`` are bin-packed into short packs of
-   capacity ``short_len``.
-3. **Long tier.** Long pieces plus the short packs, as *indivisible* units, are bin-packed into
-   rows of capacity ``long_len``. A short pack is never broken up, so a short document never
-   straddles a short-pack boundary in either view.
+2. **Long documents first** (``bfd``). Long pieces are placed by best fit modulo
+   ``short_len`` (after grouping them to totals near a multiple of ``short_len`` when that
+   needs fewer rows), so each long row's free room ends close to a whole number of short
+   packs. Where the room's residue modulo ``short_len`` is large, a *fitted* short pack of
+   exactly that size is formed for it (it is a valid short row, just not a full one).
+3. **Short tier.** Pieces of at most ``short_len`` are bin-packed into short packs of
+   capacity ``short_len``, with the fitted packs open from the start.
+4. **Long tier.** Each fitted pack joins its row; the other short packs, as *indivisible*
+   units, fill the rooms by best fit and open new rows as needed. A short pack is never
+   broken up, so a short document never straddles a short-pack boundary in either view.
+   (``ffd`` and ``wrapped`` pack the short tier first, then long pieces and packs together.)
 
-Both steps are global over the corpus and use ``binpack`` (best-fit decreasing by default:
-O(C + N log_64 C), ~0.15 s per million documents). Rows of each config are then shuffled with the
-seed, because best-fit decreasing emits rows grouped by document size and training should not
-see all long documents first. Everything here is deterministic for given lengths and config.
+Both tiers are global over the corpus and use ``binpack`` (best-fit decreasing: O(C + N
+log_64 C), ~0.15 s per million documents). The fitted packs trade between the tiers: a
+residue ``r`` is either wasted in the long row or costs ``short_len - r`` in the short tier,
+and each row pays where that is cheaper relative to the tier's tokens. On the pretraining mix
+of ``scripts/bench_plan.py`` at 10M documents this took the long tier from 1.000122x to
+1.000075x its lower bound (the short tier from 1.000016x to 1.000040x), and the plan got
+faster, not slower: 5.9 s against 6.6 s, interleaved on a loaded 2-core machine
+(docs/benchmarks.md). Rows of each config are then shuffled with the seed, because
+best-fit decreasing emits rows grouped by document size and training should not see all
+long documents first. Everything here is deterministic for given lengths and config.
 
 Memory is ~40 bytes per piece for the plan itself, so 100M documents plan in ~4 GB.
 """
@@ -47,13 +59,19 @@ class RowLayout:
         return len(self.row_offsets) - 1
 
 
+CONFIGS: tuple[str, ...] = ("long", "short")
+
+
 @dataclass(frozen=True)
 class Plan:
+    """Pieces and the row layout of each config; a config that was not asked for
+    (``plan_two_tier(..., configs=...)``) is ``None``."""
+
     piece_doc: np.ndarray  # int64 doc id of each piece
     piece_start: np.ndarray  # int64 token offset of the piece within its document
     piece_len: np.ndarray  # int64 piece length in tokens
-    short: RowLayout
-    long: RowLayout
+    short: RowLayout | None
+    long: RowLayout | None
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,36 +165,107 @@ def _layout(
     return RowLayout(capacity, row_offsets, row_pieces, row_tokens)
 
 
-def _pack_long_tier(
-    unit_sizes: np.ndarray, n_long: int, unit_first_doc: np.ndarray, config: PlanConfig
-) -> tuple[np.ndarray, int]:
-    """Row of every unit (long pieces first, then short packs) and the number of rows.
+def _fitted(room: np.ndarray, short_len: int, short_tokens: int, total_tokens: int) -> np.ndarray:
+    """Which long rows get a *fitted* short pack: one formed to the size of the row's room
+    modulo ``short_len`` (its residue ``r``), so whole short packs fill the room exactly.
 
-    ``bfd``: long pieces go first so that each row's free room ends close to a multiple of a
-    short pack, then the short packs fill that room by best fit and open new rows as needed.
-    Plain best fit over all units leaves on average half a short pack of waste in every row
-    holding long documents (1.0104x the lower bound on the demo corpus, 1.0028x on a
-    pretraining mix; 1.0000x and 1.00007x with this). ``ffd`` packs all units at once;
-    ``wrapped`` fills rows with the units in input order (plain concatenation, without
-    cutting documents) as a baseline.
+    Without it the residue is wasted in the long config (full packs do not fit in it); with
+    it the fitted pack is a short row of ``r`` tokens, ``short_len - r`` under a full one.
+    Either tier pays, so the cheaper one does, relative to its tokens: fit when
+    ``(short_len - r) / short_tokens < r / total_tokens``. Fitting only helps when the short
+    packs outgrow the long rows' whole-pack room (otherwise no row is saved).
     """
+    res = room % short_len
+    if short_tokens <= int((room - res).sum()):
+        return np.zeros(room.size, dtype=bool)
+    return (short_len - res) * total_tokens < res * short_tokens
+
+
+def _estimate_rows(
+    room: np.ndarray, short_len: int, long_len: int, short_tokens: int, total_tokens: int
+) -> int:
+    """Long rows when short packs of ``short_len`` (plus fitted packs) fill ``room``."""
+    res = room % short_len
+    lost = int(res[~_fitted(room, short_len, short_tokens, total_tokens)].sum())
+    spill = short_tokens - (int(room.sum()) - lost)
+    return int(room.size) + (-(-spill // long_len) if spill > 0 else 0)
+
+
+def _place_long_pieces(
+    long_sizes: np.ndarray, config: PlanConfig, short_tokens: int, total_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row of every long piece and each row's free room, by the better of two variants.
+
+    A: long pieces directly by best fit modulo short_len (dense rows; best when short packs
+    are scarce). B: long pieces first grouped to totals near a multiple of short_len, groups
+    placed the same way (best when packs are plentiful). The variant with fewer estimated
+    rows wins (ties: A); the estimate counts whole short packs into each row's room.
+    """
+    S, L = config.short_len, config.long_len
+    row_of_long, room = pack_granular(long_sizes, L, S)
+    group = group_by_residue(long_sizes, L, S)
+    if group.size:
+        group_sizes = np.bincount(group, weights=long_sizes).astype(np.int64)
+        row_of_group, room_b = pack_granular(group_sizes, L, S)
+        est_a = _estimate_rows(room, S, L, short_tokens, total_tokens)
+        est_b = _estimate_rows(room_b, S, L, short_tokens, total_tokens)
+        if est_b < est_a:
+            row_of_long, room = row_of_group[group], room_b
+    return row_of_long, room
+
+
+def _pack_two_tier_bfd(
+    short_sizes: np.ndarray,
+    long_sizes: np.ndarray,
+    config: PlanConfig,
+    stats: dict[str, Any],
+    fill_rows: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """``bfd`` for both tiers: (pack of each short piece, pack sizes, long row of each unit
+    -- long pieces then packs --, number of long rows); with ``fill_rows`` False the long
+    rows are not filled (``None``, 0): the short packs do not depend on that step.
+
+    Long pieces are placed first, so that each row's free room ends close to a multiple of a
+    short pack (plain best fit over all units leaves on average half a short pack of waste in
+    every row holding long documents: 1.0104x the lower bound on the demo corpus, 1.0028x on
+    a pretraining mix). Then the short tier is packed by best fit with the fitted packs (see
+    ``_fitted``) open from the start, so they are formed first among equals and filled
+    exactly by small documents; each fitted pack goes to its row, and the other packs fill
+    the rooms by best fit, opening new rows as needed.
+    """
+    S, L = config.short_len, config.long_len
+    short_tokens = int(short_sizes.sum())
+    total_tokens = short_tokens + int(long_sizes.sum())
+    row_of_long, room = _place_long_pieces(long_sizes, config, short_tokens, total_tokens)
+    fit_rows = np.flatnonzero(_fitted(room, S, short_tokens, total_tokens))
+    pack_of_short, n_packs = pack_into_open_bins(short_sizes, S, room[fit_rows] % S)
+    pack_sizes = np.bincount(pack_of_short, weights=short_sizes, minlength=n_packs)
+    pack_sizes = pack_sizes.astype(np.int64)
+    k = fit_rows.size
+    if k and not pack_sizes[:k].all():  # a fitted pack nothing went into is no row
+        keep = pack_sizes > 0
+        new_id = np.cumsum(keep) - 1
+        pack_of_short = new_id[pack_of_short]
+        fit_rows = fit_rows[keep[:k]]
+        pack_sizes = pack_sizes[keep]
+        k = fit_rows.size
+    stats["fitted_packs"] = int(k)
+    if not fill_rows:
+        return pack_of_short, pack_sizes, None, 0
+    room = room.copy()
+    room[fit_rows] -= pack_sizes[:k]
+    row_of_rest, n_rows = pack_into_open_bins(pack_sizes[k:], L, room)
+    row_of_unit = np.concatenate([row_of_long, fit_rows, row_of_rest])
+    return pack_of_short, pack_sizes, row_of_unit, int(n_rows)
+
+
+def _pack_long_tier(
+    unit_sizes: np.ndarray, unit_first_doc: np.ndarray, config: PlanConfig
+) -> tuple[np.ndarray, int]:
+    """Row of every unit (long pieces, then short packs) for ``ffd`` and ``wrapped``:
+    ``ffd`` packs all units at once; ``wrapped`` fills rows with the units in input order
+    (plain concatenation, without cutting documents) as a baseline."""
     L = config.long_len
-    if config.algorithm == "bfd":
-        long_sizes, pack_sizes = unit_sizes[:n_long], unit_sizes[n_long:]
-        # A: long pieces directly by best fit modulo short_len (dense rows; best when short
-        # packs are scarce). B: long pieces first grouped to totals near a multiple of
-        # short_len, groups placed the same way (best when packs are plentiful). Keep the
-        # plan with fewer rows; both are cheap next to tokenizing.
-        row_of_long, room = pack_granular(long_sizes, L, config.short_len)
-        row_of_pack, n_rows = pack_into_open_bins(pack_sizes, L, room)
-        group = group_by_residue(long_sizes, L, config.short_len)
-        if group.size:
-            group_sizes = np.bincount(group, weights=long_sizes).astype(np.int64)
-            row_of_group, room_b = pack_granular(group_sizes, L, config.short_len)
-            row_of_pack_b, n_rows_b = pack_into_open_bins(pack_sizes, L, room_b)
-            if n_rows_b < n_rows:
-                row_of_long, row_of_pack, n_rows = row_of_group[group], row_of_pack_b, n_rows_b
-        return np.concatenate([row_of_long, row_of_pack]), int(n_rows)
     if config.algorithm == "wrapped":
         order = np.argsort(unit_first_doc, kind="stable")
         rows = np.empty(unit_sizes.size, dtype=np.int64)
@@ -186,32 +275,100 @@ def _pack_long_tier(
     return rows, int(rows.max()) + 1 if rows.size else 0
 
 
-def plan_two_tier(lengths: np.ndarray, config: PlanConfig) -> Plan:
-    """Plan both configs from document lengths (index = doc id)."""
+def plan_two_tier(
+    lengths: np.ndarray, config: PlanConfig, *, configs: tuple[str, ...] = CONFIGS
+) -> Plan:
+    """Plan the configs named in ``configs`` (both by default) from document lengths
+    (index = doc id).
+
+    A config left out is ``None`` in the plan and costs only what the other one needs: a
+    short-only plan still places the long pieces (the fitted short packs depend on them) but
+    does not fill, lay out or cost the long rows. The layout of a config is the same with or
+    without the other one.
+    """
+    if not configs or set(configs) - set(CONFIGS):
+        raise ValueError(f"configs must name one or both of {CONFIGS}, got {configs!r}")
+    want_long, want_short = "long" in configs, "short" in configs
     S, L = config.short_len, config.long_len
     piece_doc, piece_start, piece_len, stats = make_pieces(lengths, L, config.overlong)
-    n_pieces = piece_len.size
     is_short = piece_len <= S
     short_idx = np.flatnonzero(is_short)
     long_idx = np.flatnonzero(~is_short)
 
-    # Short tier: pieces -> packs.
-    pack_of_short = pack_lengths(piece_len[short_idx], S, algorithm=config.algorithm)
-    n_packs = int(pack_of_short.max()) + 1 if pack_of_short.size else 0
-    pack_sizes = np.bincount(pack_of_short, weights=piece_len[short_idx], minlength=n_packs)
-    pack_sizes = pack_sizes.astype(np.int64)
+    short_sizes, long_sizes = piece_len[short_idx], piece_len[long_idx]
+    if config.algorithm == "bfd":
+        pack_of_short, pack_sizes, row_of_unit, n_rows = _pack_two_tier_bfd(
+            short_sizes, long_sizes, config, stats, fill_rows=want_long
+        )
+    else:  # short tier first, then packs and long pieces together
+        pack_of_short = pack_lengths(short_sizes, S, algorithm=config.algorithm)
+        n_packs = int(pack_of_short.max()) + 1 if pack_of_short.size else 0
+        pack_sizes = np.bincount(pack_of_short, weights=short_sizes, minlength=n_packs)
+        pack_sizes = pack_sizes.astype(np.int64)
+        row_of_unit, n_rows = None, 0  # placed with the long layout
+    n_packs = pack_sizes.size
+    # The short config's shuffle is drawn first, so it is the same with or without long rows.
+    rng = np.random.default_rng(config.seed)
+    pack_rank = rng.permutation(n_packs).astype(np.int64)
+    short = long = None
+    if want_short:
+        # Packs in shuffled order, each pack's pieces in (doc, start) order: one stable
+        # counting sort of the pieces by their pack's rank.
+        by_rank, row_offsets = _group_by(pack_rank[pack_of_short], n_packs)
+        row_tokens = np.empty(n_packs, dtype=np.int64)
+        row_tokens[pack_rank] = pack_sizes
+        short = RowLayout(S, row_offsets, short_idx[by_rank], row_tokens)
+    if want_long:
+        long = _long_layout(
+            config,
+            piece_doc,
+            piece_len,
+            long_idx,
+            short_idx,
+            pack_of_short,
+            pack_sizes,
+            row_of_unit,
+            n_rows,
+            rng,
+            stats,
+        )
+    stats.update(
+        documents=int(np.asarray(lengths).size),
+        input_tokens=int(np.asarray(lengths, dtype=np.int64).sum()),
+        short_pieces=int(short_idx.size),
+        long_pieces=int(long_idx.size),
+    )
+    return Plan(piece_doc, piece_start, piece_len, short, long, stats)
 
-    # Long tier: units = long pieces (0..nl-1) then packs (nl..nl+n_packs-1).
+
+def _long_layout(
+    config: PlanConfig,
+    piece_doc: np.ndarray,
+    piece_len: np.ndarray,
+    long_idx: np.ndarray,
+    short_idx: np.ndarray,
+    pack_of_short: np.ndarray,
+    pack_sizes: np.ndarray,
+    row_of_unit: np.ndarray | None,
+    n_rows: int,
+    rng: np.random.Generator,
+    stats: dict[str, Any],
+) -> RowLayout:
+    """The long config: units (long pieces 0..nl-1, then packs) in rows (placed here unless
+    ``row_of_unit`` is given), attention balance, rows in shuffled order, and within a row
+    units by first document."""
+    L = config.long_len
     unit_sizes = np.concatenate([piece_len[long_idx], pack_sizes])
     n_units = unit_sizes.size
-    unit_of_piece = np.empty(n_pieces, dtype=np.int64)
+    unit_of_piece = np.empty(piece_len.size, dtype=np.int64)
     unit_of_piece[long_idx] = np.arange(long_idx.size)
     unit_of_piece[short_idx] = long_idx.size + pack_of_short
     # Pieces are in (doc, start) order, so grouping is stable and each unit's first member
     # is its first document; a unit sorts by that, so rows read roughly in corpus order.
     unit_members, unit_offsets = _group_by(unit_of_piece, n_units)
     unit_first_doc = piece_doc[unit_members[unit_offsets[:-1]]]
-    row_of_unit, n_rows = _pack_long_tier(unit_sizes, long_idx.size, unit_first_doc, config)
+    if row_of_unit is None:
+        row_of_unit, n_rows = _pack_long_tier(unit_sizes, unit_first_doc, config)
     # Attention cost of each unit: a long piece's length squared, a pack's sum of squares.
     piece_sq = piece_len.astype(np.float64) ** 2
     unit_cost = np.bincount(unit_of_piece, weights=piece_sq, minlength=n_units)
@@ -222,36 +379,14 @@ def plan_two_tier(lengths: np.ndarray, config: PlanConfig) -> Plan:
         row_cost = np.bincount(row_of_unit, weights=unit_cost, minlength=n_rows)
         balance = {"ratio": balance_ratio(row_cost)}
     stats["long_attention_balance"] = balance
-
-    rng = np.random.default_rng(config.seed)
-    pack_rank = rng.permutation(n_packs).astype(np.int64)
     row_rank = rng.permutation(n_rows).astype(np.int64)
-
-    # Short config: packs in shuffled order, each pack's pieces in (doc, start) order.
-    pack_members, pack_offsets = _group_by(pack_of_short, n_packs)
-    pack_order = np.empty(n_packs, dtype=np.int64)
-    pack_order[pack_rank] = np.arange(n_packs)
-    short = _layout(
-        S,
-        pack_order,
-        short_idx[pack_members],
-        pack_offsets,
-        pack_rank,
-        n_packs,
-        pack_sizes,
-    )
-    # Long config: rows in shuffled order; within a row, units by first document.
     unit_row = row_rank[row_of_unit]
-    by_doc = np.argsort(unit_first_doc, kind="stable")
+    # Units by first document: a stable counting sort (pieces are in doc order, so the
+    # last piece has the largest doc id); the same order as a stable argsort, 5x faster.
+    n_docs = int(piece_doc[-1]) + 1 if piece_doc.size else 0
+    by_doc, _ = _group_by(unit_first_doc, n_docs)
     by_row, _ = _group_by(unit_row[by_doc], n_rows)
-    long = _layout(L, by_doc[by_row], unit_members, unit_offsets, unit_row, n_rows, unit_sizes)
-    stats.update(
-        documents=int(np.asarray(lengths).size),
-        input_tokens=int(np.asarray(lengths, dtype=np.int64).sum()),
-        short_pieces=int(short_idx.size),
-        long_pieces=int(long_idx.size),
-    )
-    return Plan(piece_doc, piece_start, piece_len, short, long, stats)
+    return _layout(L, by_doc[by_row], unit_members, unit_offsets, unit_row, n_rows, unit_sizes)
 
 
 def tier_summary(layout: RowLayout) -> dict[str, Any]:

@@ -247,7 +247,8 @@ def pack_table(
     For callers that hold tokens in Arrow (e.g. a ``datasets.Dataset``'s table) rather than
     jsonl on disk; the tables use the public row schema. Document ``i`` of ``table`` gets
     doc id ``i``. ``configs`` picks which tables to build (the other is ``None``): building
-    one gathers every token once instead of twice.
+    one gathers every token once instead of twice, and plans only what that config needs
+    (the returned plan's other layout is ``None`` too). A table is the same either way.
     """
     col = table.column(column)
     if col.num_chunks == 1:
@@ -260,7 +261,7 @@ def pack_table(
         raise ValueError(f"column {column!r} must be a list of integers, got {ids.type}")
     offsets = ids.offsets.to_numpy().astype(np.int64)
     values = ids.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    plan = plan_two_tier(np.diff(offsets), config)
+    plan = plan_two_tier(np.diff(offsets), config, configs=tuple(configs))
     source = TokenSource([ShardTokens(values=values, offsets=offsets, first_doc_id=0)])
     tables = {
         name: rows_to_table(plan, getattr(plan, name), 0, getattr(plan, name).num_rows, source)

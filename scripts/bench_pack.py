@@ -10,8 +10,9 @@ Both length mixes of ``bench_plan.py`` (``sft``: lognormal, median ~350, clipped
 - ``pack_table``             the full in-memory pack stage: the two-tier plan plus gathering
   tokens into rows of *both* configs with ``input_ids``, ``segment_ids``, ``seq_lengths``,
   ``doc_ids``, ``num_tokens`` (the work ``packcli pack`` does before Parquet);
-- ``pack one tier``          the same, gathering only the config compared with TRL (plan of both
-  tiers, ``pack_table(..., configs=(tier,))``), since TRL builds one config;
+- ``pack one tier``          the same for only the config compared with TRL
+  (``pack_table(..., configs=(tier,))``: it plans and gathers what that config needs), since
+  TRL builds one config;
 - ``trl bfd`` / ``trl bfd_split``  ``trl.pack_dataset(dataset, seq_length, strategy=...)`` at
   its defaults (``Dataset.map`` in batches of 1000) on a ``datasets.Dataset`` over the same
   Arrow table.

@@ -153,6 +153,107 @@ def test_long_heavy_mix_uses_residue_groups() -> None:
     assert tier_summary(plan.short)["rows_over_bound"] <= 1.0005
 
 
+def test_fitted_packs_fill_the_room_long_documents_leave() -> None:
+    # short_len 4, long_len 10: two 7-token documents leave 3 tokens each, where no full pack
+    # fits. Packed blind, the short packs are 4, 4, 4, 2 and the long tier takes 4 rows
+    # (bound 3). Fitted packs of 3 are formed for those rooms instead: 3, 3, 4, 4.
+    lengths = np.array([7, 7, 2, 2, 2, 2, 2, 2, 1, 1])
+    cfg = PlanConfig(short_len=4, long_len=10)
+    plan = plan_two_tier(lengths, cfg)
+    check_plan(lengths, cfg, plan)
+    assert plan.stats["fitted_packs"] == 2
+    assert sorted(sum(n for _, _, n in r) for r in rows(plan, plan.short)) == [3, 3, 4, 4]
+    long_rows = rows(plan, plan.long)
+    assert sorted(sum(n for _, _, n in r) for r in long_rows) == [8, 10, 10]
+    assert all(sum(n for _, _, n in r) == 10 for r in long_rows if r[0][2] == 7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    long_docs=st.lists(st.integers(1, 60), min_size=1, max_size=12),
+    short_docs=st.lists(st.integers(1, 16), min_size=1, max_size=120),
+    balance=st.sampled_from(["none", "attention"]),
+)
+def test_fitted_pack_invariants(long_docs: list[int], short_docs: list[int], balance: str) -> None:
+    # Long documents 17..76 tokens in rows of 80 leave rooms of every residue modulo 16, and
+    # plenty of short documents make fitted packs worth forming.
+    cfg = PlanConfig(short_len=16, long_len=80, balance=balance)
+    arr = np.array([80 - k for k in long_docs] + short_docs, dtype=np.int64)
+    plan = plan_two_tier(arr, cfg)
+    check_plan(arr, cfg, plan)
+    check_packs_whole(plan)
+
+
+def pretrain_lengths(n: int, seed: int = 0) -> np.ndarray:
+    """The pretraining mix of scripts/bench_plan.py: lognormal web documents and a 3%
+    heavy tail up to 600k tokens."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(600), 1.2, n).astype(np.int64), 1, None)
+    tail = rng.random(n) < 0.03
+    lengths[tail] = (4096 * np.exp(rng.exponential(1.0, int(tail.sum())))).astype(np.int64)
+    return np.minimum(lengths, 600_000)
+
+
+def check_packs_whole(plan: Plan) -> None:
+    """Vectorised: every piece once per config, every short pack contiguous inside one long
+    row, no row over capacity (check_plan does this in Python, too slow for 1M documents)."""
+    n = plan.piece_len.size
+    long, short = plan.long, plan.short
+    assert np.array_equal(np.sort(long.row_pieces), np.arange(n))
+    assert np.array_equal(
+        np.sort(short.row_pieces), np.flatnonzero(plan.piece_len <= short.capacity)
+    )
+    for layout in (long, short):
+        assert (layout.row_tokens <= layout.capacity).all() and (layout.row_tokens > 0).all()
+        seg_row = np.repeat(np.arange(layout.num_rows), np.diff(layout.row_offsets))
+        sums = np.bincount(
+            seg_row, weights=plan.piece_len[layout.row_pieces], minlength=layout.num_rows
+        )
+        assert np.array_equal(sums, layout.row_tokens)
+    pos = np.empty(n, dtype=np.int64)  # position of each piece in the long config
+    pos[long.row_pieces] = np.arange(n)
+    long_row = np.repeat(np.arange(long.num_rows), np.diff(long.row_offsets))[pos]
+    p = pos[short.row_pieces]
+    r = long_row[short.row_pieces]
+    count = np.diff(short.row_offsets)
+    lo = np.minimum.reduceat(p, short.row_offsets[:-1])
+    hi = np.maximum.reduceat(p, short.row_offsets[:-1])
+    assert (hi - lo + 1 == count).all()  # contiguous
+    assert (  # in one long row
+        np.minimum.reduceat(r, short.row_offsets[:-1])
+        == np.maximum.reduceat(r, short.row_offsets[:-1])
+    ).all()
+
+
+def test_pretraining_mix_long_tier_within_a_hundredth_of_a_percent() -> None:
+    # Fitted short packs fill the room long documents leave below a whole pack, so the long
+    # tier is within 1.0001x of its bound even at 1M documents (~1.5 rows of slack).
+    lengths = pretrain_lengths(1_000_000)
+    plan = plan_two_tier(lengths, PlanConfig())
+    check_packs_whole(plan)
+    short, long = tier_summary(plan.short), tier_summary(plan.long)
+    assert long["tokens"] == int(lengths.sum())
+    assert long["rows_over_bound"] <= 1.0001
+    assert short["rows_over_bound"] <= 1.0001
+    assert plan.stats["fitted_packs"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["bfd", "ffd", "wrapped"])
+def test_one_config_plans_the_same_layout(algorithm: str) -> None:
+    lengths = pretrain_lengths(20_000, seed=1)
+    cfg = PlanConfig(algorithm=algorithm, seed=5)
+    both = plan_two_tier(lengths, cfg)
+    for name in ("short", "long"):
+        one = plan_two_tier(lengths, cfg, configs=(name,))
+        other = "long" if name == "short" else "short"
+        assert getattr(one, other) is None
+        a, b = getattr(one, name), getattr(both, name)
+        for f in ("row_offsets", "row_pieces", "row_tokens"):
+            assert np.array_equal(getattr(a, f), getattr(b, f))
+    with pytest.raises(ValueError, match="configs"):
+        plan_two_tier(lengths, cfg, configs=("medium",))
+
+
 def test_invalid_tiers_rejected() -> None:
     from packcli.errors import ConfigError
 

@@ -34,6 +34,9 @@ def test_pack_table_holds_every_token_and_can_build_one_config() -> None:
         assert sorted(pieces[i]) == sorted(expected)
     only_short = pack_table(table, cfg, configs=("short",))
     assert only_short[0] is None and only_short[1].equals(short)
+    assert only_short[2].long is None
+    only_long = pack_table(table, cfg, configs=("long",))
+    assert only_long[1] is None and only_long[0].equals(long)
 
 
 def test_threaded_gather_matches_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
