@@ -185,3 +185,16 @@ def test_error_policy_names_file_line_through_the_cli(
     result = runner.invoke(app, [str(a) for a in args])
     assert result.exit_code == 1
     assert f"{path}:334:" in result.output
+
+
+def test_freed_memory_goes_back_to_the_os_on_glibc() -> None:
+    """Each unit's threads get their own glibc arenas; the pipeline trims them after every
+    unit and shard (peak RSS measured in scripts/bench_pipeline.py --memory)."""
+    import platform
+
+    from packcli import pipeline
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+    assert pipeline._malloc_trim() is not None
+    pipeline.release_free_memory()
