@@ -461,7 +461,7 @@ class FastPath:
             return ordinary
         allowed = frozenset(spec.special_tokens)
         # A C-speed scan first: most documents hold no added token, and the ordinary path
-        # skips matching special tokens altogether.
+        # skips converting the allowed set for every call.
         added_re = re.compile("|".join(re.escape(s) for s in sorted(allowed, key=len)[::-1]))
         search = added_re.search
         if spec.split_added:
@@ -488,7 +488,11 @@ class FastPath:
                 text = unicodedata.normalize("NFC", text)
             if search(text) is None:
                 return ordinary(text)
-            return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+            try:
+                return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+            except UnicodeEncodeError:  # as in ``ordinary``
+                ids = enc.encode(text, allowed_special=allowed, disallowed_special=())
+                return np.asarray(ids, dtype=np.uint32)
 
         return with_specials
 

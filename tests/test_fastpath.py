@@ -488,3 +488,15 @@ def test_spec_cache_ignores_bad_or_foreign_entries(
     monkeypatch.setenv("PACKCLI_CACHE_DIR", "")
     fastpath.build_tiktoken_encoder(gpt2_tok, 1, "ef" * 32)
     assert len(calls) == 3 and len(list(tmp_path.iterdir())) == 1
+
+
+def test_lone_surrogates_take_tiktokens_own_replacement(llama3_tok: Tokenizer) -> None:
+    """The numpy path raises on text that is not valid UTF-8; the fast path then falls back
+    to tiktoken's list path, which replaces the surrogate (the reader never passes such
+    text on, but a library caller may)."""
+    fast = build_tiktoken_encoder(llama3_tok, 1)
+    text = "ab\ud800cd <|endoftext|> x\udfff"
+    (got,) = fast([text])
+    assert got.dtype == np.uint32
+    want = fast.encoding.encode(text, allowed_special="all", disallowed_special=())
+    assert got.tolist() == want
