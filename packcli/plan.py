@@ -20,7 +20,8 @@
 Both tiers are global over the corpus and use ``binpack`` (best-fit decreasing: O(C + N
 log_64 C), ~0.15 s per million documents). The fitted packs trade between the tiers: a
 residue ``r`` is either wasted in the long row or costs ``short_len - r`` in the short tier,
-and each row pays where that is cheaper relative to the tier's tokens. On the pretraining mix
+and each row pays where that is cheaper relative to the tier's tokens; none is formed when
+the whole-pack estimate of long rows says fitting saves no row. On the pretraining mix
 of ``scripts/bench_plan.py`` at 10M documents this took the long tier from 1.000122x to
 1.000075x its lower bound (the short tier from 1.000016x to 1.000040x), and the plan got
 faster, not slower: 5.9 s against 6.6 s, interleaved on a loaded 2-core machine
@@ -182,11 +183,19 @@ def _fitted(room: np.ndarray, short_len: int, short_tokens: int, total_tokens: i
 
 
 def _estimate_rows(
-    room: np.ndarray, short_len: int, long_len: int, short_tokens: int, total_tokens: int
+    room: np.ndarray,
+    short_len: int,
+    long_len: int,
+    short_tokens: int,
+    total_tokens: int,
+    fit: bool = True,
 ) -> int:
-    """Long rows when short packs of ``short_len`` (plus fitted packs) fill ``room``."""
+    """Long rows when short packs of ``short_len`` (plus fitted packs, with ``fit``) fill
+    ``room``."""
     res = room % short_len
-    lost = int(res[~_fitted(room, short_len, short_tokens, total_tokens)].sum())
+    if fit:
+        res = res[~_fitted(room, short_len, short_tokens, total_tokens)]
+    lost = int(res.sum())
     spill = short_tokens - (int(room.sum()) - lost)
     return int(room.size) + (-(-spill // long_len) if spill > 0 else 0)
 
@@ -237,7 +246,12 @@ def _pack_two_tier_bfd(
     short_tokens = int(short_sizes.sum())
     total_tokens = short_tokens + int(long_sizes.sum())
     row_of_long, room = _place_long_pieces(long_sizes, config, short_tokens, total_tokens)
-    fit_rows = np.flatnonzero(_fitted(room, S, short_tokens, total_tokens))
+    fit = _fitted(room, S, short_tokens, total_tokens)
+    if fit.any() and _estimate_rows(room, S, L, short_tokens, total_tokens, fit=False) <= (
+        _estimate_rows(room, S, L, short_tokens, total_tokens)
+    ):
+        fit[:] = False  # no long row to save: fitted packs would only add short rows
+    fit_rows = np.flatnonzero(fit)
     pack_of_short, n_packs = pack_into_open_bins(short_sizes, S, room[fit_rows] % S)
     pack_sizes = np.bincount(pack_of_short, weights=short_sizes, minlength=n_packs)
     pack_sizes = pack_sizes.astype(np.int64)

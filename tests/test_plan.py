@@ -226,16 +226,17 @@ def check_packs_whole(plan: Plan) -> None:
 
 
 def test_pretraining_mix_long_tier_within_a_hundredth_of_a_percent() -> None:
-    # Fitted short packs fill the room long documents leave below a whole pack, so the long
-    # tier is within 1.0001x of its bound even at 1M documents (~1.5 rows of slack).
+    # Within 1.0001x of the bound at 1M documents (~1.5 rows of slack). Here the whole-pack
+    # estimate says fitted packs would save no long row, so none is formed and the short
+    # tier keeps its full packs (they are formed at 10M, where they do: docs/benchmarks.md).
     lengths = pretrain_lengths(1_000_000)
     plan = plan_two_tier(lengths, PlanConfig())
     check_packs_whole(plan)
     short, long = tier_summary(plan.short), tier_summary(plan.long)
     assert long["tokens"] == int(lengths.sum())
     assert long["rows_over_bound"] <= 1.0001
-    assert short["rows_over_bound"] <= 1.0001
-    assert plan.stats["fitted_packs"] > 0
+    assert short["rows_over_bound"] <= 1.00002
+    assert plan.stats["fitted_packs"] == 0
 
 
 @pytest.mark.parametrize("algorithm", ["bfd", "ffd", "wrapped"])
