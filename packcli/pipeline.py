@@ -646,9 +646,17 @@ def _save_plan(cfg: RunConfig, plan: Plan, tokens_fingerprint: str) -> None:
         arrays[f"{name}_row_tokens"] = layout.row_tokens
     np.savez(tmp, **arrays)
     tmp.replace(path)
+    # What the Parquet files depend on is the plan itself, not only the settings that made it
+    # (another packcli build may plan the same settings differently): write records carry
+    # this digest of the arrays (the npz bytes hold zip timestamps, so not the file's hash).
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(arrays[name]).view(np.uint8).data)
     atomic_write_json(
         cfg.work_path / "plan.json",
         {
+            "content_sha256": digest.hexdigest(),
             "fingerprint": _plan_fingerprint(cfg.plan, tokens_fingerprint),
             "tokens_fingerprint": tokens_fingerprint,
             "stats": plan.stats,
@@ -713,6 +721,7 @@ def _write_fingerprint(cfg: RunConfig, shards: TokenShards) -> str:
     return _fingerprint(
         {
             "plan": _plan_fingerprint(cfg.plan, shards.success["fingerprint"]),
+            "plan_content": _read_json(cfg.work_path / "plan.json").get("content_sha256"),
             "write": dataclasses.asdict(cfg.write),
         }
     )

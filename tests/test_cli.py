@@ -462,3 +462,33 @@ def test_full_disk_is_a_clear_error_and_nothing_is_marked_complete(
     monkeypatch.undo()
     code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", out, *SMALL)
     assert code == 0 and "reused tokenized shards" in output
+
+
+def test_a_different_plan_under_the_same_settings_rewrites_the_files(
+    corpus_dir: Path, toy_tokenizer_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Write records follow the plan's content, not only its settings: a planner that packs
+    the same settings differently (another packcli build) must not leave stale Parquet
+    files behind the new report; an unchanged plan reuses every file."""
+    import dataclasses
+
+    from packcli import pipeline
+
+    out = tmp_path / "out"
+    args = ["pack", str(corpus_dir / "*.jsonl*"), "-t", toy_tokenizer_path, "-o", out, *SMALL]
+    assert invoke(*args)[0] == 0
+    files = sorted((out / "data").rglob("*.parquet"))
+    stamps = [p.stat().st_mtime_ns for p in files]
+    assert invoke(*args)[0] == 0
+    assert [p.stat().st_mtime_ns for p in files] == stamps  # same plan: nothing rewritten
+
+    real = pipeline.plan_two_tier
+    monkeypatch.setattr(
+        pipeline,
+        "plan_two_tier",
+        lambda lengths, cfg: real(lengths, dataclasses.replace(cfg, algorithm="wrapped")),
+    )
+    assert invoke(*args)[0] == 0
+    monkeypatch.undo()
+    code, output = invoke("verify", out)
+    assert code == 0 and "all invariants hold" in output, output
