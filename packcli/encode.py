@@ -344,5 +344,5 @@ def tokenize_chat_batches(
         stats.add(batch_stats)
         record_batch = chat_record_batch(batch, ids, labels, lengths)
         times.encode += t1 - t0
-        times.assemble += time.perf_counter() - t1
+        times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
         yield batch, record_batch
