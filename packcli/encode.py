@@ -12,7 +12,6 @@ thread driving the tokenizer's own Rust threads), and assembling/writing the pre
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
 import time
@@ -112,8 +111,8 @@ class StageTimes:
         """``values`` in the stage's own order (JSON records sort their keys)."""
         return {f.name: values[f.name] for f in fields(StageTimes) if f.name in values}
 
-    def add(self, other: StageTimes | dict[str, float]) -> None:
-        values = other if isinstance(other, dict) else dataclasses.asdict(other)
+    def add(self, values: dict[str, float]) -> None:
+        """Add a unit's recorded times (its completion record's ``times``)."""
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + values.get(f.name, 0.0))
 
