@@ -124,6 +124,13 @@ Backend = Annotated[
         help="auto: tiktoken fast path when it reproduces HF ids on a sample, else hf [auto].",
     ),
 ]
+SpecialInText = Annotated[
+    str | None,
+    typer.Option(
+        help="Special-token strings inside documents (e.g. <|endoftext|> in scraped text): "
+        "encoded as plain text, or as the special tokens (special) [text]."
+    ),
+]
 WorkDir = Annotated[
     str | None, typer.Option(help="Work folder for shards and plan [OUT/.packcli].")
 ]
@@ -192,6 +199,7 @@ def _tokenize_sections(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "bos": _special(flags["bos"]),
             "backend": flags["tokenizer_backend"],
             "num_proc": flags["num_proc"],
+            "special_in_text": flags["special_in_text"],
         },
     }
 
@@ -245,6 +253,7 @@ def pack(
     batch_size: BatchSize = None,
     tokenizer_backend: Backend = None,
     num_proc: NumProc = None,
+    special_in_text: SpecialInText = None,
     on_bad_line: OnBadLine = None,
     split_bytes: SplitBytes = None,
     format_: Format = None,
@@ -327,6 +336,7 @@ def tokenize(
     batch_size: BatchSize = None,
     tokenizer_backend: Backend = None,
     num_proc: NumProc = None,
+    special_in_text: SpecialInText = None,
     on_bad_line: OnBadLine = None,
     split_bytes: SplitBytes = None,
     format_: Format = None,
@@ -446,6 +456,11 @@ def verify(
         else ("(tokenized shards not present: token identity checked between configs only)")
     )
     typer.echo(f"OK: all invariants hold {against}")
+    recheck = summary["checked_against_input"]
+    if "checked" in recheck:
+        typer.echo(f"    {recheck['checked']} input documents encoded again match the output")
+    else:
+        typer.echo(f"    input documents not encoded again: {recheck['skipped']}")
 
 
 def _register_tools() -> None:

@@ -62,6 +62,9 @@ class TokenizeConfig:
     shard_tokens: int = 64 * 1024 * 1024
     backend: str = "auto"  # auto | hf | tiktoken (see packcli/fastpath.py)
     num_proc: int = 0  # tokenizer threads; 0 = all cores
+    # Special-token strings inside documents: plain text (safe) or the special tokens (text
+    # format only; chat templates write their markers, which must stay special).
+    special_in_text: str = "text"
 
     @property
     def threads(self) -> int:
@@ -75,6 +78,10 @@ class TokenizeConfig:
         if self.backend not in ("auto", "hf", "tiktoken"):
             raise ConfigError(
                 f"tokenize.backend must be auto, hf or tiktoken, got {self.backend!r}"
+            )
+        if self.special_in_text not in ("text", "special"):
+            raise ConfigError(
+                f"tokenize.special_in_text must be text or special, got {self.special_in_text!r}"
             )
         if self.shard_tokens < 1024:
             raise ConfigError(f"tokenize.shard_tokens must be >= 1024, got {self.shard_tokens}")

@@ -54,6 +54,7 @@ the fast path only when the check passes (``auto``) or refuses loudly (``tiktoke
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import logging
@@ -263,9 +264,10 @@ def derive_spec(tokenizer: Tokenizer) -> TiktokenSpec:
     specials: dict[str, int] = {}
     normalized_flags = set()
     skip_special = bool(getattr(tokenizer, "encode_special_tokens", False))
+    added_contents = {added["content"] for added in data.get("added_tokens", [])}
     for added in data.get("added_tokens", []):
         if added.get("special") and skip_special:
-            continue
+            continue  # encoded as the characters it is made of, like any text
         content = added["content"]
         _unsupported(not content, "an empty added token")
         for flag in ("single_word", "lstrip", "rstrip"):
@@ -322,8 +324,10 @@ def derive_spec(tokenizer: Tokenizer) -> TiktokenSpec:
     mergeable: dict[str, int] = {}
     excluded = 0
     for tok, tid in vocab.items():
-        if len(tok) > 1 and tok in specials and tok not in first_merge:
-            excluded += 1  # a special token's vocabulary entry: handled as a special
+        if len(tok) > 1 and tok in added_contents and tok not in first_merge:
+            # An added token's vocabulary entry: matched as a special, or (special tokens
+            # under ``encode_special_tokens``) never produced, as in HF.
+            excluded += 1
             continue
         if not all(c in u2b for c in tok):
             excluded += 1
@@ -535,6 +539,8 @@ def build_tiktoken_encoder(
     """
     if fingerprint is None:
         return FastPath(derive_spec(tokenizer), num_threads)
+    if tokenizer.encode_special_tokens:  # not in the serialization, but changes the spec
+        fingerprint = f"{fingerprint}-plain-specials"
     spec = _load_cached_spec(fingerprint)
     if spec is None:
         spec = derive_spec(tokenizer)
@@ -557,7 +563,9 @@ def cache_dir() -> Path | None:
 
 def _spec_path(fingerprint: str) -> Path | None:
     folder = cache_dir()
-    return None if folder is None else folder / f"fastpath-{fingerprint[:32]}.json"
+    if folder is None:
+        return None
+    return folder / f"fastpath-{hashlib.sha256(fingerprint.encode()).hexdigest()[:32]}.json"
 
 
 def _load_cached_spec(fingerprint: str) -> TiktokenSpec | None:

@@ -34,6 +34,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -92,7 +93,13 @@ from packcli.shards import (
     sha256_file,
 )
 from packcli.tasks import assign_by_size
-from packcli.tokenizer import LoadedTokenizer, load_tokenizer, resolve_special
+from packcli.tokenizer import (
+    LoadedTokenizer,
+    SpecialStringCounter,
+    load_tokenizer,
+    resolve_special,
+    set_special_in_text,
+)
 from packcli.write import TokenSource, file_ranges, write_config_file
 
 log = logging.getLogger(__name__)
@@ -171,11 +178,15 @@ class _Tokenizing:
             "vocab_size": self.loaded.vocab_size,
             "eos_id": self.eos,
             "bos_id": self.bos,
+            "disabled": list(self.loaded.disabled),
+            "special_in_text": self.settings.get("special_in_text"),
         }
 
 
 def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
     loaded = load_tokenizer(cfg.tokenize.tokenizer)
+    if not cfg.chat.is_chat:  # a chat template's markers must stay special tokens
+        set_special_in_text(loaded.tokenizer, cfg.tokenize.special_in_text)
     eos = resolve_special(loaded, cfg.tokenize.eos, "eos")
     bos = resolve_special(loaded, cfg.tokenize.bos, "bos")
     settings: dict[str, Any] = {
@@ -187,6 +198,8 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
         "shard_tokens": cfg.tokenize.shard_tokens,
         "packcli": __version__,
     }
+    if not cfg.chat.is_chat:
+        settings["special_in_text"] = cfg.tokenize.special_in_text
     chat = None
     if cfg.chat.is_chat:
         template = load_chat_template(cfg.tokenize.tokenizer, cfg.chat.chat_template)
@@ -277,7 +290,7 @@ def tokenize_task(
         progress = _TokenizeProgress(bar)
         for k in mine:
             if k in pending:
-                _tokenize_unit(cfg, units[k], encoder, tok.eos, tok.bos, progress)
+                _tokenize_unit(cfg, units[k], encoder, tok, progress)
                 release_free_memory()
             else:
                 progress.update(units[k]["size"], 0)
@@ -393,8 +406,7 @@ def _tokenize_unit(
     cfg: RunConfig,
     unit: dict[str, Any],
     encoder: Any,
-    eos: int | None,
-    bos: int | None,
+    tok: _Tokenizing,
     progress: _TokenizeProgress,
 ) -> None:
     """Tokenize one input unit (a file or a byte span of one) that is not complete yet,
@@ -412,6 +424,7 @@ def _tokenize_unit(
     stats = ReadStats()
     chat_stats = ChatStats()
     times = StageTimes()
+    specials: Counter[str] = Counter()
     done_bytes = 0
     path = unit["path"]
     skip = cfg.read.on_bad_line == "skip"
@@ -449,7 +462,14 @@ def _tokenize_unit(
         if isinstance(encoder, ChatEncoder):
             tokenized = tokenize_chat_batches(batches, encoder, chat_stats, template_failed, times)
         else:
-            tokenized = tokenize_batches(batches, encoder, bos=bos, eos=eos, times=times)
+            tokenized = tokenize_batches(
+                batches,
+                encoder,
+                bos=tok.bos,
+                eos=tok.eos,
+                times=times,
+                count_specials=(SpecialStringCounter.of(tok.loaded.tokenizer), specials),
+            )
         for batch, record_batch in tokenized:
             shards_before = len(writer.manifests)
             writer.add(record_batch)
@@ -485,6 +505,7 @@ def _tokenize_unit(
                 "rejected": dict(sorted(stats.rejected.items())),
             },
             "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
+            "special_strings": dict(sorted(specials.items())),
             "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
         },
     )
@@ -548,6 +569,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     totals = {"documents": 0, "blank_lines": 0, "bytes_read": 0}
     rejected: dict[str, int] = {}
     chat: dict[str, int] | None = None
+    specials: Counter[str] = Counter()
     next_doc = 0
     lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
     times = StageTimes()
@@ -577,6 +599,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             rejected[reason] = rejected.get(reason, 0) + n
         if done.get("chat") is not None:
             chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
+        specials.update(done.get("special_strings", {}))
         times.add(done.get("times", {}))
     if missing:
         raise PackcliError(
@@ -595,6 +618,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                 "rejected": dict(sorted(rejected.items())),
             },
             "chat": chat,
+            "special_strings": dict(sorted(specials.items())),
             "units": units,
             # Busy seconds of the tokenize stage's parts, summed over units (when they ran).
             "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
@@ -848,6 +872,7 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
             "rejected": shards.success["read_stats"].get("rejected", {}),
         },
         chat=shards.success.get("chat"),
+        tokenizer=tokenizer_report(shards.success),
         largest_provenance={
             "file": shards.success["files"][shards.value("file_index", largest)]["path"],
             "line": shards.value("line", largest),
@@ -874,6 +899,21 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         out / MARKER, {"config": cfg.to_dict(), "run": run_info, "report": report, "files": files}
     )
     return report
+
+
+def tokenizer_report(index: dict[str, Any]) -> dict[str, Any]:
+    """What the tokenizer did that the user should know: settings of the tokenizer file that
+    were turned off, and special-token strings met inside documents (by token, most first)."""
+    info = index.get("tokenizer", {})
+    found = index.get("special_strings") or {}
+    return {
+        "disabled_settings": info.get("disabled", []),
+        "special_in_text": info.get("special_in_text"),
+        "special_strings": {
+            "occurrences": sum(found.values()),
+            "by_token": dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))[:20]),
+        },
+    }
 
 
 def _gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:

@@ -23,6 +23,7 @@ def build_report(
     input_stats: dict[str, Any],
     largest_provenance: dict[str, Any] | None,
     chat: dict[str, Any] | None = None,
+    tokenizer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     lengths = np.asarray(lengths, dtype=np.int64)
     stats = plan.stats
@@ -68,6 +69,8 @@ def build_report(
         # Chat: what was removed while tokenizing (dialogues kept as empty documents, so
         # `documents_by_length.empty` counts them too). None for text.
         "chat": chat,
+        # Tokenizer-file settings packcli turned off, and special-token strings in documents.
+        "tokenizer": tokenizer,
     }
 
 
@@ -115,6 +118,18 @@ def format_report(report: dict[str, Any]) -> str:
             f"with nothing to train, {_n(chat['truncate_dropped'])} too long for one turn; "
             f"truncated {_n(chat['truncated'])} at a turn ({_n(chat['truncated_tokens'])} "
             "tokens removed)"
+        )
+    tok = report.get("tokenizer") or {}
+    for what in tok.get("disabled_settings", []):
+        lines.append(f"tokenizer the tokenizer file enables {what}: turned off, nothing was cut")
+    found = (tok.get("special_strings") or {}).get("occurrences", 0)
+    if found:
+        mode = tok.get("special_in_text")
+        as_what = "plain text" if mode == "text" else "special tokens"
+        names = ", ".join(f"{k} {v:,}" for k, v in tok["special_strings"]["by_token"].items())
+        lines.append(
+            f"specials  {_n(found)} special-token strings inside documents, encoded as "
+            f"{as_what} (--special-in-text {mode}): {names}"
         )
     big = report["largest_document"]
     if big["doc_id"] >= 0:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +49,60 @@ def hf_batch_encoder(tokenizer: Tokenizer) -> BatchEncoder:
     return encode
 
 
+# What a special-token string inside a document becomes (``--special-in-text``).
+SPECIAL_IN_TEXT = ("text", "special")
+
+
+def set_special_in_text(tok: Tokenizer, mode: str) -> None:
+    """``text`` (the default): ``<|end_of_text|>`` typed inside a document is encoded as the
+    characters it is made of, as ``encode_special_tokens=True`` does; scraped pages and code
+    hold such strings, and as real special ids they would end documents or open chat turns in
+    the middle of pretraining text. ``special``: HF's default, the string becomes the token.
+    Only added tokens marked special are affected (HF's rule); other added tokens always match.
+    """
+    if mode not in SPECIAL_IN_TEXT:
+        raise ConfigError(f"--special-in-text must be text or special, got {mode!r}")
+    tok.encode_special_tokens = mode == "text"
+
+
+class SpecialStringCounter:
+    """Counts the special tokens' strings inside documents, for the report.
+
+    A document that contains them is legal, but the user should know: under ``special`` they
+    became control tokens, under ``text`` they are plain text a model may still learn to emit.
+    Cost: one join and a substring scan per distinct two-character prefix per batch (most
+    batches hold none), then a regex only over batches that do.
+    """
+
+    def __init__(self, tokens: Sequence[str]) -> None:
+        self.tokens = sorted({t for t in tokens if t}, key=lambda t: (-len(t), t))
+        self._prefixes = sorted({t[:2] for t in self.tokens})
+        # Longest first, so a token that extends another is counted as itself.
+        self._pattern = re.compile("|".join(map(re.escape, self.tokens))) if self.tokens else None
+
+    @classmethod
+    def of(cls, tok: Tokenizer) -> SpecialStringCounter:
+        return cls([t.content for t in tok.get_added_tokens_decoder().values() if t.special])
+
+    def __call__(self, texts: Sequence[str], into: Counter) -> None:
+        if self._pattern is None or not texts:
+            return
+        joined = "\x00".join(texts)
+        if not any(p in joined for p in self._prefixes):
+            return
+        into.update(m.group() for m in self._pattern.finditer(joined))
+
+
 @dataclass(frozen=True)
 class LoadedTokenizer:
     tokenizer: Tokenizer
     source: str
     config: dict  # tokenizer_config.json contents, {} when absent
-    fingerprint: str  # sha256 of the serialized tokenizer, for reproducibility records
+    fingerprint: str  # sha256 of the serialized tokenizer (as used), for reproducibility records
+    file_fingerprint: str = ""  # the same before truncation/padding were turned off
+    # Settings of the tokenizer file that would change every document and that we turned off,
+    # e.g. ``truncation (max_length 128)``; the report lists them.
+    disabled: tuple[str, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -88,8 +138,15 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
             raise ConfigError(f"cannot load tokenizer {path}: {exc}") from exc
         config = _config_beside(path)
         source = str(path.resolve())  # absolute, so `packcli inspect` can reload it anywhere
-    elif path.suffix == ".json" or spec.startswith((".", "/")):
-        raise ConfigError(f"tokenizer file not found: {spec}")
+    elif not _looks_like_repo_id(spec):
+        raise ConfigError(f"tokenizer not found: no such file or folder {spec}")
+    elif (local := Path(spec.split("/")[0])).is_dir() and "/" in spec:
+        # ``models/llama3`` with a local ``models/`` folder: a typo, not a Hub repo (asking
+        # the Hub would retry for half a minute before failing).
+        raise ConfigError(
+            f"tokenizer not found: no such file or folder {spec} (the folder {local} exists; "
+            "a Hub repo id would be read only if it did not)"
+        )
     else:
         try:
             tok = Tokenizer.from_pretrained(spec)
@@ -97,8 +154,52 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
             raise ConfigError(f"cannot load tokenizer {spec!r} from the Hub: {exc}") from exc
         config = _hub_config(spec)
         source = spec
-    fingerprint = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()
-    return LoadedTokenizer(tokenizer=tok, source=source, config=config, fingerprint=fingerprint)
+    file_fingerprint = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()
+    disabled = disable_length_settings(tok)
+    fingerprint = (
+        hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest() if disabled else file_fingerprint
+    )
+    return LoadedTokenizer(
+        tokenizer=tok,
+        source=source,
+        config=config,
+        fingerprint=fingerprint,
+        file_fingerprint=file_fingerprint,
+        disabled=disabled,
+    )
+
+
+def disable_length_settings(tok: Tokenizer) -> tuple[str, ...]:
+    """Turn off the truncation and padding a ``tokenizer.json`` may carry; say what was on.
+
+    Tokenizers saved from pipelines (most BERT-family files) keep e.g. ``max_length: 128``
+    and pad-to-length: applied here they would cut every document to 128 tokens and pad the
+    short ones with ``[PAD]``, silently. packcli applies its own length policy (``--overlong``)
+    and never pads, so both are always off, on every backend and for chat.
+    """
+    disabled = []
+    if (trunc := tok.truncation) is not None:
+        disabled.append(f"truncation (max_length {trunc.get('max_length')})")
+        tok.no_truncation()
+    if (pad := tok.padding) is not None:
+        length = pad.get("length")
+        disabled.append(f"padding ({'to ' + str(length) if length else 'to the longest'})")
+        tok.no_padding()
+    for what in disabled:
+        log.warning("the tokenizer file enables %s: turned off (packcli never cuts or pads)", what)
+    return tuple(disabled)
+
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def _looks_like_repo_id(spec: str) -> bool:
+    """``name`` or ``owner/name`` as the Hub allows them; anything else is a local path."""
+    return (
+        _REPO_ID.fullmatch(spec) is not None
+        and ".." not in spec
+        and not spec.endswith((".json", ".jsonl"))
+    )
 
 
 def _hub_config(repo_id: str) -> dict:
@@ -134,6 +235,12 @@ def resolve_special(loaded: LoadedTokenizer, value: str | int, kind: str) -> int
         return None
     if value == "auto":
         named = _config_token(loaded.config, f"{kind}_token")
+        if named is not None and tok.token_to_id(named) is None:
+            raise ConfigError(
+                f"--{kind} auto: tokenizer_config.json names {kind}_token {named!r}, which is "
+                f"not a token of this tokenizer; pass --{kind} TOKEN (a token string or id) "
+                f"or --{kind} none"
+            )
         candidates = ((named,) if named else ()) + (
             _EOS_CANDIDATES if kind == "eos" else _BOS_CANDIDATES
         )

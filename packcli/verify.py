@@ -371,4 +371,8 @@ def verify_output(
         small = exp[1] <= short_len
         _compare("short", segments["short"], (exp[0][small], exp[1][small], exp[2][small]))
         summary["checked_against_shards"] = True
+    # The shards came out of the same tokenize stage: also encode some input again.
+    from packcli.recheck import check_against_input
+
+    summary["checked_against_input"] = check_against_input(meta, segments["long"])
     return summary

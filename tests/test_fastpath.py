@@ -26,7 +26,7 @@ from packcli.fastpath import (
     derive_spec,
     self_check,
 )
-from packcli.tokenizer import hf_batch_encoder
+from packcli.tokenizer import hf_batch_encoder, set_special_in_text
 
 needs_tiktoken = pytest.mark.skipif(
     importlib.util.find_spec("tiktoken") is None, reason="tiktoken is not installed"
@@ -211,15 +211,21 @@ def assert_identical(fast: Callable, tok: Tokenizer, texts: list[str]) -> None:
 
 
 @needs_tiktoken
+@pytest.mark.parametrize("specials", ["special", "text"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_fast_path_gives_hf_ids(
     variant: str,
+    specials: str,
     gpt2_tok: Tokenizer,
     llama3_tok: Tokenizer,
     nfc_tok: Tokenizer,
     texts: list[str],
 ) -> None:
+    """Identical ids under both ``--special-in-text`` settings (special-token strings inside
+    text: matched as the tokens, or encoded as plain text)."""
     tok = VARIANTS[variant]({"gpt2": gpt2_tok, "llama3": llama3_tok, "nfc": nfc_tok})
+    tok = Tokenizer.from_str(tok.to_str())
+    set_special_in_text(tok, specials)
     fast = build_tiktoken_encoder(tok, num_threads=2)
     extra = [
         "x<x|e\u0301y <|\u212aey|> hello world<|reserved_3|>hello worldx",
@@ -447,7 +453,7 @@ def test_spec_cache_round_trip(
     monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path))
     fingerprint = "ab" * 32
     first = fastpath.build_tiktoken_encoder(tok, 2, fingerprint)
-    assert [p.name for p in tmp_path.iterdir()] == [f"fastpath-{fingerprint[:32]}.json"]
+    assert [p.name for p in tmp_path.iterdir()] == [fastpath._spec_path(fingerprint).name]
     derived = fastpath.derive_spec(tok)
     assert (derived.rank_to_id is None) == (variant == "plain")
 
@@ -464,13 +470,31 @@ def test_spec_cache_round_trip(
     assert [a.tolist() for a in cached(texts)] == [a.tolist() for a in first(texts)]
 
 
+def test_spec_cache_keeps_the_special_tokens_setting_apart(
+    llama3_tok: Tokenizer, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``encode_special_tokens`` is not in the tokenizer's serialization (so not in its
+    fingerprint) but changes the spec: a spec cached under one setting must not serve the
+    other."""
+    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path))
+    text = "a<|eot_id|>b"
+    eot = llama3_tok.token_to_id("<|eot_id|>")
+    for mode in ("special", "text", "special", "text"):
+        tok = Tokenizer.from_str(llama3_tok.to_str())
+        set_special_in_text(tok, mode)
+        ids = fastpath.build_tiktoken_encoder(tok, 1, "ab" * 32)([text])[0].tolist()
+        assert (eot in ids) == (mode == "special")
+        assert ids == tok.encode(text, add_special_tokens=False).ids
+    assert len(list(tmp_path.iterdir())) == 2
+
+
 def test_spec_cache_ignores_bad_or_foreign_entries(
     gpt2_tok: Tokenizer, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog
 ) -> None:
     monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path))
     fingerprint = "cd" * 32
     fastpath.build_tiktoken_encoder(gpt2_tok, 1, fingerprint)
-    path = tmp_path / f"fastpath-{fingerprint[:32]}.json"
+    path = fastpath._spec_path(fingerprint)
     data = json.loads(path.read_text())
     calls = []
     real = fastpath.derive_spec

@@ -1,0 +1,156 @@
+"""Re-encode a sample of the input and compare it with the output: `verify`'s check that does
+not trust the tokenize stage.
+
+The conservation check in ``verify`` compares the output with the tokenized shards, so
+anything that went wrong *while* tokenizing (a tokenizer file that truncates or pads, a fast
+backend that differs from HF, special-token strings matched where they should not be) is in
+the shards too and passes. Here the first documents of the first input file, and the largest
+document, are read again from the input, encoded with HF ``tokenizers`` (the reference, with
+the run's recorded settings) and compared with their segments in the long config by the same
+order-sensitive hash. Cost: reading and encoding ~256 documents (well under a second), plus
+reading up to the largest document's line.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packcli.encode import assemble
+from packcli.errors import PackcliError, VerifyError
+from packcli.read import iter_batches
+from packcli.tokenizer import hf_batch_encoder
+
+log = logging.getLogger(__name__)
+
+SAMPLE_DOCS = 256
+
+
+def expected_pieces(ids: np.ndarray, long_len: int, policy: str) -> list[np.ndarray]:
+    """The pieces of one document the long config must hold, by the overlong policy."""
+    n = ids.size
+    if n == 0 or (n > long_len and policy == "drop"):
+        return []
+    if n <= long_len or policy == "truncate":
+        return [ids[:long_len]]
+    return [ids[c : c + long_len] for c in range(0, n, long_len)]
+
+
+def _unchanged(entry: dict[str, Any]) -> bool:
+    p = Path(entry["path"])
+    try:
+        st = p.stat()
+    except OSError:
+        return False
+    return st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
+
+
+def _sample(cfg: Any, path: Path, largest_line: int | None) -> list[tuple[int, int, Any]]:
+    """(doc id, line, text or dialogue) of the first documents of ``path`` and of the
+    document at ``largest_line`` (which may be further in)."""
+    picked: list[tuple[int, int, Any]] = []
+    batches = iter_batches(
+        [path],
+        cfg.read.text_field,
+        cfg.read.batch_size,
+        on_bad_line=cfg.read.on_bad_line,
+        rejects=None,
+        validate=_validator(cfg),
+    )
+    for batch in batches:
+        for k, text in enumerate(batch.texts):
+            doc, line = batch.doc_id_start + k, int(batch.line[k])
+            if doc < SAMPLE_DOCS or line == largest_line:
+                picked.append((doc, line, text))
+        if batch.doc_id_start + len(batch.texts) >= SAMPLE_DOCS and (
+            largest_line is None or int(batch.line[-1]) >= largest_line
+        ):
+            break
+    return picked
+
+
+def _validator(cfg: Any) -> Any:
+    if not cfg.chat.is_chat:
+        return None
+    import functools
+
+    from packcli.chat import validate_messages
+
+    return functools.partial(validate_messages, field=cfg.chat.messages_field)
+
+
+def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, Any]:
+    """Compare re-encoded input documents with the long config's segments.
+
+    Returns a summary (``checked`` documents, or ``skipped`` with the reason when the input
+    or tokenizer is no longer what the run used); raises ``VerifyError`` on a difference.
+    """
+    from packcli.config import build_config
+    from packcli.pipeline import _resolve_tokenizing
+
+    run = meta["run"]
+    inputs = run.get("inputs") or []
+    if not inputs:
+        return {"skipped": "no input files recorded"}
+    if not _unchanged(inputs[0]):
+        return {"skipped": f"input {inputs[0]['path']} is missing or changed since the run"}
+    recorded = run["tokenizer"]
+    values = {k: v for k, v in meta["config"].items() if k not in ("out", "work_dir")}
+    values["tokenize"] = {
+        **values["tokenize"],
+        "tokenizer": recorded["source"],
+        # The ids the run resolved (``auto`` is not looked up again).
+        "eos": "none" if recorded.get("eos_id") is None else recorded["eos_id"],
+        "bos": "none" if recorded.get("bos_id") is None else recorded["bos_id"],
+    }
+    if "special_in_text" not in recorded:  # made before the option: special strings matched
+        values["tokenize"]["special_in_text"] = "special"
+    try:
+        cfg = build_config(values)
+        tok = _resolve_tokenizing(cfg)
+    except PackcliError as exc:
+        return {"skipped": f"cannot load the run's tokenizer or settings: {exc}"}
+    # Runs before truncation/padding were turned off recorded the file's own hash.
+    if recorded["sha256"] not in (tok.loaded.fingerprint, tok.loaded.file_fingerprint):
+        return {"skipped": "the tokenizer file changed since the run"}
+    report = meta["report"]
+    largest = report.get("largest_document", {})
+    largest_line = largest.get("line") if largest.get("file") == inputs[0]["path"] else None
+    sample = _sample(cfg, Path(inputs[0]["path"]), largest_line)
+    if not sample:
+        return {"checked": 0}
+    items = [s[2] for s in sample]
+    if tok.chat is not None:
+        ids, _, lengths, _, failures = tok.chat(items)
+        if failures:  # the run quarantined or stopped on these; nothing to compare
+            return {"skipped": f"the chat template rejects document {sample[failures[0][0]][0]}"}
+    else:
+        encoded = hf_batch_encoder(tok.loaded.tokenizer)(items)
+        ids, lengths = assemble(encoded, bos=tok.bos, eos=tok.eos)
+    ends = np.cumsum(lengths)
+    long_len = int(meta["config"]["plan"]["long_len"])
+    policy = meta["config"]["plan"]["overlong"]
+    from packcli.verify import segment_hashes
+
+    order = np.argsort(long_segments.doc, kind="stable")
+    docs_sorted = long_segments.doc[order]
+    for (doc, line, _), end, n in zip(sample, ends, lengths, strict=True):
+        want = expected_pieces(ids[int(end - n) : int(end)], long_len, policy)
+        lo, hi = np.searchsorted(docs_sorted, [doc, doc + 1])
+        got = order[lo:hi]
+        # Pieces of a split document sit in any rows: compare (length, hash) as multisets.
+        found = sorted(
+            zip(long_segments.length[got].tolist(), long_segments.hash[got].tolist(), strict=True)
+        )
+        expected = sorted((p.size, int(segment_hashes(p, np.array([p.size]))[0])) for p in want)
+        if found != expected:
+            raise VerifyError(
+                f"{inputs[0]['path']}:{line}: document {doc} encoded again from the input "
+                f"({int(n)} tokens) differs from the output ({sum(x[0] for x in found)} tokens "
+                "in the long config): the tokenize stage changed it (a tokenizer setting or "
+                "backend); run `packcli pack` again"
+            )
+    return {"checked": len(sample)}
