@@ -33,7 +33,10 @@ Untrusted templates: a template from the Hub is code. It runs in jinja2's
 no loader and ``include``/``import``/``extends`` are refused at compile time) and under a
 budget: every loop iteration, call, lookup, operator and filter is one step; the characters a
 template builds and writes are counted, and operations that could build a huge value in one
-call (``'x' * n``, ``center``, ``%``/``format`` widths, ``**``) are checked before they run.
+call (``'x' * n``, ``center``, ``%``/``format`` widths, ``**``, ``translate``, case mappings,
+``escape``, ``urlencode``, ``urlize``) are checked before they run. Bytes cannot be made at all
+(``str.encode``, ``int.to_bytes`` are refused: no chat template needs them, and each bytes
+method would need its own check), nor can ``pprint`` be used (its indentation is unbounded).
 The budgets are deterministic and grow with the dialogue's size (``RenderLimits``); a
 wall-clock limit, checked every 16 steps, backs them up. A hostile template therefore fails
 fast with ``ChatTemplateError`` instead of hanging the job or eating the machine's memory.
@@ -49,6 +52,7 @@ import logging
 import re
 import string
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -344,6 +348,14 @@ _MACRO_STEPS = 16
 
 _SCALARS = (str, int, float, bool, type(None))
 _SIZED = (str, list, tuple, dict, set, frozenset)
+# No chat template needs bytes, and every bytes operation (repetition, join, center, replace,
+# decode...) would need its own size check: refusing the type closes them all at once.
+_BINARY = (bytes, bytearray, memoryview)
+_NO_BYTES = "bytes are not allowed in chat templates"
+# Methods refused before they run: they make bytes, or integers past _MAX_INT_BITS.
+_REFUSED_METHODS = {str: frozenset({"encode"}), int: frozenset({"to_bytes", "from_bytes"})}
+# Unicode case mappings grow a string at most 3x ("ΐ".upper() is 3 characters).
+_CASE_METHODS = frozenset({"upper", "lower", "casefold", "title", "capitalize", "swapcase"})
 
 
 class _BudgetExceeded(Exception):
@@ -420,6 +432,8 @@ class _Meter:
 
     def produced(self, value: Any) -> Any:
         """Account for the result of an operation; iterators are counted as they are consumed."""
+        if isinstance(value, _BINARY):
+            raise SecurityError(_NO_BYTES)
         if isinstance(value, _SIZED):
             self.build(len(value))
         elif hasattr(value, "__next__") and not isinstance(value, LoopContext):
@@ -530,9 +544,27 @@ def _replace_size(text: str, old: object, new: object, count: object) -> int:
     return len(text) + hits * max(0, len(new) - len(old))
 
 
+def _translate_size(meter: _Meter, text: str, table: object) -> int:
+    """Length of ``text.translate(table)``: each distinct character looked up once."""
+    counts = Counter(text)
+    meter.tick(len(counts))
+    size = 0
+    for char, n in counts.items():
+        try:
+            value = table[ord(char)]  # type: ignore[index]  # what translate itself does
+        except LookupError:
+            value = char
+        size += n * (len(value) if isinstance(value, str) else int(isinstance(value, int)))
+    return size
+
+
 def _check_str_method(meter: _Meter, text: str, name: str, args: list, kwargs: dict) -> None:
     """Predict the size of the string methods that can build a large string in one call."""
-    if name in ("center", "ljust", "rjust", "zfill"):
+    if name in _CASE_METHODS:
+        meter.reserve(3 * len(text))
+    elif name == "translate" and args:
+        meter.reserve(_translate_size(meter, text, args[0]))
+    elif name in ("center", "ljust", "rjust", "zfill"):
         width = args[0] if args else kwargs.get("width", 0)
         meter.reserve(max(len(text), _as_int(width)))
     elif name == "expandtabs":
@@ -595,6 +627,42 @@ def _check_join(meter: _Meter, args: list, kwargs: dict) -> None:
         args[0] = items
 
 
+def _check_case(meter: _Meter, args: list, kwargs: dict) -> None:
+    meter.reserve(3 * len(_text(args)))
+
+
+def _str_size(meter: _Meter, args: list) -> int:
+    """Characters of the filtered value as a string (containers: their ``str`` estimate)."""
+    if not args or isinstance(args[0], str):
+        return len(_text(args))
+    return _deep_size(args[0], meter.value_limit, max(meter.steps_left, 0))[0]
+
+
+def _check_escape(meter: _Meter, args: list, kwargs: dict) -> None:
+    text = _text(args)
+    if not args or isinstance(args[0], str):  # exact: & < > " ' grow to &amp; &lt; &#34;...
+        grow = 4 * (text.count("&") + text.count('"') + text.count("'"))
+        meter.reserve(len(text) + grow + 3 * (text.count("<") + text.count(">")))
+    else:
+        meter.reserve(6 * _str_size(meter, args))
+
+
+def _check_urlencode(meter: _Meter, args: list, kwargs: dict) -> None:
+    # Percent-encoding: 3 characters per UTF-8 byte, at most 4 bytes per character.
+    ascii_only = not args or (isinstance(args[0], str) and args[0].isascii())
+    meter.reserve((3 if ascii_only else 12) * _str_size(meter, args))
+
+
+def _check_urlize(meter: _Meter, args: list, kwargs: dict) -> None:
+    text = _text(args)
+    extra = 64  # <a href="..."> and </a>, rel and target attribute names
+    for position, key in ((2, "target"), (3, "rel")):
+        value = _filter_arg(args, kwargs, position, key, None)
+        extra += len(value) if isinstance(value, str) else 0
+    # Each link repeats its escaped text (<= 6x) in href, and one link per word at most.
+    meter.reserve(12 * len(text) + (len(text) // 2 + 1) * extra)
+
+
 def _check_batch(meter: _Meter, args: list, kwargs: dict) -> None:
     if _filter_arg(args, kwargs, 1, "fill_with", None) is not None:  # pads to linecount
         meter.reserve(_as_int(_filter_arg(args, kwargs, 0, "linecount", 0)))
@@ -622,11 +690,21 @@ _FILTER_CHECKS = {
     "batch": _check_batch,
     "round": _check_round,
     "sum": _check_sum,
+    "upper": _check_case,
+    "lower": _check_case,
+    "title": _check_case,
+    "capitalize": _check_case,
+    "e": _check_escape,
+    "escape": _check_escape,
+    "forceescape": _check_escape,
+    "xmlattr": _check_escape,
+    "urlencode": _check_urlencode,
+    "urlize": _check_urlize,
 }
 # fmt: off
 _STRINGIFYING_FILTERS = frozenset((
     "capitalize", "center", "e", "escape", "forceescape", "format", "indent", "join", "lower",
-    "pprint", "replace", "safe", "string", "striptags", "title", "tojson", "trim", "truncate",
+    "replace", "safe", "string", "striptags", "title", "tojson", "trim", "truncate",
     "upper", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr",
 ))
 # fmt: on
@@ -776,6 +854,8 @@ class _SandboxEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         meter = _meter()
         meter.tick()
+        if isinstance(left, _BINARY) or isinstance(right, _BINARY):
+            raise SecurityError(_NO_BYTES)
         if operator == "+":
             if isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
                 meter.build(len(left) + len(right))
@@ -825,8 +905,13 @@ class _SandboxEnvironment(ImmutableSandboxedEnvironment):
             arguments[0] = _CountedIterable(arguments[0])
         target = getattr(__obj, "__wrapped__", __obj)  # sandbox wraps str.format at lookup
         owner = getattr(target, "__self__", None)
+        name = getattr(target, "__name__", "")
+        owner_type = owner if isinstance(owner, type) else type(owner)  # classmethods too
+        for kind, refused in _REFUSED_METHODS.items():
+            if issubclass(owner_type, kind) and name in refused:
+                raise SecurityError(f"{kind.__name__}.{name} is not allowed in chat templates")
         if isinstance(owner, str):
-            _check_str_method(meter, owner, getattr(target, "__name__", ""), arguments, kwargs)
+            _check_str_method(meter, owner, name, arguments, kwargs)
         result = super().call(__context, __obj, *arguments, **kwargs)
         return meter.produced(result)
 
@@ -874,6 +959,9 @@ def _make_environment() -> _SandboxEnvironment:
     env.filters["packcli_concat"] = _concat
     env.filters["packcli_for_items"] = _for_items
     del env.globals["lipsum"]  # lipsum(n=10**9) would build gigabytes in one call
+    # pprint indents every nesting level, so its size is not bounded by its value's; it is a
+    # debugging aid no chat template uses.
+    del env.filters["pprint"]
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
