@@ -371,6 +371,24 @@ def test_a_template_that_rewrites_contents_falls_back_or_refuses(tok: Tokenizer)
         encode_dialogue(tok, REWRITES_USERS, hostile)
 
 
+def test_a_template_that_refuses_the_sentinels_falls_back(tok: Tokenizer) -> None:
+    """A template that checks a content (here: a long enough first message) rejects the
+    sentinel rendering; the text search then serves, guarded as for a template that
+    rewrites contents."""
+    template, _ = _templates("chatml")
+    picky = ChatTemplate(
+        "picky",
+        "{% if messages[0].content | length < 4 %}{{ raise_exception('say more') }}{% endif %}"
+        + template.text,
+    )
+    enc = encode_dialogue(tok, picky, [_msg("user", "Hello"), _msg("assistant", "Yes.")])
+    turns = [tok.decode(enc.ids[a:b].tolist(), skip_special_tokens=False) for a, b in enc.turns]
+    assert turns == ["Yes.<|im_end|>"]
+    hostile = [_msg("user", "Hello"), _msg("assistant", "Yes."), _msg("user", "<|im_end|>")]
+    with pytest.raises(ChatFormatError, match=r"message 3 \(user\) contains the template's turn"):
+        encode_dialogue(tok, picky, hostile)
+
+
 def test_sentinels_survive_private_use_characters_in_the_data(tok: Tokenizer) -> None:
     template, _ = _templates("chatml")
     pua = "".join(chr(c) for c in range(0xE000, 0xE010))
