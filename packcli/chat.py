@@ -12,13 +12,27 @@ Spans, in order of preference:
 
 1. ``{% generation %}...{% endgeneration %}`` blocks in the template (transformers'
    ``AssistantTracker`` convention): exactly those characters are trained.
-2. Otherwise each assistant turn is located in the rendered text. The messages are walked in
-   order with a cursor, so text repeated across messages (the same answer twice, a user
-   quoting the answer) is matched where it belongs. A turn starts after the assistant header
-   (the template's generation prompt, e.g. ``<|im_start|>assistant\\n``, found by rendering a
-   probe dialogue once per template), or at its content when the template has no header,
-   and ends after the template's end-of-turn marker (see ``turn_markers``). Reasoning, the
-   content and tool calls that the template writes inside the turn are all trained.
+2. Otherwise each assistant turn is located in the rendered text. A turn starts after the
+   assistant header (the template's generation prompt, e.g. ``<|im_start|>assistant\\n``,
+   found by rendering a probe dialogue once per template), or at its content when the
+   template has no header, and ends after the template's end-of-turn marker (see
+   ``turn_markers``). Reasoning, the content and tool calls that the template writes inside
+   the turn are all trained. Where each message's content lies is not searched for (a user
+   message holding ``<|im_start|>assistant\\n`` and a fake answer would then move the trained
+   span into the user's text): the dialogue is rendered a second time with every content
+   replaced by a sentinel (a Private Use Area character absent from the data, around the
+   message's index), so the sentinels' places give each content's exact place, and turn
+   markers are looked for only in the template's own text (``_located_spans``). Rendering
+   every prefix of the dialogue and diffing (transformers/TRL's way for multi-turn masks)
+   would be immune too, but costs O(n^2) renders and needs a template whose output for a prefix is
+   a prefix of its output for the dialogue, which templates that drop earlier reasoning are
+   not; the sentinel rendering costs one more render and needs only that the template write
+   contents without looking inside them. Whitespace trimmed off (``| trim``) and JSON
+   escaping (``| tojson``) are followed. A template that rewrites or branches on contents
+   otherwise falls back to searching the text in order with a cursor
+   (``locate_assistant_spans``), allowed only for a dialogue whose contents hold no turn
+   marker; one that does is refused (``ChatFormatError``): only ``{% generation %}`` tags
+   can place its turns safely.
 
 Token rule: a token is trained when any of its characters lies in a trained span (the rule
 of transformers' ``assistant_masks``, so the masks agree token for token). Every trained
@@ -33,22 +47,29 @@ Untrusted templates: a template from the Hub is code. It runs in jinja2's
 no loader and ``include``/``import``/``extends`` are refused at compile time) and under a
 budget: every loop iteration, call, lookup, operator and filter is one step; the characters a
 template builds and writes are counted, and operations that could build a huge value in one
-call (``'x' * n``, ``center``, ``%``/``format`` widths, ``**``) are checked before they run.
+call (``'x' * n``, ``center``, ``%``/``format`` widths, ``**``, ``translate``, case mappings,
+``escape``, ``urlencode``, ``urlize``) are checked before they run. Bytes cannot be made at all
+(``str.encode``, ``int.to_bytes`` are refused: no chat template needs them, and each bytes
+method would need its own check), nor can ``pprint`` be used (its indentation is unbounded).
 The budgets are deterministic and grow with the dialogue's size (``RenderLimits``); a
 wall-clock limit, checked every 16 steps, backs them up. A hostile template therefore fails
 fast with ``ChatTemplateError`` instead of hanging the job or eating the machine's memory.
 Measured (2-core dev box): a 6-message dialogue renders in ~0.12 ms with the built-in ChatML
 template, ~3x plain sandboxed jinja (~0.04 ms); a 7k-character one renders in ~0.5 ms and
-tokenizes in ~7 ms, so the guards cost little next to the tokenizer.
+tokenizes in ~7 ms, so the guards cost little next to the tokenizer. A template without
+generation tags renders twice (the sentinel rendering): ~0.5 ms instead of ~0.23 ms for the
+6-message dialogue, ~3.4 ms instead of ~1.5 ms for a 40k-character one.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
 import string
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -344,6 +365,14 @@ _MACRO_STEPS = 16
 
 _SCALARS = (str, int, float, bool, type(None))
 _SIZED = (str, list, tuple, dict, set, frozenset)
+# No chat template needs bytes, and every bytes operation (repetition, join, center, replace,
+# decode...) would need its own size check: refusing the type closes them all at once.
+_BINARY = (bytes, bytearray, memoryview)
+_NO_BYTES = "bytes are not allowed in chat templates"
+# Methods refused before they run: they make bytes, or integers past _MAX_INT_BITS.
+_REFUSED_METHODS = {str: frozenset({"encode"}), int: frozenset({"to_bytes", "from_bytes"})}
+# Unicode case mappings grow a string at most 3x ("ΐ".upper() is 3 characters).
+_CASE_METHODS = frozenset({"upper", "lower", "casefold", "title", "capitalize", "swapcase"})
 
 
 class _BudgetExceeded(Exception):
@@ -420,6 +449,8 @@ class _Meter:
 
     def produced(self, value: Any) -> Any:
         """Account for the result of an operation; iterators are counted as they are consumed."""
+        if isinstance(value, _BINARY):
+            raise SecurityError(_NO_BYTES)
         if isinstance(value, _SIZED):
             self.build(len(value))
         elif hasattr(value, "__next__") and not isinstance(value, LoopContext):
@@ -530,9 +561,27 @@ def _replace_size(text: str, old: object, new: object, count: object) -> int:
     return len(text) + hits * max(0, len(new) - len(old))
 
 
+def _translate_size(meter: _Meter, text: str, table: object) -> int:
+    """Length of ``text.translate(table)``: each distinct character looked up once."""
+    counts = Counter(text)
+    meter.tick(len(counts))
+    size = 0
+    for char, n in counts.items():
+        try:
+            value = table[ord(char)]  # type: ignore[index]  # what translate itself does
+        except LookupError:
+            value = char
+        size += n * (len(value) if isinstance(value, str) else int(isinstance(value, int)))
+    return size
+
+
 def _check_str_method(meter: _Meter, text: str, name: str, args: list, kwargs: dict) -> None:
     """Predict the size of the string methods that can build a large string in one call."""
-    if name in ("center", "ljust", "rjust", "zfill"):
+    if name in _CASE_METHODS:
+        meter.reserve(3 * len(text))
+    elif name == "translate" and args:
+        meter.reserve(_translate_size(meter, text, args[0]))
+    elif name in ("center", "ljust", "rjust", "zfill"):
         width = args[0] if args else kwargs.get("width", 0)
         meter.reserve(max(len(text), _as_int(width)))
     elif name == "expandtabs":
@@ -595,6 +644,42 @@ def _check_join(meter: _Meter, args: list, kwargs: dict) -> None:
         args[0] = items
 
 
+def _check_case(meter: _Meter, args: list, kwargs: dict) -> None:
+    meter.reserve(3 * len(_text(args)))
+
+
+def _str_size(meter: _Meter, args: list) -> int:
+    """Characters of the filtered value as a string (containers: their ``str`` estimate)."""
+    if not args or isinstance(args[0], str):
+        return len(_text(args))
+    return _deep_size(args[0], meter.value_limit, max(meter.steps_left, 0))[0]
+
+
+def _check_escape(meter: _Meter, args: list, kwargs: dict) -> None:
+    text = _text(args)
+    if not args or isinstance(args[0], str):  # exact: & < > " ' grow to &amp; &lt; &#34;...
+        grow = 4 * (text.count("&") + text.count('"') + text.count("'"))
+        meter.reserve(len(text) + grow + 3 * (text.count("<") + text.count(">")))
+    else:
+        meter.reserve(6 * _str_size(meter, args))
+
+
+def _check_urlencode(meter: _Meter, args: list, kwargs: dict) -> None:
+    # Percent-encoding: 3 characters per UTF-8 byte, at most 4 bytes per character.
+    ascii_only = not args or (isinstance(args[0], str) and args[0].isascii())
+    meter.reserve((3 if ascii_only else 12) * _str_size(meter, args))
+
+
+def _check_urlize(meter: _Meter, args: list, kwargs: dict) -> None:
+    text = _text(args)
+    extra = 64  # <a href="..."> and </a>, rel and target attribute names
+    for position, key in ((2, "target"), (3, "rel")):
+        value = _filter_arg(args, kwargs, position, key, None)
+        extra += len(value) if isinstance(value, str) else 0
+    # Each link repeats its escaped text (<= 6x) in href, and one link per word at most.
+    meter.reserve(12 * len(text) + (len(text) // 2 + 1) * extra)
+
+
 def _check_batch(meter: _Meter, args: list, kwargs: dict) -> None:
     if _filter_arg(args, kwargs, 1, "fill_with", None) is not None:  # pads to linecount
         meter.reserve(_as_int(_filter_arg(args, kwargs, 0, "linecount", 0)))
@@ -622,11 +707,21 @@ _FILTER_CHECKS = {
     "batch": _check_batch,
     "round": _check_round,
     "sum": _check_sum,
+    "upper": _check_case,
+    "lower": _check_case,
+    "title": _check_case,
+    "capitalize": _check_case,
+    "e": _check_escape,
+    "escape": _check_escape,
+    "forceescape": _check_escape,
+    "xmlattr": _check_escape,
+    "urlencode": _check_urlencode,
+    "urlize": _check_urlize,
 }
 # fmt: off
 _STRINGIFYING_FILTERS = frozenset((
     "capitalize", "center", "e", "escape", "forceescape", "format", "indent", "join", "lower",
-    "pprint", "replace", "safe", "string", "striptags", "title", "tojson", "trim", "truncate",
+    "replace", "safe", "string", "striptags", "title", "tojson", "trim", "truncate",
     "upper", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr",
 ))
 # fmt: on
@@ -776,6 +871,8 @@ class _SandboxEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         meter = _meter()
         meter.tick()
+        if isinstance(left, _BINARY) or isinstance(right, _BINARY):
+            raise SecurityError(_NO_BYTES)
         if operator == "+":
             if isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
                 meter.build(len(left) + len(right))
@@ -825,8 +922,13 @@ class _SandboxEnvironment(ImmutableSandboxedEnvironment):
             arguments[0] = _CountedIterable(arguments[0])
         target = getattr(__obj, "__wrapped__", __obj)  # sandbox wraps str.format at lookup
         owner = getattr(target, "__self__", None)
+        name = getattr(target, "__name__", "")
+        owner_type = owner if isinstance(owner, type) else type(owner)  # classmethods too
+        for kind, refused in _REFUSED_METHODS.items():
+            if issubclass(owner_type, kind) and name in refused:
+                raise SecurityError(f"{kind.__name__}.{name} is not allowed in chat templates")
         if isinstance(owner, str):
-            _check_str_method(meter, owner, getattr(target, "__name__", ""), arguments, kwargs)
+            _check_str_method(meter, owner, name, arguments, kwargs)
         result = super().call(__context, __obj, *arguments, **kwargs)
         return meter.produced(result)
 
@@ -874,6 +976,9 @@ def _make_environment() -> _SandboxEnvironment:
     env.filters["packcli_concat"] = _concat
     env.filters["packcli_for_items"] = _for_items
     del env.globals["lipsum"]  # lipsum(n=10**9) would build gigabytes in one call
+    # pprint indents every nesting level, so its size is not bounded by its value's; it is a
+    # debugging aid no chat template uses.
+    del env.filters["pprint"]
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
@@ -1088,7 +1193,9 @@ def _find_before(text: str, needle: str, start: int, end: int, latest: int) -> i
 def locate_assistant_spans(
     text: str, messages: Sequence[Mapping[str, Any]], markers: TurnMarkers
 ) -> list[Span]:
-    """Character span of each assistant turn in ``text``, in order (see the module docstring).
+    """Character span of each assistant turn in ``text``, in order, found by searching the
+    text: the fallback for templates that rewrite contents (see ``_located_spans``), since
+    content holding a turn marker could move a span.
 
     The cursor walk: every message's content is searched from the end of the previous match
     and, when the template has an assistant header, before the next header, so a user message
@@ -1148,6 +1255,216 @@ def locate_assistant_spans(
     return spans
 
 
+# Sentinels: a Private Use Area character (one absent from the dialogue and its rendering)
+# around the message's index. Templates leave such text alone: trim, upper, lower and tojson
+# (without ensure_ascii) write it unchanged.
+_PUA = re.compile("[\ue000-\uf8ff]")
+
+
+def _sentinel_mark(text: str, messages: Sequence[Mapping[str, Any]]) -> str | None:
+    used = set(_PUA.findall(text))
+    for message in messages:
+        for value in message.values():
+            if isinstance(value, str):
+                used.update(_PUA.findall(value))
+    return next((chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used), None)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _written_length(text: str, pos: int, content: str, after: str, final: bool) -> int | None:
+    """How many characters of ``text`` from ``pos`` are the message's content, as written.
+
+    The template may have written ``content`` verbatim, stripped of some of its surrounding
+    whitespace (``| trim``, ``.strip()``, ``.lstrip('\\n')``), or JSON-escaped (``| tojson``);
+    the literal template text ``after`` must follow (and end the text when ``final``).
+    """
+
+    def fits(length: int) -> bool:
+        end = pos + length
+        return text.startswith(after, end) and (not final or end + len(after) == len(text))
+
+    if text.startswith(content, pos) and fits(len(content)):
+        return len(content)
+    core = content.strip()
+    if core:
+        lead = len(content) - len(content.lstrip())
+        window = text[pos : pos + lead + 1]
+        kept = len(window) - len(window.lstrip())  # the whitespace the template kept in front
+        if kept <= lead and window[:kept] == content[lead - kept : lead]:
+            start = pos + kept + len(core)
+            if text.startswith(core, pos + kept):
+                trail = content[lead + len(core) :]
+                same = _common_prefix(text[start : start + len(trail)], trail)
+                if final:
+                    found = len(text) - len(after)
+                else:  # the most trailing whitespace kept that ``after`` then follows
+                    found = text.rfind(after, start, start + same + len(after))
+                if start <= found <= start + same and fits(found - pos):
+                    return found - pos
+    elif fits(0):
+        return 0
+    for ensure_ascii in (False, True):
+        escaped = json.dumps(content, ensure_ascii=ensure_ascii)[1:-1]
+        if text.startswith(escaped, pos) and fits(len(escaped)):
+            return len(escaped)
+    return None
+
+
+def _content_regions(
+    text: str, marked: str, mark: str, messages: Sequence[Mapping[str, Any]]
+) -> list[Span | None] | None:
+    """Where each message's content lies in ``text`` (None: not written), given ``marked``,
+    the same dialogue rendered with each content replaced by its sentinel; None when the two
+    renderings do not line up (the template branches on or rewrites the contents)."""
+    found = list(re.finditer(f"{mark}([0-9]+){mark}", marked))
+    order = [int(m.group(1)) for m in found]
+    if marked.count(mark) != 2 * len(found) or len(set(order)) != len(order):
+        return None  # a stray mark, or a content written twice
+    if any(i >= len(messages) or not messages[i].get("content") for i in order):
+        return None
+    if not order:  # no content written: the two renderings must be the same text
+        return [None] * len(messages) if marked == text else None
+    literals = [
+        marked[a:b]
+        for a, b in zip(
+            [0] + [m.end() for m in found], [m.start() for m in found] + [len(marked)], strict=True
+        )
+    ]
+    if not text.startswith(literals[0]):
+        return None
+    regions: list[Span | None] = [None] * len(messages)
+    pos = len(literals[0])
+    for k, (index, after) in enumerate(zip(order, literals[1:], strict=True)):
+        length = _written_length(text, pos, messages[index]["content"], after, k == len(order) - 1)
+        if length is None:
+            return None
+        regions[index] = (pos, pos + length)
+        pos += length + len(after)
+    return regions  # the last content's ``after`` ends the text (``final``)
+
+
+def _spans_from_regions(
+    text: str,
+    messages: Sequence[Mapping[str, Any]],
+    regions: Sequence[Span | None],
+    markers: TurnMarkers,
+) -> list[Span]:
+    """Character span of each assistant turn, from where each content was written.
+
+    Only template text is searched for turn markers: an assistant turn starts after the last
+    assistant header between the content written before it and its own (at its content
+    without a header), and ends after the first end-of-turn marker before the next written
+    content. A turn without content (tool calls only) starts after the first header after
+    the previous message. Contents need not be written in message order (Mistral's template
+    moves the system message into the last user turn).
+    """
+    header, end_marker = markers.header, markers.end
+    # (position, message index): a content can be empty (trimmed away), so a turn's own
+    # content is told from its neighbours by index, not by position.
+    ends = sorted((r[1], i) for i, r in enumerate(regions) if r is not None)
+    starts = sorted((r[0], i) for i, r in enumerate(regions) if r is not None)
+    following = [len(text)] * (len(messages) + 1)  # first start among the later contents
+    for i in range(len(messages) - 1, -1, -1):
+        region = regions[i]
+        following[i] = min(following[i + 1], region[0] if region is not None else len(text))
+    spans: list[Span] = []
+    cursor = 0  # end of the previous message's content or turn
+    for number, (message, region) in enumerate(zip(messages, regions, strict=True), 1):
+        if message.get("role") != "assistant":
+            if region is not None:
+                cursor = region[1]
+            continue
+        if region is not None:
+            # The header is looked for after everything written before the content.
+            k = bisect.bisect_right(ends, (region[0], len(regions))) - 1
+            if k >= 0 and ends[k][1] == number - 1:
+                k -= 1
+            after = max(ends[k][0] if k >= 0 else 0, cursor if cursor <= region[0] else 0)
+            found = text.rfind(header, after, region[0]) if header else -1
+            begin = found + len(header) if found >= 0 else region[0]  # type: ignore[arg-type]
+            finish = region[1]
+        elif message.get("content"):
+            raise ChatFormatError(
+                f"message {number} (assistant): its content does not appear in the rendered "
+                "text (the template rewrites or hides it); use a chat template with "
+                "{% generation %} tags"
+            )
+        else:
+            found = text.find(header, cursor, following[number]) if header else -1
+            if found < 0:
+                continue  # nothing anchors an empty turn
+            begin = finish = found + len(header)  # type: ignore[arg-type]
+        if end_marker:
+            k = bisect.bisect_left(starts, (finish, -1))
+            if k < len(starts) and starts[k][1] == number - 1:
+                k += 1
+            limit = starts[k][0] if k < len(starts) else len(text)
+            stop = text.find(header, finish, limit) if header else -1
+            marker = text.find(end_marker, finish, limit if stop < 0 else stop)
+            if marker >= 0:
+                finish = marker + len(end_marker)
+        if finish > begin:
+            spans.append((begin, finish))
+        cursor = finish
+    return sorted(spans)
+
+
+def _located_spans(
+    template: ChatTemplate,
+    context: dict[str, Any],
+    text: str,
+    markers: TurnMarkers,
+    input_chars: int,
+    limits: RenderLimits,
+    now: datetime | None,
+) -> list[Span]:
+    """Assistant spans of a template without generation tags, that no content can spoof.
+
+    The dialogue is rendered a second time with each content replaced by a sentinel; where
+    the sentinels land says where each content is in the real rendering, so turn markers are
+    only looked for in template text. A template that branches on or rewrites contents breaks
+    that correspondence; then the text search of ``locate_assistant_spans`` is the fallback,
+    allowed only when no content holds a turn marker (which could move a turn into it).
+    """
+    messages = context["messages"]
+    mark = _sentinel_mark(text, messages)
+    regions = None
+    if mark is not None:
+        sentinels = [
+            {**m, "content": f"{mark}{i}{mark}"}
+            if isinstance(m.get("content"), str) and m.get("content")
+            else m
+            for i, m in enumerate(messages)
+        ]
+        try:
+            marked, _ = _run(template, {**context, "messages": sentinels}, input_chars, limits, now)
+        except ChatFormatError:  # the template refused the sentinels (it checks contents)
+            marked = None
+        if marked is not None:
+            regions = _content_regions(text, marked, mark, messages)
+    if regions is not None:
+        return _spans_from_regions(text, messages, regions, markers)
+    for number, message in enumerate(messages, 1):
+        content = message.get("content")
+        for marker in (markers.header, markers.end):
+            if marker and isinstance(content, str) and marker in content:
+                raise ChatFormatError(
+                    f"message {number} ({message.get('role')}) contains the template's turn "
+                    f"marker {marker!r}, and the template rewrites message contents, so the "
+                    "assistant turns cannot be told apart from it; use a chat template with "
+                    "{% generation %} tags"
+                )
+    return locate_assistant_spans(text, messages, markers)
+
+
 @dataclass(frozen=True)
 class Rendered:
     text: str
@@ -1183,13 +1500,15 @@ def render(
         bos_token=bos_token,
         eos_token=eos_token,
     )
-    text, generation = _run(template, context, _input_chars(messages, variables or {}), limits, now)
+    input_chars = _input_chars(messages, variables or {})
+    text, generation = _run(template, context, input_chars, limits, now)
     if _compile(template.text, template.source).has_generation:
         return Rendered(text, [s for s in generation if s[1] > s[0]], generation)
     markers = turn_markers(
         template, bos_token=bos_token, eos_token=eos_token, control_tokens=control_tokens
     )
-    return Rendered(text, locate_assistant_spans(text, messages, markers), None)
+    spans = _located_spans(template, context, text, markers, input_chars, limits, now)
+    return Rendered(text, spans, None)
 
 
 # ---------------------------------------------------------------------------------------------

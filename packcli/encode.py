@@ -240,6 +240,12 @@ class ChatStats:
     truncated_tokens: int = 0
     truncate_dropped: int = 0  # not even the first assistant turn fits
     truncate_dropped_tokens: int = 0
+    # --bos/--eos on kept dialogues: added by packcli, or already rendered by the template.
+    bos_added: int = 0
+    bos_in_template: int = 0
+    eos_added: int = 0
+    eos_trained: int = 0  # of eos_added: the dialogue ends with an assistant turn
+    eos_in_template: int = 0
 
     def add(self, other: ChatStats) -> None:
         for f in fields(self):
@@ -254,6 +260,15 @@ class ChatEncoder:
     loss mask comes from character spans). A dialogue that cannot be trained on is kept as
     an empty document (length 0) so document ids stay positions in the input; the plan drops
     empty documents and ``ChatStats`` counts them by reason.
+
+    ``bos``/``eos`` (``--bos``/``--eos``, None = add nothing): BOS goes before the rendered
+    dialogue, with label -100 (nothing predicts it); EOS goes after it, trained when the
+    dialogue ends with an assistant message (the model learns to stop after its answer, as
+    it will have to at inference) or with ``--train-on all``, and label -100 after a
+    dialogue that ends with another role. Neither is added twice: a dialogue the template
+    already starts with BOS (or ends with EOS) keeps its own. Both count in the lengths, so
+    ``--overlong truncate`` keeps the last whole turn that fits with them, and the EOS then
+    follows that turn (trained: the cut dialogue ends with an assistant turn).
     """
 
     def __init__(
@@ -265,6 +280,8 @@ class ChatEncoder:
         special_tokens: dict[str, str],
         long_len: int,
         overlong: str,
+        bos: int | None = None,
+        eos: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.template = template
@@ -272,6 +289,8 @@ class ChatEncoder:
         self.special_tokens = special_tokens
         self.long_len = long_len
         self.overlong = overlong
+        self.bos = bos
+        self.eos = eos
 
     def __call__(
         self, dialogues: list[Any]
@@ -293,26 +312,81 @@ class ChatEncoder:
             encoded[index] = e
         stats = ChatStats(dialogues=len(dialogues))
         ids, labels = [], []
-        for e in encoded:
+        for messages, e in zip(dialogues, encoded, strict=True):
+            ends_with_answer = bool(messages) and messages[-1].get("role") == "assistant"
             if e is not None and e.n_trained == 0:
                 stats.no_trainable += 1
                 stats.no_trainable_tokens += len(e.ids)
                 e = None
-            elif e is not None and len(e.ids) > self.long_len and self.overlong == "truncate":
-                cut = truncate_at_turns(e, self.long_len)
+            elif (
+                e is not None
+                and self._length(e.ids) > self.long_len
+                and self.overlong == "truncate"
+            ):
+                cut = self._truncate(e)
+                # Tokens removed, counted as the plan counts them: with the separators.
+                removed = self._length(e.ids) - (self._length(cut.ids) if cut else 0)
                 if cut is None:
                     stats.truncate_dropped += 1
-                    stats.truncate_dropped_tokens += len(e.ids)
+                    stats.truncate_dropped_tokens += removed
                 else:
                     stats.truncated += 1
-                    stats.truncated_tokens += len(e.ids) - len(cut.ids)
+                    stats.truncated_tokens += removed
+                    ends_with_answer = True  # cut after an assistant turn
                 e = cut
-            ids.append(e.ids if e is not None else _EMPTY)
-            labels.append(e.labels() if e is not None else _EMPTY)
+            if e is None:
+                ids.append(_EMPTY)
+                labels.append(_EMPTY)
+                continue
+            e_ids, e_labels = self._separate(e, ends_with_answer, stats)
+            ids.append(e_ids)
+            labels.append(e_labels)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         flat_ids = np.concatenate(ids).astype(np.int32) if ids else _EMPTY
         flat_labels = np.concatenate(labels).astype(np.int32) if labels else _EMPTY
         return flat_ids, flat_labels, lengths, stats, failures
+
+    def _adds(self, ids: np.ndarray) -> tuple[bool, bool]:
+        """Whether BOS and EOS are to be added (not when the template wrote them)."""
+        bos = self.bos is not None and not (len(ids) and ids[0] == self.bos)
+        eos = self.eos is not None and not (len(ids) and ids[-1] == self.eos)
+        return bos, eos
+
+    def _length(self, ids: np.ndarray) -> int:
+        return len(ids) + sum(self._adds(ids))
+
+    def _truncate(self, e: EncodedDialogue) -> EncodedDialogue | None:
+        """The last whole turn that fits ``long_len`` with the separators it will get."""
+        add_bos, _ = self._adds(e.ids)
+        room = self.long_len - add_bos
+        cut = truncate_at_turns(e, room)
+        if cut is not None and len(cut.ids) + self._adds(cut.ids)[1] > room:
+            cut = truncate_at_turns(e, room - 1)  # an earlier turn, and room for the EOS
+        return cut
+
+    def _separate(
+        self, e: EncodedDialogue, ends_with_answer: bool, stats: ChatStats
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and labels with BOS/EOS added as the class docstring says."""
+        add_bos, add_eos = self._adds(e.ids)
+        ids, labels = e.ids, e.labels()
+        if self.bos is not None:
+            stats.bos_added += add_bos
+            stats.bos_in_template += not add_bos
+        if self.eos is not None:
+            stats.eos_added += add_eos
+            stats.eos_in_template += not add_eos
+        if not (add_bos or add_eos):
+            return ids, labels
+        head = np.array([self.bos] if add_bos else [], dtype=np.int32)
+        tail = np.array([self.eos] if add_eos else [], dtype=np.int32)
+        trained = add_eos and (ends_with_answer or self.train_on == "all")
+        stats.eos_trained += trained
+        tail_labels = tail if trained else np.full(len(tail), -100, dtype=np.int32)
+        return (
+            np.concatenate([head, ids, tail]),
+            np.concatenate([np.full(len(head), -100, dtype=np.int32), labels, tail_labels]),
+        )
 
 
 # Templates that print today's date see this fixed date, so reruns are byte-identical.

@@ -210,11 +210,16 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
             special_tokens=special_tokens_from_config(loaded.config),
             long_len=cfg.plan.long_len,
             overlong=cfg.plan.overlong,
+            bos=bos,
+            eos=eos,
         )
         # The chat path cuts dialogues at turn boundaries while tokenizing, so the long tier
         # and the policy are part of what the shards depend on.
         settings["chat"] = {
             **dataclasses.asdict(cfg.chat),
+            # Bumped when the same inputs encode differently (2: spans located from a
+            # sentinel rendering; --bos/--eos applied), so older shards are not reused.
+            "encoder": 2,
             "template_source": template.source,
             "template_sha256": hashlib.sha256(template.text.encode("utf-8")).hexdigest(),
             "special_tokens": chat.special_tokens,

@@ -119,6 +119,18 @@ def format_report(report: dict[str, Any]) -> str:
             f"truncated {_n(chat['truncated'])} at a turn ({_n(chat['truncated_tokens'])} "
             "tokens removed)"
         )
+        # --bos/--eos (absent from reports of older versions, which did not apply them)
+        added = [
+            f"{name} added to {_n(chat.get(f'{key}_added', 0))}{extra} "
+            f"({_n(chat.get(f'{key}_in_template', 0))} had it from the template)"
+            for name, key, extra in (
+                ("BOS", "bos", ""),
+                ("EOS", "eos", f", trained in {_n(chat.get('eos_trained', 0))}"),
+            )
+            if chat.get(f"{key}_added", 0) or chat.get(f"{key}_in_template", 0)
+        ]
+        if added:
+            lines.append(f"          {'; '.join(added)}")
     tok = report.get("tokenizer") or {}
     for what in tok.get("disabled_settings", []):
         lines.append(f"tokenizer the tokenizer file enables {what}: turned off, nothing was cut")

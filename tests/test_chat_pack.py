@@ -210,3 +210,108 @@ def test_template_failures_follow_the_bad_line_policy(chat_tok: Path, tmp_path: 
     assert [(r["line"], r["reason"]) for r in rejected] == [(2, "template_error")]
     code, output = invoke("verify", out)
     assert code == 0, output
+
+
+def _rows_by_doc(out: Path) -> dict[int, tuple[list[int], list[int]]]:
+    long = datasets.load_dataset(str(out), "long", split="train")
+    return {doc: (ids, labels) for row in long for doc, ids, labels in segments(row)}
+
+
+def test_chat_bos_and_eos_are_applied(chat_tok: Path, tmp_path: Path) -> None:
+    """--bos goes first with label -100; --eos goes last, trained when the dialogue ends
+    with an assistant turn (the model learns to stop there), not after a user turn."""
+    tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
+    bos, eos = tok.token_to_id("<|endoftext|>"), tok.token_to_id(IM_END)
+    path = tmp_path / "c.jsonl"
+    answered = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    unanswered = [*answered, {"role": "user", "content": "bye"}]
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in (answered, unanswered)))
+    plain, added = tmp_path / "plain", tmp_path / "added"
+    assert invoke("pack", path, "-t", chat_tok, "-o", plain, *ARGS)[0] == 0
+    separators = ["--bos", "<|endoftext|>", "--eos", IM_END]  # ChatML ends with "\n"
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", added, *ARGS, *separators)
+    assert code == 0, output
+    before, after = _rows_by_doc(plain), _rows_by_doc(added)
+    for doc, trained in ((0, True), (1, False)):
+        ids, labels = after[doc]
+        assert ids == [bos, *before[doc][0], eos]
+        assert labels == [-100, *before[doc][1], eos if trained else -100]
+    meta = json.loads((added / "packcli.json").read_text())
+    chat = meta["report"]["chat"]
+    assert (chat["bos_added"], chat["eos_added"], chat["eos_trained"]) == (2, 2, 1)
+    assert chat["bos_in_template"] == chat["eos_in_template"] == 0
+    assert (meta["run"]["tokenizer"]["bos_id"], meta["run"]["tokenizer"]["eos_id"]) == (bos, eos)
+    code, output = invoke("verify", added)
+    assert code == 0, output
+
+
+def test_chat_bos_and_eos_rendered_by_the_template_are_not_doubled(
+    chat_tok: Path, tmp_path: Path
+) -> None:
+    """A template that writes BOS first and EOS last (Llama-3, Phi-3 do one or the other)
+    keeps its own: the ids are exactly the rendered dialogue's, and the report says so."""
+    template = tmp_path / "own.jinja"
+    template.write_text(
+        "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "<|im_end|>\n{% endfor %}{{ eos_token }}"
+    )
+    (chat_tok / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "bos_token": "<|im_start|>"})
+    )
+    try:
+        path = tmp_path / "c.jsonl"
+        answered = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+        path.write_text(json.dumps({"messages": answered}) + "\n")
+        args = ["--format", "chat", "--chat-template", template, "--short-len", "64", "-q"]
+        plain, added = tmp_path / "plain", tmp_path / "added"
+        assert invoke("pack", path, "-t", chat_tok, "-o", plain, *args)[0] == 0
+        more = ["--bos", "<|im_start|>", "--eos", "<|endoftext|>"]
+        assert invoke("pack", path, "-t", chat_tok, "-o", added, *args, *more)[0] == 0
+    finally:
+        (chat_tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": IM_END}))
+    assert _rows_by_doc(added) == _rows_by_doc(plain)
+    ids = _rows_by_doc(added)[0][0]
+    tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
+    assert ids[0] == tok.token_to_id("<|im_start|>") and ids[-1] == tok.token_to_id("<|endoftext|>")
+    assert ids[1] == tok.token_to_id("<|im_start|>")  # the template's first turn follows
+    chat = json.loads((added / "packcli.json").read_text())["report"]["chat"]
+    assert (chat["bos_added"], chat["bos_in_template"]) == (0, 1)
+    assert (chat["eos_added"], chat["eos_in_template"]) == (0, 1)
+
+
+def test_chat_encoder_truncates_with_room_for_the_separators(chat_tok: Path) -> None:
+    from packcli.chat import encode_dialogue, load_chat_template
+    from packcli.encode import ChatEncoder
+
+    tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
+    chatml = load_chat_template(None, "chatml")
+    # One id for both: the toy vocabulary's other control tokens are ChatML's own markers,
+    # which turns already start or end with (they would not be added again).
+    bos = eos = tok.token_to_id("<|endoftext|>")
+    turns = [("user", "the question"), ("assistant", "the answer"), ("user", "tool token")]
+    turns += [("assistant", "packing is sunny"), ("user", "of")]
+    messages = [{"role": r, "content": c} for r, c in turns]
+    full = encode_dialogue(tok, chatml, messages)
+    first, second = (int(end) for end in full.turns[:, 1])
+
+    def encode(long_len: int, train_on: str = "assistant") -> tuple[list[int], list[int]]:
+        encoder = ChatEncoder(
+            tok, chatml, train_on=train_on, special_tokens={}, long_len=long_len,
+            overlong="truncate", bos=bos, eos=eos,
+        )  # fmt: skip
+        ids, labels, lengths, _, failures = encoder([messages])
+        assert not failures and int(lengths[0]) == len(ids) <= long_len
+        return ids.tolist(), labels.tolist()
+
+    # Room for BOS + two turns + EOS: cut after the second turn, its EOS trained.
+    ids, labels = encode(second + 2)
+    assert ids == [bos, *full.ids[:second].tolist(), eos]
+    assert labels == [-100, *full.labels()[:second].tolist(), eos]
+    # One token less: the EOS would not fit after the second turn, so the first is kept.
+    ids, labels = encode(second + 1)
+    assert ids == [bos, *full.ids[:first].tolist(), eos] and labels[-1] == eos
+    # Whole dialogue, which ends with a user turn: EOS untrained, except with --train-on all.
+    ids, labels = encode(len(full.ids) + 2)
+    assert ids == [bos, *full.ids.tolist(), eos] and labels[-1] == -100
+    ids, labels = encode(len(full.ids) + 2, "all")
+    assert labels == [-100, *full.ids.tolist(), eos]
