@@ -356,6 +356,7 @@ def _choose_backend(
             SAMPLE_DOCS,
             on_bad_line=cfg.read.on_bad_line,
             span=_span(units[0]),
+            verify_streams=False,  # a sample: not worth decompressing the whole file first
         )
         first = next(iter(batches), None)
         sample = first.texts if first is not None else []
@@ -483,6 +484,7 @@ def _tokenize_unit(
                 "bytes_read": stats.bytes_read,
                 "lines": stats.lines,
                 "rejected": dict(sorted(stats.rejected.items())),
+                "corrupt_streams": stats.corrupt_streams,
             },
             "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
             "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
@@ -547,6 +549,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     missing = []
     totals = {"documents": 0, "blank_lines": 0, "bytes_read": 0}
     rejected: dict[str, int] = {}
+    corrupt_streams: list[dict[str, Any]] = []
     chat: dict[str, int] | None = None
     next_doc = 0
     lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
@@ -575,6 +578,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             totals[key] += done["read_stats"][key]
         for reason, n in done["read_stats"].get("rejected", {}).items():
             rejected[reason] = rejected.get(reason, 0) + n
+        corrupt_streams += done["read_stats"].get("corrupt_streams", [])
         if done.get("chat") is not None:
             chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
         times.add(done.get("times", {}))
@@ -593,6 +597,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                 "files": len(stage["files"]),
                 **totals,
                 "rejected": dict(sorted(rejected.items())),
+                "corrupt_streams": corrupt_streams,
             },
             "chat": chat,
             "units": units,
@@ -846,6 +851,12 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
             "bytes": sum(f["size"] for f in shards.success["files"]),
             "rejected_lines": sum(shards.success["read_stats"].get("rejected", {}).values()),
             "rejected": shards.success["read_stats"].get("rejected", {}),
+            # Only when a file failed, so other reports (and their bytes) stay as they were.
+            **(
+                {"corrupt_streams": corrupt}
+                if (corrupt := shards.success["read_stats"].get("corrupt_streams"))
+                else {}
+            ),
         },
         chat=shards.success.get("chat"),
         largest_provenance={
