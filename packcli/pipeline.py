@@ -225,7 +225,8 @@ def tokenize_task(
     if cfg.tokenize.num_proc:
         # HF tokenizers' Rust thread pool reads this when it first starts in the process.
         os.environ["RAYON_NUM_THREADS"] = str(cfg.tokenize.num_proc)
-    paths = resolve_inputs(cfg.read.inputs)
+    # Never read back what packcli writes (rejected.jsonl, work files) as input.
+    paths = resolve_inputs(cfg.read.inputs, exclude=(out, cfg.work_path))
     tok = _resolve_tokenizing(cfg)
     stage_fp = _fingerprint(tok.settings)
     files, units = _input_units(paths, cfg.read.split_bytes, stage_fp)

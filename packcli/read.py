@@ -329,7 +329,7 @@ def _files_under(directory: Path) -> list[Path]:
     return [p for p in directory.rglob("*") if _compression(p) is not None and p.is_file()]
 
 
-def resolve_inputs(specs: Sequence[str]) -> list[Path]:
+def resolve_inputs(specs: Sequence[str], exclude: Sequence[Path | str] = ()) -> list[Path]:
     """Expand input specs into a deduplicated list of files sorted by path string.
 
     Each spec is a file (which must end in one of ``SUPPORTED_SUFFIXES``), a directory (searched
@@ -337,8 +337,34 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
     searched recursively, matched files with other suffixes are ignored). Files reached through
     several specs are kept once (compared by resolved path). Raises ``InputError`` for a spec
     that matches nothing usable, or when no input files are left.
+
+    ``exclude`` names folders packcli writes (the output and work folders): what is under them
+    (``rejected.jsonl``, work files) is its own output, so a folder or glob that reaches them
+    skips them (else an ``--out`` inside the input folder feeds each run's quarantine to the
+    next), and a spec that names a file or folder inside one is refused.
     """
     found: dict[Path, Path] = {}  # resolved path -> absolute path shown to the user
+    fences = [Path(p).resolve() for p in exclude]
+    fenced_out = 0  # files skipped because they are under an excluded folder
+
+    def fence_of(path: Path) -> Path | None:
+        resolved = path.resolve()
+        return next((f for f in fences if resolved.is_relative_to(f)), None)
+
+    def refuse_inside(spec: str, path: Path) -> None:
+        if (fence := fence_of(path)) is not None:
+            raise InputError(
+                f"input {spec!r} is inside {fence}, where packcli writes its output: "
+                "move the inputs elsewhere or choose another --out/--work-dir"
+            )
+
+    def add_found(files: list[Path]) -> int:
+        nonlocal fenced_out
+        kept = [p for p in files if fence_of(p) is None]
+        fenced_out += len(files) - len(kept)
+        for p in kept:
+            add(p)
+        return len(kept)
 
     def add(path: Path) -> None:
         shown = Path(os.path.abspath(path))
@@ -346,6 +372,7 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
         if key not in found or str(shown) < str(found[key]):
             found[key] = shown
 
+    skipped_note = " (files under the output and work folders are not inputs)"
     for spec in specs:
         path = Path(spec)
         if path.is_file():
@@ -353,13 +380,14 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
                 raise InputError(
                     f"unsupported input file {spec!r}: supported suffixes are {_suffix_list()}"
                 )
+            refuse_inside(spec, path)
             add(path)
         elif path.is_dir():
+            refuse_inside(spec, path)
             files = _files_under(path)
-            if not files:
-                raise InputError(f"no {_suffix_list()} files found under directory {spec!r}")
-            for p in files:
-                add(p)
+            if not add_found(files):
+                note = skipped_note if files else ""
+                raise InputError(f"no {_suffix_list()} files found under directory {spec!r}{note}")
         elif _GLOB_MAGIC.intersection(spec):
             files = []
             for match in glob.glob(spec, recursive=True):
@@ -368,10 +396,9 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
                     files.extend(_files_under(mpath))
                 elif _compression(mpath) is not None and mpath.is_file():
                     files.append(mpath)
-            if not files:
-                raise InputError(f"glob pattern {spec!r} matched no {_suffix_list()} files")
-            for p in files:
-                add(p)
+            if not add_found(files):
+                note = skipped_note if files else ""
+                raise InputError(f"glob pattern {spec!r} matched no {_suffix_list()} files{note}")
         elif path.exists():
             raise InputError(f"input {spec!r} is not a regular file or directory")
         else:
@@ -379,6 +406,8 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
 
     if not found:
         raise InputError("no input files given")
+    if fenced_out:
+        logger.info("not reading %d file(s) under the output or work folder", fenced_out)
     result = sorted(found.values(), key=str)
     logger.debug("resolved %d input spec(s) to %d file(s)", len(specs), len(result))
     return result

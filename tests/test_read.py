@@ -816,6 +816,25 @@ def test_resolve_unsupported_explicit_file(tree: Path, name: str) -> None:
         assert suffix in message
 
 
+def test_resolve_skips_and_refuses_the_folders_packcli_writes(tree: Path) -> None:
+    # An output folder inside the input folder, and a work folder elsewhere inside it.
+    out, work = tree / "d" / "out", tree / "d" / "sub" / "work"
+    _write(out / "rejected.jsonl", _jsonl(["quarantine"]))
+    _write(out / ".packcli" / "tokens" / "files" / "k" / "rejected.jsonl", _jsonl(["q"]))
+    _write(work / "x.jsonl.gz", _jsonl(["w"]))
+    fences = (out, work)
+    expected = ["d/a.jsonl.gz", "d/b.jsonl", "d/sub/c.jsonl.zst", "d/sub/deeper/e.jsonl"]
+    assert _rel(resolve_inputs([str(tree / "d")], exclude=fences), tree) == expected
+    assert _rel(resolve_inputs([str(tree / "d/**/*.jsonl*")], exclude=fences), tree) == expected
+    for inside in (out / "rejected.jsonl", out, work / "x.jsonl.gz"):
+        with pytest.raises(InputError, match=r"is inside .* where packcli writes its output"):
+            resolve_inputs([str(inside)], exclude=fences)
+    with pytest.raises(InputError, match=r"matched no .*not inputs"):
+        resolve_inputs([str(out / "*.jsonl")], exclude=[tree / "d"])
+    # Without exclusions (a library call), nothing changes.
+    assert "d/out/rejected.jsonl" in _rel(resolve_inputs([str(tree / "d")]), tree)
+
+
 def test_resolve_no_specs() -> None:
     with pytest.raises(InputError, match="no input files"):
         resolve_inputs([])

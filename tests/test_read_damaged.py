@@ -1,8 +1,10 @@
-"""Damaged compressed input: nothing a failed integrity check covers becomes a document.
+"""Input the reader must not trust: damaged compressed streams, and packcli's own output.
 
-A gzip member is trusted once its CRC32/size trailer verifies, a zstd frame once its content
-checksum does; the reader keeps the whole members before the first one that fails (cut at
-their last newline) and nothing from there on.
+Damaged streams: nothing a failed integrity check covers becomes a document. A gzip member is
+trusted once its CRC32/size trailer verifies, a zstd frame once its content checksum does;
+the reader keeps the whole members before the first one that fails (cut at their last
+newline) and nothing from there on. Own output: an ``--out`` inside the input folder must not
+feed its ``rejected.jsonl`` (or work files) to the next run.
 """
 
 from __future__ import annotations
@@ -262,3 +264,34 @@ def test_a_clean_run_reports_no_corrupt_streams(toy_tokenizer_path: Path, tmp_pa
     assert code == 0, output
     report = json.loads((tmp_path / "out" / "packcli.json").read_text())["report"]["input"]
     assert "corrupt_streams" not in report
+
+
+# --------------------------------------------------------------------------- --out in the input
+
+
+def test_out_inside_the_input_folder_is_not_read_back(
+    toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_bytes(_jsonl(["one document", "and another"]) + b"{broken\n")
+    out = corpus / "out"  # its rejected.jsonl (and work files) now lie inside the input folder
+    args = ("--on-bad-line", "skip")
+    code, output = _pack(corpus, out, toy_tokenizer_path, *args)
+    assert code == 0, output
+    first = json.loads((out / "packcli.json").read_text())
+    assert (out / "rejected.jsonl").is_file()
+    files = {p.relative_to(out): sha256_file(p) for p in (out / "data").rglob("*.parquet")}
+
+    code, output = _pack(corpus, out, toy_tokenizer_path, *args)
+    assert code == 0, output
+    second = json.loads((out / "packcli.json").read_text())
+    assert [f["path"] for f in second["run"]["inputs"]] == [str((corpus / "a.jsonl").resolve())]
+    assert second["report"] == first["report"]
+    assert second["report"]["input"]["rejected"] == {"invalid_json": 1}
+    assert {p.relative_to(out): sha256_file(p) for p in (out / "data").rglob("*.parquet")} == files
+
+    # Naming a file inside the output folder is refused, in one line.
+    code, output = _pack(out / "rejected.jsonl", out, toy_tokenizer_path, *args)
+    assert code == 1
+    assert "rejected.jsonl' is inside" in output and "where packcli writes its output" in output
