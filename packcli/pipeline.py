@@ -243,7 +243,8 @@ def tokenize_task(
     if cfg.tokenize.num_proc:
         # HF tokenizers' Rust thread pool reads this when it first starts in the process.
         os.environ["RAYON_NUM_THREADS"] = str(cfg.tokenize.num_proc)
-    paths = resolve_inputs(cfg.read.inputs)
+    # Never read back what packcli writes (rejected.jsonl, work files) as input.
+    paths = resolve_inputs(cfg.read.inputs, exclude=(out, cfg.work_path))
     tok = _resolve_tokenizing(cfg)
     stage_fp = _fingerprint(tok.settings)
     files, units = _input_units(paths, cfg.read.split_bytes, stage_fp)
@@ -374,6 +375,7 @@ def _choose_backend(
             SAMPLE_DOCS,
             on_bad_line=cfg.read.on_bad_line,
             span=_span(units[0]),
+            verify_streams=False,  # a sample: not worth decompressing the whole file first
         )
         first = next(iter(batches), None)
         sample = first.texts if first is not None else []
@@ -508,6 +510,7 @@ def _tokenize_unit(
                 "bytes_read": stats.bytes_read,
                 "lines": stats.lines,
                 "rejected": dict(sorted(stats.rejected.items())),
+                "corrupt_streams": stats.corrupt_streams,
             },
             "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
             "special_strings": dict(sorted(specials.items())),
@@ -573,6 +576,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     missing = []
     totals = {"documents": 0, "blank_lines": 0, "bytes_read": 0}
     rejected: dict[str, int] = {}
+    corrupt_streams: list[dict[str, Any]] = []
     chat: dict[str, int] | None = None
     specials: Counter[str] = Counter()
     next_doc = 0
@@ -602,6 +606,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             totals[key] += done["read_stats"][key]
         for reason, n in done["read_stats"].get("rejected", {}).items():
             rejected[reason] = rejected.get(reason, 0) + n
+        corrupt_streams += done["read_stats"].get("corrupt_streams", [])
         if done.get("chat") is not None:
             chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
         specials.update(done.get("special_strings", {}))
@@ -621,6 +626,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                 "files": len(stage["files"]),
                 **totals,
                 "rejected": dict(sorted(rejected.items())),
+                "corrupt_streams": corrupt_streams,
             },
             "chat": chat,
             "special_strings": dict(sorted(specials.items())),
@@ -875,6 +881,12 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
             "bytes": sum(f["size"] for f in shards.success["files"]),
             "rejected_lines": sum(shards.success["read_stats"].get("rejected", {}).values()),
             "rejected": shards.success["read_stats"].get("rejected", {}),
+            # Only when a file failed, so other reports (and their bytes) stay as they were.
+            **(
+                {"corrupt_streams": corrupt}
+                if (corrupt := shards.success["read_stats"].get("corrupt_streams"))
+                else {}
+            ),
         },
         chat=shards.success.get("chat"),
         tokenizer=tokenizer_report(shards.success),

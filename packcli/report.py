@@ -74,6 +74,9 @@ def build_report(
     }
 
 
+_CORRUPT_SHOWN = 5  # damaged files listed on the terminal; packcli.json lists all
+
+
 def _n(x: int) -> str:
     return f"{x:,}"
 
@@ -111,6 +114,14 @@ def format_report(report: dict[str, Any]) -> str:
     if rejected:
         reasons = ", ".join(f"{k} {v:,}" for k, v in rejected.items())
         lines.append(f"rejected  {_n(inp['rejected_lines'])} lines ({reasons}): rejected.jsonl")
+    corrupt = inp.get("corrupt_streams") or []
+    for entry in corrupt[:_CORRUPT_SHOWN]:
+        lines.append(
+            f"corrupt   {entry['file']}: kept its first {_n(entry['kept_lines'])} lines, "
+            f"discarded the rest ({entry['reason']})"
+        )
+    if len(corrupt) > _CORRUPT_SHOWN:
+        lines.append(f"          and {len(corrupt) - _CORRUPT_SHOWN} more file(s): packcli.json")
     chat = report.get("chat")
     if chat:
         lines.append(
