@@ -197,6 +197,9 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
         "bos": bos,
         "shard_tokens": cfg.tokenize.shard_tokens,
         "packcli": __version__,
+        # Bumped when what the reader accepts changes: v2 verifies compressed streams first
+        # (work folders tokenized from a damaged file by v1 kept garbled lines).
+        "reader": 2,
     }
     if not cfg.chat.is_chat:
         settings["special_in_text"] = cfg.tokenize.special_in_text
