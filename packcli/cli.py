@@ -121,7 +121,8 @@ Backend = Annotated[
     str | None,
     typer.Option(
         "--tokenizer-backend",
-        help="auto: tiktoken fast path when it reproduces HF ids on a sample, else hf [auto].",
+        help="auto: the fastest of fastokens, gigatoken that reproduces HF ids on a sample, "
+        "else hf; or name one (tiktoken = fastokens) [auto].",
     ),
 ]
 SpecialInText = Annotated[

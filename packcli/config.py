@@ -60,7 +60,7 @@ class TokenizeConfig:
     eos: str | int = "auto"
     bos: str | int = "none"
     shard_tokens: int = 64 * 1024 * 1024
-    backend: str = "auto"  # auto | hf | tiktoken (see packcli/fastpath.py)
+    backend: str = "auto"  # auto | hf | fastokens | gigatoken (see packcli/backends.py)
     num_proc: int = 0  # tokenizer threads; 0 = all cores
     # Special-token strings inside documents: plain text (safe) or the special tokens (text
     # format only; chat templates write their markers, which must stay special).
@@ -75,9 +75,9 @@ class TokenizeConfig:
             raise ConfigError(
                 f"tokenize.num_proc must be >= 0 (0 = all cores), got {self.num_proc}"
             )
-        if self.backend not in ("auto", "hf", "tiktoken"):
+        if self.backend not in ("auto", "hf", "fastokens", "gigatoken", "tiktoken"):
             raise ConfigError(
-                f"tokenize.backend must be auto, hf or tiktoken, got {self.backend!r}"
+                f"tokenize.backend must be auto, hf, fastokens or gigatoken, got {self.backend!r}"
             )
         if self.special_in_text not in ("text", "special"):
             raise ConfigError(

@@ -16,17 +16,17 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from itertools import chain
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from packcli.backends import Encoder, Flat
 from packcli.chat import (
     ChatTemplate,
     EncodedDialogue,
@@ -36,30 +36,23 @@ from packcli.chat import (
 )
 from packcli.read import DocBatch
 from packcli.shards import CHAT_SHARD_SCHEMA, SHARD_SCHEMA
-from packcli.tokenizer import BatchEncoder, SpecialStringCounter
+from packcli.tokenizer import SpecialStringCounter
 
 
 def encode_texts(
-    encoder: BatchEncoder, texts: list[str], *, bos: int | None, eos: int | None
+    encoder: Encoder, texts: list[str], *, bos: int | None, eos: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of ``texts`` back to back (int32) and each document's length (int64)."""
     return assemble(encoder(texts), bos=bos, eos=eos)
 
 
-def assemble(
-    id_lists: Sequence[Sequence[int]], *, bos: int | None, eos: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Flatten per-document ids and add the separators, with numpy (no per-token Python
-    beyond reading HF's lists; the fast path hands over numpy arrays, concatenated in C)."""
-    raw_lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
-    if id_lists and all(isinstance(ids, np.ndarray) for ids in id_lists):
-        flat = np.concatenate(id_lists).astype(np.int32, copy=False)
-    else:
-        total = int(raw_lengths.sum())
-        flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=total)
+def assemble(flat: Flat, *, bos: int | None, eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Add the separators to a backend's flat output, with numpy (no per-token Python)."""
+    ids, offsets = flat
+    raw_lengths = np.diff(offsets)
     extra = (bos is not None) + (eos is not None)
     if extra == 0:
-        return flat, raw_lengths
+        return ids.astype(np.int32, copy=False), raw_lengths
     lengths = raw_lengths + extra
     ends = np.cumsum(lengths)
     starts = ends - lengths
@@ -71,7 +64,7 @@ def assemble(
     if eos is not None:
         out[ends - 1] = eos
         body[ends - 1] = False
-    out[body] = flat
+    out[body] = ids[offsets[0] : offsets[-1]]
     return out, lengths
 
 
@@ -177,7 +170,7 @@ def prefetch(
 
 def tokenize_batches(
     batches: Iterator[DocBatch],
-    encoder: BatchEncoder,
+    encoder: Encoder,
     *,
     bos: int | None,
     eos: int | None,
@@ -198,11 +191,11 @@ def tokenize_batches(
 
     def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
-        id_lists = encoder(texts)
+        encoded = encoder(texts)
         if count_specials is not None:
             count_specials[0](texts, count_specials[1])
         t1 = time.perf_counter()
-        flat = assemble(id_lists, bos=bos, eos=eos)
+        flat = assemble(encoded, bos=bos, eos=eos)
         times.encode += t1 - t0
         times.assemble += time.perf_counter() - t1
         return flat

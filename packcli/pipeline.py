@@ -46,6 +46,7 @@ import orjson
 from tqdm import tqdm
 
 from packcli import __version__
+from packcli.backends import choose_encoder
 from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
 from packcli.chat import load_chat_template, special_tokens_from_config, validate_messages
 from packcli.config import (
@@ -66,7 +67,6 @@ from packcli.encode import (
 )
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
-from packcli.fastpath import choose_encoder
 from packcli.faults import crash_point
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.read import (
@@ -364,7 +364,7 @@ SAMPLE_DOCS = 256
 def _choose_backend(
     cfg: RunConfig, tok: _Tokenizing, units: list[dict[str, Any]]
 ) -> tuple[Any, dict[str, Any]]:
-    """HF, or the tiktoken fast path after it reproduced HF's ids on a sample.
+    """HF, or a fast backend after it reproduced HF's ids on a sample (packcli/backends.py).
 
     The sample is the first documents of the first input unit, the same for every task, so
     all tasks make the same choice. (Ids are identical either way; the check is what makes
@@ -382,13 +382,7 @@ def _choose_backend(
         )
         first = next(iter(batches), None)
         sample = first.texts if first is not None else []
-    return choose_encoder(
-        tok.loaded.tokenizer,
-        cfg.tokenize.backend,
-        sample,
-        num_threads=cfg.tokenize.threads,
-        fingerprint=tok.loaded.fingerprint,
-    )
+    return choose_encoder(tok.loaded.tokenizer, cfg.tokenize.backend, sample)
 
 
 class _TokenizeProgress:

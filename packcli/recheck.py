@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from packcli.backends import HFEncoder
 from packcli.encode import assemble
 from packcli.errors import PackcliError, VerifyError
 from packcli.read import iter_batches
-from packcli.tokenizer import hf_batch_encoder
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,7 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
         if failures:  # the run quarantined or stopped on these; nothing to compare
             return {"skipped": f"the chat template rejects document {sample[failures[0][0]][0]}"}
     else:
-        encoded = hf_batch_encoder(tok.loaded.tokenizer)(items)
-        ids, lengths = assemble(encoded, bos=tok.bos, eos=tok.eos)
+        ids, lengths = assemble(HFEncoder(tok.loaded.tokenizer)(items), bos=tok.bos, eos=tok.eos)
     ends = np.cumsum(lengths)
     long_len = int(meta["config"]["plan"]["long_len"])
     policy = meta["config"]["plan"]["overlong"]

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,20 +33,6 @@ _EOS_CANDIDATES = (
     "[SEP]",
 )
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
-
-
-# Texts in, token ids out, no special tokens added: the one thing the tokenize stage needs
-# from a tokenizer backend (HF tokenizers today; faster exact backends can plug in here).
-BatchEncoder = Callable[[list[str]], Sequence[Sequence[int]]]
-
-
-def hf_batch_encoder(tokenizer: Tokenizer) -> BatchEncoder:
-    """HF ``encode_batch_fast`` (parallel in Rust, skips character offsets: ~2x faster)."""
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
-
-    return encode
 
 
 # What a special-token string inside a document becomes (``--special-in-text``).

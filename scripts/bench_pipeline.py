@@ -1,33 +1,36 @@
-"""End-to-end throughput against the tokenizer's own limit, measured in the same run.
+"""End-to-end throughput against the tokenizers' own limits, measured in the same run.
 
-Tokenization is the physical limit of ``packcli pack``; everything else (reading,
-decompressing, planning, writing) should hide behind it. This script generates a corpus
-(``scripts/make_sample_corpus.py``), then measures on the same texts and cores:
+Tokenization is the cost of ``packcli pack``; everything else (reading, decompressing,
+planning, writing) should hide behind it. On the same texts and cores this measures:
 
 (a) the raw throughput of HF ``encode_batch_fast`` over the texts already in memory, in
-    batches of the same size packcli uses, and (a') the same for the tiktoken fast path
-    packcli builds from the same ``tokenizer.json``;
-(b) ``packcli pack --tokenizer-backend hf`` and (c) ``packcli pack`` (auto: the fast path
-    when it verifies) end to end (fresh output folder), with their stage times;
+    batches of the size packcli uses, and (a') the same for every fast backend installed
+    (``fastokens``, ``gigatoken``; packcli/backends.py), flat outputs;
+(b) ``packcli pack --tokenizer-backend hf`` and (c) ``packcli pack`` with defaults (auto: the
+    fastest backend that passes the self-check), end to end, fresh output folder;
 
 each in a fresh interpreter (timed around the work, not the interpreter's start), and prints
-MB/s, tokens/s, the ratios against (a) and (a') by wall time, the CPU seconds each used (all
-threads; on a shared machine the CPU ratio is the steadier one), and the tokenize stage's
-breakdown (busy seconds of reading, the tokenizer calls, assembling, writing, and the time
-the pipeline sat waiting for the tokenizer). Repeats are interleaved and medians reported.
-With ``--memory`` it also runs the tokenize stage alone in a subprocess on two corpus sizes
-10x apart and prints the peak RSS of each, to show that tokenizing memory does not grow with
-the corpus: it is bounded by the tokenized shard being filled (``tokenize.shard_tokens``, 64M
-tokens by default: ~8 bytes a token while a shard is gathered and combined), so it is
-measured with the default shard size and with shards small enough
-(``--memory-shard-tokens``) that both corpora fill several.
+MB/s, tokens/s, ratios against (a) and against the fastest (a') by wall time, the CPU
+seconds each used (all threads), the peak RSS of each pack, and the stages' breakdown (busy
+seconds of reading, the tokenizer calls, assembling, writing, and the time the pipeline sat
+waiting for the tokenizer). Repeats are interleaved and medians reported.
 
-    python scripts/bench_pipeline.py --size-mb 300 --memory
+Use a real-text-like corpus (``scripts/make_real_corpus.py``: many ~100-character documents
+and a few huge ones) and a 128k vocabulary (``scripts/train_bench_tokenizer.py``); without
+``--corpus`` a generated corpus is made (``scripts/make_sample_corpus.py``), which hides
+per-document costs. With ``--memory`` it also runs the tokenize stage alone on two corpus
+sizes 10x apart and prints the peak RSS of each.
+
+    python scripts/make_real_corpus.py --out /tmp/real150.jsonl --size-mb 150
+    python scripts/train_bench_tokenizer.py --corpus /tmp/real150.jsonl --out /tmp/tok128k
+    python scripts/bench_pipeline.py --corpus /tmp/real150.jsonl --tokenizer /tmp/tok128k \
+        --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -40,18 +43,17 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from make_sample_corpus import main as make_corpus_main  # noqa: E402
 
+from packcli.backends import _MAKERS, FAST_ORDER, HFEncoder  # noqa: E402
 from packcli.config import PlanConfig, TokenizeConfig, build_config  # noqa: E402
-from packcli.fastpath import build_tiktoken_encoder  # noqa: E402
 from packcli.pipeline import RunResult, run_pack  # noqa: E402
 from packcli.plan import plan_two_tier  # noqa: E402
-from packcli.tokenizer import hf_batch_encoder  # noqa: E402
+from packcli.tokenizer import load_tokenizer  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT / "packcli" / "assets" / "demo_tokenizer.json"
 
@@ -72,19 +74,17 @@ def raw_tokenizer(
     path: Path, tokenizer: Path, batch_size: int, backend: str
 ) -> tuple[float, float, int, int]:
     """Wall seconds, CPU seconds, bytes and tokens of the backend's batched call over texts
-    held in memory: HF ``encode_batch_fast``, or the tiktoken fast path packcli builds from
-    the same file."""
+    held in memory: HF ``encode_batch_fast`` or a fast backend, from the same file, with
+    packcli's default settings (special-token strings as text)."""
     texts = [orjson.loads(line)["text"] for line in path.open("rb") if line.strip()]
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
-    tok = Tokenizer.from_file(str(tokenizer))
-    if backend == "hf":
-        encode = hf_batch_encoder(tok)
-    else:
-        encode = build_tiktoken_encoder(tok, num_threads=os.cpu_count() or 1)
+    tok = load_tokenizer(str(tokenizer)).tokenizer
+    tok.encode_special_tokens = True
+    encode = HFEncoder(tok) if backend == "hf" else _MAKERS[backend](tok)
     t0, c0 = time.perf_counter(), time.process_time()
     tokens = 0
     for i in range(0, len(texts), batch_size):
-        tokens += sum(len(ids) for ids in encode(texts[i : i + batch_size]))
+        tokens += int(encode(texts[i : i + batch_size])[1][-1])
     return time.perf_counter() - t0, time.process_time() - c0, nbytes, tokens
 
 
@@ -136,11 +136,16 @@ def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
     """(a), (a'), (b), (c): interleaved repeats, medians, and the stage breakdowns."""
     rows: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
-    stages: dict[str, list[dict]] = {"auto": [], "hf": []}
-    busy: dict[str, list[dict]] = {"auto": [], "hf": []}
+    rss: dict[str, list[float]] = {}
+    packs = ["auto"] + ["hf"] * (not args.no_pack_hf)
+    stages: dict[str, list[dict]] = {p: [] for p in packs}
+    busy: dict[str, list[dict]] = {p: [] for p in packs}
+    chosen = ""
+    fast = [b for b in FAST_ORDER if importlib.util.find_spec(b) is not None]
+    arms = ["raw hf", *(f"raw {b}" for b in fast), *(f"pack {p}" for p in packs)]
     nbytes = tokens = 0
     for _ in range(args.repeats):
-        for arm in ("raw hf", "raw tiktoken", "pack auto", "pack hf"):
+        for arm in arms:
             got = in_fresh_process(args, arm, corpus, work)
             rows.setdefault(arm, []).append(got["wall"])
             cpu.setdefault(arm, []).append(got["cpu"])
@@ -150,31 +155,35 @@ def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
                 backend = arm.removeprefix("pack ")
                 stages[backend].append(got["timings"])
                 busy[backend].append(got["tokenize_times"])
+                rss.setdefault(arm, []).append(got["peak_rss_mb"])
                 tokens = got["tokens"]
+                chosen = got["backend"] if backend == "auto" else chosen
     med = {k: statistics.median(v) for k, v in rows.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    best = min((f"raw {b}" for b in fast), key=med.__getitem__, default="raw hf")
     labels = {
         "raw hf": "(a) HF encode_batch_fast, in memory",
-        "raw tiktoken": "(a') fast path, in memory",
+        **{f"raw {b}": f"(a') {b}, in memory" for b in fast},
         "pack hf": "(b) packcli pack --tokenizer-backend hf",
-        "pack auto": "(c) packcli pack (auto: fast path)",
+        "pack auto": f"(c) packcli pack (auto: {chosen})",
     }
     print(f"corpus {corpus.name}: {nbytes / 1e6:.1f} MB of text, {tokens:,} tokens (with EOS)")
     print(
         f"tokenizer {args.tokenizer.name}, {os.cpu_count()} cores, medians of {args.repeats}, "
         f"load average at the end {os.getloadavg()[0]:.2f} (1 min) {os.getloadavg()[1]:.2f} (5 min)"
     )
-    head = f"{'what':<42}{'wall s':>8}{'MB/s':>7}{'Mtok/s':>7}{'vs (a)':>8}{'vs (a)':>8}"
-    print(head + f"{'CPU s':>8}{'CPU vs':>8}")
-    print(f"{'':<42}{'':>8}{'':>7}{'':>7}{'HF':>8}{'fast':>8}{'':>8}{'(a)':>8}")
-    for key in ("raw hf", "raw tiktoken", "pack hf", "pack auto"):
+    head = f"{'what':<42}{'wall s':>8}{'MB/s':>7}{'Mtok/s':>7}{'x (a)':>8}{'x best':>8}"
+    print(head + f"{'CPU s':>8}{'CPU x':>8}{'RSS MB':>8}")
+    print(f"{'':<42}{'':>8}{'':>7}{'':>7}{'HF':>8}{'(a)':>8}{'':>8}{'(a)':>8}")
+    for key in arms:
         t = med[key]
+        peak = f"{statistics.median(rss[key]):>8.0f}" if key in rss else ""
         print(
-            f"{labels[key]:<42}{t:>8.1f}{nbytes / t / 1e6:>7.2f}{tokens / t / 1e6:>7.2f}"
-            f"{med['raw hf'] / t:>8.2f}{med['raw tiktoken'] / t:>8.2f}"
-            f"{med_cpu[key]:>8.1f}{med_cpu['raw hf'] / med_cpu[key]:>8.2f}"
+            f"{labels[key]:<42}{t:>8.2f}{nbytes / t / 1e6:>7.1f}{tokens / t / 1e6:>7.2f}"
+            f"{med['raw hf'] / t:>8.2f}{med[best] / t:>8.2f}"
+            f"{med_cpu[key]:>8.1f}{med_cpu['raw hf'] / med_cpu[key]:>8.2f}{peak}"
         )
-    for backend in ("hf", "auto"):
+    for backend in packs:
         stage = {k: statistics.median(s[k] for s in stages[backend]) for k in stages[backend][0]}
         parts = {k: statistics.median(b[k] for b in busy[backend]) for k in busy[backend][0]}
         print(
@@ -210,6 +219,8 @@ def child(args: argparse.Namespace) -> None:
         return
     backend = args.child.removeprefix("pack ")
     wall, cpu_s, result = packcli_pack(corpus, args.tokenizer, args.workdir / "out", backend)
+    status = Path("/proc/self/status")
+    hwm = [ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")]
     print(
         json.dumps(
             {
@@ -218,6 +229,10 @@ def child(args: argparse.Namespace) -> None:
                 "timings": result.timings,
                 "tokenize_times": result.tokenize_times,
                 "tokens": result.report["input"]["tokens"],
+                "peak_rss_mb": int(hwm[0].split()[1]) / 1024 if hwm else 0.0,
+                "backend": json.loads((args.workdir / "out" / "packcli.json").read_text())["run"][
+                    "tokenizer_backend"
+                ]["backend"],
             }
         )
     )
@@ -227,7 +242,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-corpus", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--size-mb", type=int, default=300)
+    ap.add_argument("--corpus", type=Path, default=None, help="an existing jsonl corpus")
+    ap.add_argument("--size-mb", type=int, default=300, help="generated corpus size")
+    ap.add_argument("--no-pack-hf", action="store_true", help="skip (b), the slowest arm")
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=1)
@@ -247,8 +264,9 @@ def main() -> None:
         return
     work = args.workdir or Path(tempfile.mkdtemp(prefix="packcli-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    corpus = work / f"corpus-{args.size_mb}mb.jsonl"
-    make_corpus(corpus, args.size_mb, args.seed)
+    corpus = args.corpus or work / f"corpus-{args.size_mb}mb.jsonl"
+    if args.corpus is None:
+        make_corpus(corpus, args.size_mb, args.seed)
 
     if not args.memory_only:
         throughput(args, corpus, work)

@@ -140,7 +140,7 @@ def test_fast_path_used_and_identical_to_hf(
     packed: Path, corpus_dir: Path, toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:
     backend = json.loads((packed / "packcli.json").read_text())["run"]["tokenizer_backend"]
-    assert backend["backend"] == "tiktoken" and backend["check"]["ok"]
+    assert backend["backend"] == "fastokens" and backend["check"]["ok"]
     hf = tmp_path / "hf"
     code, output = invoke(
         "pack",

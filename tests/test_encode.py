@@ -9,19 +9,21 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from packcli.backends import FastokensEncoder, HFEncoder
 from packcli.encode import encode_texts, prefetch
 from packcli.errors import ConfigError
-from packcli.tokenizer import hf_batch_encoder, load_tokenizer, resolve_special
+from packcli.tokenizer import load_tokenizer, resolve_special
 
 TEXTS = ["hello world", "", "the packing of tokens", "東京 🙂 naïve", "a " * 300]
 
 
+@pytest.mark.parametrize("backend", [HFEncoder, FastokensEncoder])
 @pytest.mark.parametrize(("bos", "eos"), [(None, None), (None, 0), (1, 0), (1, None)])
 def test_encode_matches_per_document_encoding(
-    toy_tokenizer_path: Path, bos: int | None, eos: int | None
+    toy_tokenizer_path: Path, bos: int | None, eos: int | None, backend: type
 ) -> None:
     tok = Tokenizer.from_file(str(toy_tokenizer_path))
-    flat, lengths = encode_texts(hf_batch_encoder(tok), TEXTS, bos=bos, eos=eos)
+    flat, lengths = encode_texts(backend(tok), TEXTS, bos=bos, eos=eos)
     assert flat.dtype == np.int32 and lengths.sum() == flat.size
     starts = np.cumsum(lengths) - lengths
     for text, s, n in zip(TEXTS, starts, lengths, strict=True):
@@ -42,7 +44,7 @@ def test_vocabulary_over_65536_keeps_ids(tmp_path: Path) -> None:
     loaded = load_tokenizer(str(tmp_path))
     eos = resolve_special(loaded, "<eos>", "eos")
     flat, lengths = encode_texts(
-        hf_batch_encoder(loaded.tokenizer), ["w69999 w65536 w1", "w70"], bos=None, eos=eos
+        HFEncoder(loaded.tokenizer), ["w69999 w65536 w1", "w70"], bos=None, eos=eos
     )
     assert flat.tolist() == [69999, 65536, 1, 70_001, 70, 70_001]
     assert lengths.tolist() == [4, 2]

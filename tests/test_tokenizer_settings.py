@@ -137,7 +137,7 @@ SPECIAL_TEXTS = [
 
 
 @pytest.mark.parametrize("mode", ["text", "special"])
-@pytest.mark.parametrize("backend", ["hf", "tiktoken"])
+@pytest.mark.parametrize("backend", ["hf", "fastokens"])
 def test_special_token_strings_inside_documents(
     toy_tokenizer_path: Path, tmp_path: Path, mode: str, backend: str
 ) -> None:

@@ -1,4 +1,4 @@
-"""The tiktoken fast path gives HF's ids exactly, or refuses / falls back and says why."""
+"""Every fast backend gives HF's ids exactly, or is passed over / refused, and says why."""
 
 from __future__ import annotations
 
@@ -12,25 +12,37 @@ import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from packcli import fastpath
-from packcli.errors import ConfigError
-from packcli.fastpath import (
+from packcli import backends
+from packcli.backends import (
+    FAST_ORDER,
     CheckResult,
-    FastPath,
-    FastPathUnsupported,
-    TiktokenSpec,
+    HFEncoder,
     adversarial_texts,
-    build_tiktoken_encoder,
-    bytes_to_unicode,
     choose_encoder,
-    derive_spec,
     self_check,
 )
-from packcli.tokenizer import hf_batch_encoder, set_special_in_text
+from packcli.errors import ConfigError
+from packcli.tokenizer import set_special_in_text
 
-needs_tiktoken = pytest.mark.skipif(
-    importlib.util.find_spec("tiktoken") is None, reason="tiktoken is not installed"
-)
+INSTALLED = [name for name in FAST_ORDER if importlib.util.find_spec(name) is not None]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which byte-level BPE vocabularies are in."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+        + list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -203,17 +215,20 @@ VARIANTS: dict[str, Callable[[dict[str, Tokenizer]], Tokenizer]] = {
 
 
 def assert_identical(fast: Callable, tok: Tokenizer, texts: list[str]) -> None:
-    want = hf_batch_encoder(tok)(texts)
-    got = fast(texts)
-    for text, g, w in zip(texts, got, want, strict=True):
-        assert isinstance(g, np.ndarray) and g.dtype == np.uint32  # no Python int per token
-        assert g.tolist() == list(w), f"ids differ for {text[:80]!r}"
+    want_ids, want_off = HFEncoder(tok)(texts)
+    got_ids, got_off = fast(texts)
+    assert got_ids.dtype in (np.uint32, np.int32)  # a flat buffer, no Python int per token
+    for i, text in enumerate(texts):
+        g = got_ids[got_off[i] : got_off[i + 1]].tolist()
+        w = want_ids[want_off[i] : want_off[i + 1]].tolist()
+        assert g == w, f"ids differ for {text[:80]!r}"
 
 
-@needs_tiktoken
+@pytest.mark.parametrize("backend", INSTALLED)
 @pytest.mark.parametrize("specials", ["special", "text"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_fast_path_gives_hf_ids(
+def test_backend_gives_hf_ids(
+    backend: str,
     variant: str,
     specials: str,
     gpt2_tok: Tokenizer,
@@ -221,41 +236,31 @@ def test_fast_path_gives_hf_ids(
     nfc_tok: Tokenizer,
     texts: list[str],
 ) -> None:
-    """Identical ids under both ``--special-in-text`` settings (special-token strings inside
-    text: matched as the tokens, or encoded as plain text)."""
+    """Identical ids on the multilingual corpus, the adversarial set and special-token strings
+    inside text, under both ``--special-in-text`` settings."""
     tok = VARIANTS[variant]({"gpt2": gpt2_tok, "llama3": llama3_tok, "nfc": nfc_tok})
     tok = Tokenizer.from_str(tok.to_str())
     set_special_in_text(tok, specials)
-    fast = build_tiktoken_encoder(tok, num_threads=2)
+    fast = backends._MAKERS[backend](tok)
     extra = [
         "x<x|e\u0301y <|\u212aey|> hello world<|reserved_3|>hello worldx",
         "<|endoftext|><|begin_of_text|>Hi<|eot_id|>\r\n",
     ]
     assert_identical(fast, tok, texts + adversarial_texts(tok) + extra)
-    assert self_check(fast, hf_batch_encoder(tok), texts[:50], tok).ok
-    info = fast.describe()
-    assert info["ranks"] == ("remapped" if variant == "permuted-ids" else "ids")
-    if variant == "converter-style-merges":
-        assert info["exact_because"] == "merges hold every split of every token"
-    else:
-        assert info["exact_because"] == "unique merges, all tokens reachable"
+    assert self_check(fast, HFEncoder(tok), texts[:50], tok, backend).ok
 
 
-@needs_tiktoken
-def test_added_tokens_in_text_are_matched_like_hf(llama3_tok: Tokenizer) -> None:
+@pytest.mark.parametrize("backend", INSTALLED)
+def test_special_tokens_in_text_follow_the_setting(llama3_tok: Tokenizer, backend: str) -> None:
     tok = Tokenizer.from_str(llama3_tok.to_str())
     eot = tok.token_to_id("<|eot_id|>")
     text = "before<|eot_id|>after"
-    # HF matches added tokens in raw text even without add_special_tokens ...
-    assert eot in tok.encode(text, add_special_tokens=False).ids
-    assert eot in build_tiktoken_encoder(tok, 1)([text])[0]
-    assert_identical(build_tiktoken_encoder(tok, 1), tok, [text])
-    # ... unless told to encode special tokens as text.
-    tok.encode_special_tokens = True
-    assert eot not in tok.encode(text, add_special_tokens=False).ids
-    fast = build_tiktoken_encoder(tok, 1)
-    assert eot not in fast([text])[0]
-    assert_identical(fast, tok, [text, *adversarial_texts(tok)])
+    ids, _ = backends._MAKERS[backend](tok)([text])
+    assert eot in ids.tolist()
+    set_special_in_text(tok, "text")
+    ids, _ = backends._MAKERS[backend](tok)([text])
+    assert eot not in ids.tolist()
+    assert ids.tolist() == tok.encode(text, add_special_tokens=False).ids
 
 
 def byte_level_bpe(
@@ -346,181 +351,94 @@ UNSUPPORTED: dict[str, tuple[Callable[[Tokenizer], Tokenizer], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(UNSUPPORTED))
-def test_unsupported_tokenizers_are_refused(
-    case: str, gpt2_tok: Tokenizer, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("case", [c for c in UNSUPPORTED if c != "dropout"])
+def test_auto_takes_a_fast_backend_only_when_it_is_exact(
+    case: str, gpt2_tok: Tokenizer, texts: list[str]
 ) -> None:
-    make, reason = UNSUPPORTED[case]
-    tok = make(gpt2_tok)
-    with pytest.raises(FastPathUnsupported, match=reason):
-        derive_spec(tok)
-    sample = ["hello world", "abc abc"]
-    with caplog.at_level(logging.WARNING, logger="packcli.fastpath"):
-        encoder, record = choose_encoder(tok, "auto", sample, num_threads=2)
-    assert record["backend"] == "hf" and reason in record["fallback_reason"]
-    assert not isinstance(encoder, FastPath)
-    if case != "dropout":  # dropout makes HF itself random
-        assert encoder(sample) == hf_batch_encoder(tok)(sample)
-    assert len(caplog.records) == 1 and "not the tiktoken fast path" in caplog.text
-    with pytest.raises(ConfigError, match=reason):
-        choose_encoder(tok, "tiktoken", sample, num_threads=2)
+    """Tokenizers the old tiktoken path refused: each either loads in a fast backend and then
+    gives HF's ids, or ``auto`` falls back to HF and records why."""
+    tok = UNSUPPORTED[case][0](gpt2_tok)
+    encoder, record = choose_encoder(tok, "auto", texts[:40])
+    assert_identical(encoder, tok, texts[:100] + adversarial_texts(tok))
+    if record["backend"] == "hf":
+        assert record["fallback_reason"]
+    else:
+        assert record["check"]["ok"]
 
 
-def test_handmade_bpe_with_reachable_tokens_is_accepted() -> None:
-    tok = byte_level_bpe(["ab", "abc"], [("a", "b"), ("ab", "c")])
-    spec = derive_spec(tok)
-    assert spec.proof == "unique merges, all tokens reachable" and spec.rank_to_id is None
-
-
-def swapped_ranks(spec: TiktokenSpec, tokens: list[bytes]) -> TiktokenSpec:
-    ranks = dict(spec.mergeable_ranks)
-    a, b = tokens
-    ranks[a], ranks[b] = ranks[b], ranks[a]
-    return TiktokenSpec(
-        pattern=spec.pattern,
-        mergeable_ranks=ranks,
-        special_tokens=spec.special_tokens,
-        rank_to_id=spec.rank_to_id,
-        normalizer=spec.normalizer,
-        split_added=spec.split_added,
-        proof=spec.proof,
-    )
-
-
-@needs_tiktoken
-def test_altered_encoding_fails_the_check_and_auto_falls_back(
-    llama3_tok: Tokenizer,
-    texts: list[str],
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("backend", INSTALLED)
+def test_a_tokenizer_the_backend_cannot_load_falls_back_with_the_reason(
+    backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    spec = derive_spec(llama3_tok)
-    by_rank = sorted((r, t) for t, r in spec.mergeable_ranks.items() if len(t) > 1)
-    altered = swapped_ranks(spec, [by_rank[0][1], by_rank[1][1]])
-    check = self_check(FastPath(altered, 2), hf_batch_encoder(llama3_tok), texts[:20], llama3_tok)
-    assert not check.ok and check.mismatch and "ids differ on" in check.line()
+    tok = wordpiece()
+    sample = ["hello world", "hellos"]
+    with caplog.at_level(logging.WARNING, logger="packcli.backends"):
+        encoder, record = choose_encoder(tok, "auto", sample)
+    assert isinstance(encoder, HFEncoder) and record["backend"] == "hf"
+    assert f"{backend}: unavailable: " in record["fallback_reason"]
+    assert f"not {backend}" in caplog.text
+    with pytest.raises(ConfigError, match=f"tokenizer backend {backend}: .*cannot load"):
+        choose_encoder(tok, backend, sample)
 
-    monkeypatch.setattr(fastpath, "derive_spec", lambda tok: altered)
-    with caplog.at_level(logging.WARNING, logger="packcli.fastpath"):
-        encoder, record = choose_encoder(llama3_tok, "auto", texts[:20], num_threads=2)
-    assert record["backend"] == "hf" and record["fallback_reason"].startswith("self-check failed")
-    assert record["check"]["ok"] is False
+
+class _OffByOne:
+    """A deliberately wrong backend: one id changed in every document holding an 'e'."""
+
+    name = "fastokens"
+    version = "test"
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.inner = HFEncoder(tok)
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids, offsets = self.inner(texts)
+        ids = ids.copy()
+        for i, text in enumerate(texts):
+            if "e" in text and offsets[i + 1] > offsets[i]:
+                ids[offsets[i]] += 1
+        return ids, offsets
+
+
+def test_a_wrong_backend_fails_the_check_auto_falls_back_explicit_stops(
+    llama3_tok: Tokenizer, texts: list[str], monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    monkeypatch.setattr(backends, "_MAKERS", {name: _OffByOne for name in FAST_ORDER})
+    with caplog.at_level(logging.WARNING, logger="packcli.backends"):
+        encoder, record = choose_encoder(llama3_tok, "auto", texts[:20])
+    assert isinstance(encoder, HFEncoder)
+    assert record["backend"] == "hf" and "fastokens: self-check failed" in record["fallback_reason"]
     assert "self-check failed" in caplog.text
-    assert encoder(texts[:5]) == hf_batch_encoder(llama3_tok)(texts[:5])
-    with pytest.raises(ConfigError, match="different ids"):
-        choose_encoder(llama3_tok, "tiktoken", texts[:20], num_threads=2)
+    with pytest.raises(ConfigError, match="fastokens gives different ids than HF"):
+        choose_encoder(llama3_tok, "fastokens", texts[:20])
 
 
-@needs_tiktoken
-def test_choose_encoder_backends(llama3_tok: Tokenizer, texts: list[str]) -> None:
-    fast, record = choose_encoder(llama3_tok, "auto", texts[:30], num_threads=2)
-    assert record["backend"] == "tiktoken" and record["check"]["ok"]
+@pytest.mark.skipif("fastokens" not in INSTALLED, reason="fastokens is not installed")
+def test_choose_encoder_records(llama3_tok: Tokenizer, texts: list[str]) -> None:
+    fast, record = choose_encoder(llama3_tok, "auto", texts[:30])
+    assert record["backend"] == "fastokens" and record["check"]["ok"]
     assert record["check"]["texts"] == 30 + len(adversarial_texts(llama3_tok))
-    assert isinstance(fast, FastPath)
-    forced, record = choose_encoder(llama3_tok, "tiktoken", texts[:30], num_threads=2)
-    assert isinstance(forced, FastPath) and record["requested"] == "tiktoken"
-    hf, record = choose_encoder(llama3_tok, "hf", texts[:30], num_threads=2)
+    _, alias = choose_encoder(llama3_tok, "tiktoken", texts[:30])  # the old fast path's name
+    assert alias["backend"] == "fastokens" and alias["requested"] == "fastokens"
+    hf, record = choose_encoder(llama3_tok, "hf", texts[:30])
     assert record == {"requested": "hf", "backend": "hf", "fallback_reason": None}
-    assert hf(texts[:3]) == [ids.tolist() for ids in fast(texts[:3])]
+    a, b = hf(texts[:3]), fast(texts[:3])
+    assert np.array_equal(a[1], b[1]) and a[0].tolist() == b[0].tolist()
     with pytest.raises(ConfigError, match="must be one of"):
-        choose_encoder(llama3_tok, "fast", texts, num_threads=2)
+        choose_encoder(llama3_tok, "fast", texts)
 
 
 def test_self_check_names_the_first_difference() -> None:
-    def hf(texts: list[str]) -> list[list[int]]:
-        return [[len(t), 1, 2] for t in texts]
+    def flat(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        return backends.flat_from_lists(rows)
 
-    def off_by_one(texts: list[str]) -> list[list[int]]:
-        return [[len(t), 1, 2 if "y" not in t else 3] for t in texts]
+    def hf(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return flat([[len(t), 1, 2] for t in texts])
+
+    def off_by_one(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return flat([[len(t), 1, 2 if "y" not in t else 3] for t in texts])
 
     ok = self_check(hf, hf, ["a", "b"])
     assert ok == CheckResult(ok=True, texts=ok.texts, tokens=3 * ok.texts)
-    bad = self_check(off_by_one, hf, ["x" * 500 + "y"])
+    bad = self_check(off_by_one, hf, ["x" * 500 + "y"], name="gigatoken")
     assert not bad.ok
-    assert bad.mismatch is not None and "(501 chars) at token 2" in bad.mismatch
-
-
-@pytest.mark.parametrize("variant", ["plain", "permuted"])
-def test_spec_cache_round_trip(
-    llama3_tok: Tokenizer,
-    texts: list[str],
-    tmp_path,
-    monkeypatch: pytest.MonkeyPatch,
-    variant: str,
-) -> None:
-    """The derived spec is cached per tokenizer fingerprint and reused without deriving."""
-    tok = permuted_ids(llama3_tok) if variant == "permuted" else llama3_tok
-    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path))
-    fingerprint = "ab" * 32
-    first = fastpath.build_tiktoken_encoder(tok, 2, fingerprint)
-    assert [p.name for p in tmp_path.iterdir()] == [fastpath._spec_path(fingerprint).name]
-    derived = fastpath.derive_spec(tok)
-    assert (derived.rank_to_id is None) == (variant == "plain")
-
-    def refuse(_: Tokenizer) -> None:
-        raise AssertionError("derived again despite the cache")
-
-    monkeypatch.setattr(fastpath, "derive_spec", refuse)
-    cached = fastpath.build_tiktoken_encoder(tok, 2, fingerprint)
-    for name in ("pattern", "mergeable_ranks", "special_tokens", "normalizer", "proof"):
-        assert getattr(cached.spec, name) == getattr(derived, name)
-    if derived.rank_to_id is not None:
-        assert np.array_equal(cached.spec.rank_to_id, derived.rank_to_id)
-    assert_identical(cached, tok, texts)
-    assert [a.tolist() for a in cached(texts)] == [a.tolist() for a in first(texts)]
-
-
-def test_spec_cache_keeps_the_special_tokens_setting_apart(
-    llama3_tok: Tokenizer, tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``encode_special_tokens`` is not in the tokenizer's serialization (so not in its
-    fingerprint) but changes the spec: a spec cached under one setting must not serve the
-    other."""
-    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path))
-    text = "a<|eot_id|>b"
-    eot = llama3_tok.token_to_id("<|eot_id|>")
-    for mode in ("special", "text", "special", "text"):
-        tok = Tokenizer.from_str(llama3_tok.to_str())
-        set_special_in_text(tok, mode)
-        ids = fastpath.build_tiktoken_encoder(tok, 1, "ab" * 32)([text])[0].tolist()
-        assert (eot in ids) == (mode == "special")
-        assert ids == tok.encode(text, add_special_tokens=False).ids
-    assert len(list(tmp_path.iterdir())) == 2
-
-
-def test_spec_cache_ignores_bad_or_foreign_entries(
-    gpt2_tok: Tokenizer, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog
-) -> None:
-    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path))
-    fingerprint = "cd" * 32
-    fastpath.build_tiktoken_encoder(gpt2_tok, 1, fingerprint)
-    path = fastpath._spec_path(fingerprint)
-    data = json.loads(path.read_text())
-    calls = []
-    real = fastpath.derive_spec
-    monkeypatch.setattr(fastpath, "derive_spec", lambda t: calls.append(1) or real(t))
-    # Another packcli version's entry, a cut-off file: derived again, then rewritten.
-    path.write_text(json.dumps({**data, "packcli": "0.0.0"}))
-    fastpath.build_tiktoken_encoder(gpt2_tok, 1, fingerprint)
-    path.write_text(path.read_text()[:1000])
-    with caplog.at_level(logging.WARNING):
-        fastpath.build_tiktoken_encoder(gpt2_tok, 1, fingerprint)
-    assert "ignoring the cached fast-path spec" in caplog.text
-    assert len(calls) == 2
-    assert json.loads(path.read_text()) == data
-    # An empty PACKCLI_CACHE_DIR turns the cache off.
-    monkeypatch.setenv("PACKCLI_CACHE_DIR", "")
-    fastpath.build_tiktoken_encoder(gpt2_tok, 1, "ef" * 32)
-    assert len(calls) == 3 and len(list(tmp_path.iterdir())) == 1
-
-
-def test_lone_surrogates_take_tiktokens_own_replacement(llama3_tok: Tokenizer) -> None:
-    """The numpy path raises on text that is not valid UTF-8; the fast path then falls back
-    to tiktoken's list path, which replaces the surrogate (the reader never passes such
-    text on, but a library caller may)."""
-    fast = build_tiktoken_encoder(llama3_tok, 1)
-    text = "ab\ud800cd <|endoftext|> x\udfff"
-    (got,) = fast([text])
-    assert got.dtype == np.uint32
-    want = fast.encoding.encode(text, allowed_special="all", disallowed_special=())
-    assert got.tolist() == want
+    assert bad.mismatch is not None and "(501 chars) at token 2: gigatoken [3]" in bad.mismatch

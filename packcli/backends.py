@@ -1,0 +1,370 @@
+"""Tokenizer backends: HF ``tokenizers`` (the reference) and byte-identical fast encoders.
+
+Why: tokenization is the cost of ``packcli pack``. ``fastokens`` (Apache-2.0, Rust, abi3
+wheels) loads the same ``tokenizer.json`` and encodes byte-level BPE tokenizers (GPT-2,
+Llama 3, Qwen, with or without NFC, ``ignore_merges``, ``byte_fallback``) an order of
+magnitude faster than HF's ``encode_batch_fast`` on the same cores, and returns a batch as two
+flat buffers (uint32 ids, uint64 offsets), so no Python object is made per token. ``gigatoken``
+is used when it is installed (``pip install 'packcli[gigatoken]'``): it also loads Metaspace
+(SentencePiece-style) BPE tokenizers that ``fastokens`` refuses. Tokenizers neither loads
+(WordPiece, Unigram, NFKC...) stay on HF.
+
+Never trust, always check: ``self_check`` encodes the first documents of the corpus plus a
+built-in adversarial set (whitespace runs, CRLF, digits, CJK, emoji ZWJ sequences, combining
+marks and NFC/NFD pairs, very long words, contractions, the tokenizer's own added tokens inside
+text...) with the candidate and with HF, under the run's special-token setting, and requires
+identical ids. ``auto`` takes the first backend in ``FAST_ORDER`` that loads and passes;
+naming a backend refuses loudly when it cannot load or differs. The choice and the check are
+recorded in ``packcli.json``.
+
+Every encoder is ``texts -> (ids, offsets)``: ``ids`` a flat integer array, ``offsets``
+int64 of length ``len(texts) + 1`` (document ``i`` is ``ids[offsets[i]:offsets[i + 1]]``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any, Protocol
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from packcli.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "gigatoken")
+# Fastest first (scripts/bench_pipeline.py measures both against HF on the same texts).
+FAST_ORDER: tuple[str, ...] = ("fastokens", "gigatoken")
+# Old name of the fast path (a tiktoken encoding derived from tokenizer.json), replaced by
+# fastokens, which reproduces HF on every tokenizer it did and on more, faster.
+ALIASES = {"tiktoken": "fastokens"}
+
+# Characters of a truncated text shown in a mismatch message.
+_SHOW_CHARS = 80
+
+Flat = tuple[np.ndarray, np.ndarray]
+
+
+class Encoder(Protocol):
+    name: str
+
+    def __call__(self, texts: list[str]) -> Flat: ...
+
+
+class BackendUnavailable(Exception):
+    """The backend is not installed or cannot load this tokenizer; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def flat_from_lists(id_lists: Sequence[Sequence[int]]) -> Flat:
+    """Per-document id lists (HF's encodings) as one flat int32 array and offsets."""
+    lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
+    offsets = np.zeros(len(id_lists) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=int(offsets[-1]))
+    return ids, offsets
+
+
+class HFEncoder:
+    """HF ``encode_batch_fast`` (parallel in Rust, skips character offsets: ~2x faster than
+    ``encode_batch``); the reference every other backend is checked against."""
+
+    name = "hf"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, texts: list[str]) -> Flat:
+        encs = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        return flat_from_lists([e.ids for e in encs])
+
+
+class FastokensEncoder:
+    """``fastokens`` from the same serialization HF holds (truncation and padding already
+    off), with HF's special-token setting (``split_special_tokens`` is HF's
+    ``encode_special_tokens``)."""
+
+    name = "fastokens"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        try:
+            import fastokens
+        except ImportError as exc:
+            raise BackendUnavailable("fastokens is not installed") from exc
+        try:
+            self.tok = fastokens.Tokenizer.from_json_str(tokenizer.to_str())
+        except Exception as exc:  # ValueError for unsupported components; be broad: Rust
+            raise BackendUnavailable(f"fastokens cannot load this tokenizer: {exc}") from exc
+        self.tok.no_truncation()
+        self.tok.no_padding()
+        self.split_special = bool(tokenizer.encode_special_tokens)
+        self.version = _version("fastokens")
+
+    def __call__(self, texts: list[str]) -> Flat:
+        ids, offsets = self.tok.encode_batch_flat(
+            texts, add_special_tokens=False, split_special_tokens=self.split_special
+        )
+        return np.frombuffer(ids, dtype=np.uint32), np.frombuffer(offsets, np.uint64).astype(
+            np.int64
+        )
+
+
+class GigatokenEncoder:
+    """``gigatoken`` (optional). It has no switch for special tokens inside text, so under
+    ``--special-in-text text`` it is built from the serialization without the special added
+    tokens: they are then plain text, which is what HF's ``encode_special_tokens`` does (the
+    self-check proves it per tokenizer)."""
+
+    name = "gigatoken"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        try:
+            import gigatoken
+        except ImportError as exc:
+            raise BackendUnavailable(
+                "gigatoken is not installed (pip install 'packcli[gigatoken]')"
+            ) from exc
+        data = json.loads(tokenizer.to_str())
+        if tokenizer.encode_special_tokens:
+            data["added_tokens"] = [t for t in data["added_tokens"] if not t.get("special")]
+        try:
+            self.tok = gigatoken.Tokenizer.from_json(json.dumps(data))
+        except Exception as exc:
+            raise BackendUnavailable(f"gigatoken cannot load this tokenizer: {exc}") from exc
+        self.version = _version("gigatoken")
+
+    def __call__(self, texts: list[str]) -> Flat:
+        layout = self.tok.encode_batch(texts).layout  # awkward ListOffsetArray, zero-copy
+        offsets = np.asarray(layout.offsets.data).astype(np.int64)
+        ids = np.asarray(layout.content.data)
+        if offsets[0] != 0:
+            ids = ids[offsets[0] : offsets[-1]]
+            offsets = offsets - offsets[0]
+        return ids, offsets
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+_MAKERS: dict[str, Callable[[Tokenizer], Encoder]] = {
+    "fastokens": FastokensEncoder,
+    "gigatoken": GigatokenEncoder,
+}
+
+
+def _show(text: str) -> str:
+    shown = repr(text[:_SHOW_CHARS])
+    return shown + (f"... ({len(text)} chars)" if len(text) > _SHOW_CHARS else "")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    texts: int
+    tokens: int
+    mismatch: str | None = None  # the first differing text, truncated, with where it differs
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        if self.ok:
+            return f"identical ids on {self.texts} texts ({self.tokens} tokens)"
+        return f"ids differ on {self.mismatch}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "texts": self.texts,
+            "tokens": self.tokens,
+            "mismatch": self.mismatch,
+        }
+
+
+def adversarial_texts(tokenizer: Tokenizer | None = None) -> list[str]:
+    """Texts where split regexes, normalizers and added-token matching tend to disagree."""
+    texts = [
+        "",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r\n",
+        "a\r\nb",
+        "line one\r\n\r\nline two\r\n",
+        "tabs\tand\t\ttabs \t mixed",
+        "trailing spaces   ",
+        "   leading spaces",
+        "x \n y \n\n z  \n",
+        "a" + " " * 40 + "b",
+        "\n" * 30 + "end",
+        " \u00a0nbsp\u00a0 \u3000ideographic\u2028line\u2029para\x0b\x0c\x85",
+        "zero\u200bwidth\u200djoiner\ufeffbom\u2060",
+        "control \x00\x01\x1f\x7f chars",
+        "1 12 123 1234 12345 123456 1234567 12345678 123456789 1234567890 12345678901234567890",
+        "3.14159 2,718 1_000_000 -42 +7e10 0x1F 1/2 50% $9.99 #1",
+        "\u0663\u0664\u0665 \uff11\uff12\uff13 \u2460\u2461 \u216b \u00b2\u00b3 \u0e51\u0e52",
+        "中文字符测试，标点符号。还有数字123和English混合",  # noqa: RUF001
+        "日本語のテキスト、カタカナとひらがな。ｶﾀｶﾅ",
+        "한국어 텍스트입니다. 한글 자모 \u1100\u1161\u11a8",
+        "Привет, мир! Ёлка. Γειά σου κόσμε. مرحبا بالعالم. שלום עולם. नमस्ते दुनिया. สวัสดี",  # noqa: RUF001
+        "family \U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466 flag "
+        "\U0001f3f3\ufe0f\u200d\U0001f308 skin \U0001f44d\U0001f3fd flags \U0001f1eb\U0001f1f7",
+        "\U0001f600\U0001f600\U0001f600 emoji run \u2764\ufe0f \u263a",
+        "caf\u00e9 cafe\u0301 na\u00efve nai\u0308ve \u00c5 \u212b A\u030a",
+        "\u212a \u2126 \ufb01 \u01c5 \u2460 \u00bd \u1e9b\u0323",
+        "e\u0301\u0301\u0301 a\u0323\u0302 \u1e69 s\u0323\u0307 \u0915\u093c \u05d1\u05bc",
+        "\U0001e030 \U00011f00 \U00010d40 \U0001e4d0 \u0cf3 newer letters",
+        "x" * 3000,
+        "ab" * 1500,
+        "supercalifragilisticexpialidocious" * 40,
+        "1" * 500,
+        "\u00e9" * 700,
+        "\u4e2d" * 700,
+        "!!!??? ... ---- ==== **** ____ //// \\\\\\\\ |||| ;;;; :::: ,,,,",
+        "\u2014\u2013- \u00ab\u00bb \u201c\u201d \u2018\u2019 {[()]}<> @#$%^&*~`",
+        "#!/usr/bin/env python\ndef f(x):\n    return x**2  # square\n",
+        "\tif (a) {\n\t\treturn;\n\t}\n\n\n",
+        "http://example.com/path?q=1&x=2#frag user@example.org",
+        "don't DON'T Don't I'm I'M you're YOU'RE we've WE'VE she'll SHE'LL he'd HE'D it's IT'S",
+        "'s 't 're 've 'm 'll 'd 'S 'T 'RE 'VE 'M 'LL 'D",
+        "'\u017f '\u212a ''s '''' ' '' rock'n'roll \u2019s \u2018t O'Neil",
+        " 's\n'll\t'D",
+    ]
+    added: list[str] = []
+    if tokenizer is not None:
+        added = sorted(t.content for t in tokenizer.get_added_tokens_decoder().values())[:32]
+    for tok in added:
+        half = len(tok) // 2
+        texts += [
+            tok,
+            f"x{tok}y",
+            f" {tok} ",
+            tok + tok,
+            f"\n{tok}\n\n",
+            f"end.{tok}Start",
+            tok[:-1],
+            tok[1:],
+            f"{tok[:half]} {tok[half:]}",
+            tok.upper(),
+            f"caf\u00e9{tok}cafe\u0301",
+        ]
+    # A deterministic mix of characters from many blocks, in random runs.
+    rng = random.Random(12345)
+    pool = (
+        "abcxyzABCXYZ0123456789 \t\n\r.,;:!?'\"-_()[]{}<>/\\|@#$%^&*+=~`"
+        "éèàùçñøåßÆŒ\u0301\u0308ЖжЯяΩωλ中文日本語한국어ไทยअआ\u093cאבغ"
+        "\u00a0\u2009\u3000\u200b\u200d\U0001f600\U0001f44d\U0001f3fd\ufe0f" + "".join(added)
+    )
+    for _ in range(64):
+        texts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 120))))
+    return texts
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def self_check(
+    fast: Callable[[list[str]], Flat],
+    reference: Callable[[list[str]], Flat],
+    sample_texts: Sequence[str],
+    tokenizer: Tokenizer | None = None,
+    name: str = "fast",
+) -> CheckResult:
+    """Encode the sample plus the adversarial set with both encoders; ids must be identical."""
+    texts = list(sample_texts) + adversarial_texts(tokenizer)
+    got_ids, got_off = fast(texts)
+    want_ids, want_off = reference(texts)
+    if np.array_equal(got_off, want_off) and np.array_equal(
+        got_ids.astype(np.int64, copy=False), want_ids.astype(np.int64, copy=False)
+    ):
+        return CheckResult(ok=True, texts=len(texts), tokens=int(want_off[-1]))
+    for i, text in enumerate(texts):
+        g = got_ids[got_off[i] : got_off[i + 1]].tolist()
+        w = want_ids[want_off[i] : want_off[i + 1]].tolist()
+        if g != w:
+            at = _first_difference(g, w)
+            return CheckResult(
+                ok=False,
+                texts=len(texts),
+                tokens=int(want_off[i]),
+                mismatch=f"{_show(text)} at token {at}: {name} {g[at : at + 3]} "
+                f"vs hf {w[at : at + 3]}",
+                details={"text": text, name: g, "hf": w},
+            )
+    raise AssertionError("unreachable: flat outputs differ but no document does")
+
+
+def choose_encoder(
+    tokenizer: Tokenizer, backend: str, sample_texts: Sequence[str]
+) -> tuple[Encoder, dict[str, Any]]:
+    """The encoder to tokenize with, and a record of the choice for the report.
+
+    ``hf``: always HF. ``auto``: the first of ``FAST_ORDER`` that loads the tokenizer and
+    passes the self-check, else HF, with one warning per backend passed over saying why.
+    A named fast backend: that one, or a ``ConfigError`` naming the reason.
+    """
+    backend = ALIASES.get(backend, backend)
+    if backend not in BACKENDS:
+        raise ConfigError(
+            f"tokenizer backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+        )
+    hf = HFEncoder(tokenizer)
+    record: dict[str, Any] = {"requested": backend, "backend": "hf", "fallback_reason": None}
+    if backend == "hf":
+        return hf, record
+    reasons: dict[str, str] = {}
+    for name in FAST_ORDER if backend == "auto" else (backend,):
+        try:
+            fast = _MAKERS[name](tokenizer)
+        except BackendUnavailable as exc:
+            if backend != "auto":
+                raise ConfigError(
+                    f"tokenizer backend {name}: {exc.reason}; use backend auto or hf"
+                ) from exc
+            reasons[name] = f"unavailable: {exc.reason}"
+            continue
+        check = self_check(fast, hf, sample_texts, tokenizer, name)
+        if not check.ok:
+            if backend != "auto":
+                raise ConfigError(
+                    f"tokenizer backend {name} gives different ids than HF tokenizers "
+                    f"({check.line()}); use backend auto or hf"
+                )
+            reasons[name] = f"self-check failed: {check.line()}"
+            continue
+        log.info("tokenizing with %s: %s", name, check.line())
+        record.update(backend=name, version=fast.version, check=check.as_dict())
+        if reasons:
+            record["passed_over"] = reasons
+        return fast, record
+    for name, reason in reasons.items():
+        # A backend that is simply not installed is not news; one that failed is.
+        level = logging.INFO if "is not installed" in reason else logging.WARNING
+        log.log(level, "tokenizing with HF tokenizers, not %s: %s", name, reason)
+    record["fallback_reason"] = "; ".join(f"{n}: {r}" for n, r in reasons.items())
+    return hf, record
