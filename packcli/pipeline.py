@@ -43,6 +43,7 @@ import os
 import shutil
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -868,20 +869,25 @@ def load_plan(work: Path, shards: TokenShards) -> tuple[Plan, PlanConfig]:
         raise PackcliError(
             f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
         )
-    plan_cfg = PlanConfig(**meta["plan"])
-    with np.load(work / "plan.npz") as z:
-        layouts = {
-            name: RowLayout(
-                plan_cfg.short_len if name == "short" else plan_cfg.long_len,
-                z[f"{name}_row_offsets"],
-                z[f"{name}_row_pieces"],
-                z[f"{name}_row_tokens"],
+    try:
+        plan_cfg = PlanConfig(**meta["plan"])
+        with np.load(work / "plan.npz") as z:
+            layouts = {
+                name: RowLayout(
+                    plan_cfg.short_len if name == "short" else plan_cfg.long_len,
+                    z[f"{name}_row_offsets"],
+                    z[f"{name}_row_pieces"],
+                    z[f"{name}_row_tokens"],
+                )
+                for name in CONFIG_NAMES
+            }
+            plan = Plan(
+                z["piece_doc"], z["piece_start"], z["piece_len"], stats=meta["stats"], **layouts
             )
-            for name in CONFIG_NAMES
-        }
-        plan = Plan(
-            z["piece_doc"], z["piece_start"], z["piece_len"], stats=meta["stats"], **layouts
-        )
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+        raise PackcliError(
+            f"{work / 'plan.npz'}: damaged or missing plan ({exc}); run `packcli plan` again"
+        ) from exc
     return plan, plan_cfg
 
 

@@ -318,6 +318,17 @@ def test_a_truncated_token_shard_is_named_by_verify_and_rebuilt_by_pack(
     assert "against the tokenized shards" in ok("verify", out)
 
 
+def test_a_damaged_plan_is_one_line(out: Path) -> None:
+    plan = out / ".packcli" / "plan.npz"
+    plan.write_bytes(plan.read_bytes()[:100])
+    line = fails("write", "-o", out, "-q")
+    assert str(plan) in line and "packcli plan" in line
+    ok("plan", "-o", out, *SMALL)
+    ok("write", "-o", out, "-q")
+    ok("finalize", "-o", out)
+    assert "against the tokenized shards" in ok("verify", out)
+
+
 def _damage(meta: dict, how: str) -> object:
     if how == "empty":
         return {}
