@@ -27,7 +27,8 @@ PLAN_ALGORITHMS = ("bfd", "ffd", "wrapped")
 # made 280k units of a 280 KB file (12 minutes, 3.3 GB of work folder).
 MIN_SPLIT_BYTES = 1 << 20
 # The planner's time and memory grow with the row capacity (its structures are indexed by
-# free room): 2**24 plans in ~1 s and ~0.1 GB; 2**31 took 101 s for 300 documents.
+# free room): 2**24 adds ~2 s and ~130 MB to planning 74 documents; 2**27 added ~26 s and
+# 1 GB; 2**31 - 1 took 101 s for 300 documents.
 MAX_LONG_LEN = 1 << 24
 MAX_SEED = 2**63 - 1
 
