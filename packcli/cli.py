@@ -99,7 +99,9 @@ Bos = Annotated[
     typer.Option(help="BOS prepended to every document: token, id, auto or none [none]."),
 ]
 ShortLen = Annotated[int | None, typer.Option(help="Short-pack capacity in tokens [4096].")]
-LongLen = Annotated[int | None, typer.Option(help="Long-row capacity in tokens [131072].")]
+LongLen = Annotated[
+    int | None, typer.Option(help="Long-row capacity in tokens, at most 2**24 [131072].")
+]
 Overlong = Annotated[
     str | None,
     typer.Option(help="Documents longer than --long-len: split, truncate or drop [split]."),
@@ -144,7 +146,7 @@ SplitBytes = Annotated[
     int | None,
     typer.Option(
         help="Tokenize uncompressed files larger than this as byte spans, one unit of work "
-        "each (0 = never) [1 GiB]."
+        "each (0 = never, else at least 1 MiB) [1 GiB]."
     ),
 ]
 Format = Annotated[
@@ -350,16 +352,23 @@ def tokenize(
     quiet: Quiet = False,
 ) -> None:
     """Stage 1 of 4: tokenize this task's share of the input files into shards."""
-    from packcli.pipeline import check_output_folder, tokenize_task
+    from packcli.lock import hold
+    from packcli.pipeline import check_output_folder, claim_output, prepare_tokenize, tokenize_task
 
     cfg = _config(
         config,
         run={"out": out, "work_dir": work_dir},
         **_tokenize_sections(locals()),
     )
-    check_output_folder(cfg.out_path, overwrite=False)
     index, count = resolve_task(task_index, num_tasks)
-    reused = tokenize_task(cfg, task_index=index, num_tasks=count, quiet=quiet)
+    check_output_folder(cfg.out_path, overwrite=False, work=cfg.work_path)
+    prepared = prepare_tokenize(cfg)
+    claim_output(cfg)
+    # Tasks of this stage run side by side by design: a shared lock, and one for this task.
+    with hold(cfg.out_path, cfg.work_path, shared=True, task=("tokenize", index)):
+        reused = tokenize_task(
+            cfg, task_index=index, num_tasks=count, quiet=quiet, prepared=prepared
+        )
     typer.echo(f"tokenize task {index} of {count} done" + (" (reused)" if reused else ""))
 
 
@@ -378,6 +387,7 @@ def plan(
     quiet: Quiet = False,
 ) -> None:
     """Stage 2 of 4: the global plan over all documents' lengths (one task)."""
+    from packcli.lock import hold
     from packcli.pipeline import plan_stage
     from packcli.plan import tier_summary
 
@@ -386,7 +396,8 @@ def plan(
         run={"out": out, "work_dir": work_dir},
         plan=_plan_section(short_len, long_len, overlong, algorithm, seed, balance),
     )
-    planned, _ = plan_stage(cfg, quiet=quiet)
+    with hold(cfg.out_path, cfg.work_path):
+        planned, _ = plan_stage(cfg, quiet=quiet)
     for name in ("short", "long"):
         t = tier_summary(getattr(planned, name))
         typer.echo(f"{name:<6}{t['rows']:>12,} rows  {t['rows_over_bound']:.5f}x lower bound")
@@ -403,11 +414,14 @@ def write(
     quiet: Quiet = False,
 ) -> None:
     """Stage 3 of 4: write this task's share of the Parquet files from the saved plan."""
-    from packcli.pipeline import write_stage
+    from packcli.lock import hold
+    from packcli.pipeline import check_output_folder, write_stage
 
     cfg = _config(config, run={"out": out, "work_dir": work_dir})
     index, count = resolve_task(task_index, num_tasks)
-    write_stage(cfg, task_index=index, num_tasks=count, quiet=quiet)
+    check_output_folder(cfg.out_path, overwrite=False, work=cfg.work_path)
+    with hold(cfg.out_path, cfg.work_path, shared=True, task=("write", index)):
+        write_stage(cfg, task_index=index, num_tasks=count, quiet=quiet)
     typer.echo(f"write task {index} of {count} done")
 
 
@@ -419,11 +433,14 @@ def finalize(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Stage 4 of 4: check all files are written; write the dataset card and packcli.json."""
-    from packcli.pipeline import finalize_stage
+    from packcli.lock import hold
+    from packcli.pipeline import check_output_folder, finalize_stage
     from packcli.report import format_report
 
     cfg = _config(None, run={"out": out, "work_dir": work_dir})
-    report = finalize_stage(cfg, command=_command())
+    check_output_folder(cfg.out_path, overwrite=False, work=cfg.work_path)
+    with hold(cfg.out_path, cfg.work_path):
+        report = finalize_stage(cfg, command=_command())
     typer.echo(json.dumps(report, indent=2) if json_out else format_report(report))
 
 

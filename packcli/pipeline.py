@@ -14,11 +14,20 @@ byte-identical Parquet files. Output folder layout::
         tokens/_SUCCESS.json            index of all shards (global doc ids)
         plan.npz, plan.json             the plan (reads only lengths)
         write/<config>-<i>.json         one record per finished Parquet file
+        packcli-work.json               marks the folder as packcli's (and names its output)
 
-Resume: a stage's unit of work (an input file, a tokenized shard, an output file) is skipped
-when its completion record carries the current fingerprint, which covers everything the
-result depends on (input paths, sizes and mtimes, tokenizer, settings, packcli version). Only
-this module and the CLI print; everything below logs.
+Resume: a stage's unit of work (an input file, a byte span of a big one or a group of small
+ones; a tokenized shard; an output file) is skipped when its completion record carries the
+current fingerprint, which covers everything the result depends on (input paths, sizes and
+mtimes, tokenizer, settings, packcli version). Only this module and the CLI print;
+everything below logs.
+
+Other people's folders and finished outputs: a non-empty ``--out`` is written into only when
+it holds packcli's marks (``packcli.json``, or the work folder's marker); everything a user
+can get wrong is resolved before the first file is touched, and ``packcli.json`` is removed
+only just before something it vouches for changes, so a failed or all-reused rerun leaves a
+finished output finished. ``pack`` holds locks on the output and work folders
+(``packcli/lock.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import os
 import shutil
 import sys
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +78,7 @@ from packcli.encode import (
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
 from packcli.faults import crash_point
+from packcli.lock import OUT_LOCK, hold
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.read import (
     DocBatch,
@@ -91,6 +102,7 @@ from packcli.shards import (
     atomic_write_json,
     manifest_name,
     sha256_file,
+    shard_intact,
 )
 from packcli.tasks import assign_by_size
 from packcli.tokenizer import (
@@ -122,9 +134,10 @@ def _fingerprint(obj: Any) -> str:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, unreadable, not UTF-8 or not JSON
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _bar(quiet: bool, **kwargs: Any) -> tqdm:
@@ -133,18 +146,81 @@ def _bar(quiet: bool, **kwargs: Any) -> tqdm:
     return tqdm(disable=True if quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)
 
 
-def check_output_folder(out: Path, overwrite: bool) -> None:
-    """Refuse to write into a non-empty folder that is not a packcli output."""
+WORK_MARKER = "packcli-work.json"
+
+
+def _is_work_folder(work: Path, out: Path | None) -> bool:
+    """Whether ``work`` holds packcli's marker (naming ``out``, when given: a work folder
+    elsewhere claims only the output it was made for). A work folder of a packcli without
+    markers is recognised by its tokenize stage record."""
+    marker = _read_json(work / WORK_MARKER)
+    if marker.get("packcli_work") == 1:
+        return out is None or marker.get("out") == str(out.resolve())
+    stage = _read_json(work / "tokens" / "stage.json")
+    return out is None and "settings" in stage and "units" in stage
+
+
+def _is_output(out: Path) -> bool:
+    """Whether ``out`` holds a packcli.json that packcli wrote (not merely a file of that name)."""
+    run = _read_json(out / MARKER).get("run")
+    return isinstance(run, dict) and "packcli_version" in run
+
+
+def _only_starting(out: Path) -> bool:
+    """True when ``out`` holds nothing but what a run starting this instant makes before its
+    marker is in place (the lock file, an empty work folder or its marker's temp file), so
+    concurrent tokenize tasks on a new folder do not refuse each other."""
+    for entry in out.iterdir():
+        if entry.name == OUT_LOCK:
+            continue
+        if (
+            entry.name == ".packcli"
+            and entry.is_dir()
+            and all(f.name.startswith(f".{WORK_MARKER}.tmp-") for f in entry.iterdir())
+        ):
+            continue
+        return False
+    return True
+
+
+def check_output_folder(out: Path, overwrite: bool, work: Path | None = None) -> None:
+    """Refuse to write into a non-empty folder that is not a packcli output.
+
+    Ours means packcli's own marks: a packcli.json it wrote, or a work folder marker (inside
+    ``out``, or the ``--work-dir`` one naming ``out``). A folder that merely has a ``data/``
+    subfolder is not ours: packcli would replace its README.md and delete its Parquet files.
+    """
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output {out} exists and is not a folder")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or overwrite or _only_starting(out):
         return
-    ours = (out / MARKER).exists() or (out / ".packcli").exists() or (out / "data").is_dir()
-    if not ours and not overwrite:
-        raise ConfigError(
-            f"output folder {out} is not empty and is not a packcli output; "
-            "choose another --out or pass --overwrite"
-        )
+    if _is_output(out) or _is_work_folder(out / ".packcli", None):
+        return
+    if work is not None and _is_work_folder(work, out):
+        return
+    raise ConfigError(
+        f"output folder {out} is not empty and is not a packcli output (no packcli.json or "
+        "work folder marker of packcli); choose another --out or pass --overwrite"
+    )
+
+
+def claim_output(cfg: RunConfig) -> None:
+    """Create the output and work folders and mark the work folder as packcli's, naming its
+    output (idempotent: every task of a stage writes the same bytes)."""
+    out = _require_out(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    work = cfg.work_path
+    work.mkdir(parents=True, exist_ok=True)
+    marker = {"packcli_work": 1, "out": str(out.resolve())}
+    if _read_json(work / WORK_MARKER) != marker:
+        atomic_write_json(work / WORK_MARKER, marker)
+
+
+def _uncomplete(out: Path) -> None:
+    """Remove the completion marker just before this run changes something it vouches for
+    (tokenized shards, the shard index, a Parquet file): a run that fails validation, or that
+    reuses everything, leaves a finished output finished."""
+    (out / MARKER).unlink(missing_ok=True)
 
 
 def _require_out(cfg: RunConfig) -> Path:
@@ -232,25 +308,66 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
     return _Tokenizing(loaded, eos, bos, settings, chat)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """The tokenize stage's inputs and tokenizer, resolved before anything is written."""
+
+    paths: list[Path]
+    tok: _Tokenizing
+
+
+def prepare_tokenize(cfg: RunConfig) -> Prepared:
+    """Resolve everything a user can get wrong (input paths, the tokenizer, EOS/BOS, the
+    chat template) before any file is touched: a failed rerun must not un-complete or
+    delete a finished output."""
+    _require_out(cfg)
+    if cfg.tokenize.num_proc:
+        # HF tokenizers' Rust thread pool reads this when it first starts in the process.
+        os.environ["RAYON_NUM_THREADS"] = str(cfg.tokenize.num_proc)
+    # Never read back what packcli writes (rejected.jsonl, work files) as input.
+    paths = resolve_inputs(cfg.read.inputs, exclude=(cfg.out_path, cfg.work_path))
+    return Prepared(paths, _resolve_tokenizing(cfg))
+
+
+def _indexed_units(folder: Path) -> set[str]:
+    """Keys of the units whose shards the stage's index lists (all units when it is damaged:
+    then assume a finished output depends on every one)."""
+    try:
+        return {m["file"].split("/")[1] for m in _read_json(folder / SUCCESS).get("shards", [])}
+    except (KeyError, TypeError, AttributeError, IndexError):
+        return {f.name for f in (folder / "files").glob("*")}
+
+
+def _unit_done(folder: Path, unit: dict[str, Any]) -> bool:
+    """A unit is reused when its record has the current fingerprint and every shard it lists
+    is still whole (a truncated shard is tokenized again, not read back as garbage)."""
+    unit_folder = folder / "files" / unit["key"]
+    done = _read_json(unit_folder / SUCCESS)
+    if done.get("fingerprint") != unit["fingerprint"]:
+        return False
+    return all(shard_intact(unit_folder, m) for m in done.get("shards", []))
+
+
 def tokenize_task(
-    cfg: RunConfig, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = False
+    cfg: RunConfig,
+    *,
+    task_index: int = 0,
+    num_tasks: int = 1,
+    quiet: bool = False,
+    prepared: Prepared | None = None,
 ) -> bool:
     """Tokenize this task's share of the input files; returns True if all were reused.
 
     Every task writes the same ``stage.json`` (same inputs and settings give the same bytes),
     so tasks need no coordination; the plan stage checks that every file is complete.
+    ``prepared``: the stage already resolved in this process (``pack`` validates first).
     """
     out = _require_out(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).unlink(missing_ok=True)
-    if cfg.tokenize.num_proc:
-        # HF tokenizers' Rust thread pool reads this when it first starts in the process.
-        os.environ["RAYON_NUM_THREADS"] = str(cfg.tokenize.num_proc)
-    # Never read back what packcli writes (rejected.jsonl, work files) as input.
-    paths = resolve_inputs(cfg.read.inputs, exclude=(out, cfg.work_path))
-    tok = _resolve_tokenizing(cfg)
+    prepared = prepared or prepare_tokenize(cfg)
+    tok = prepared.tok
     stage_fp = _fingerprint(tok.settings)
-    files, units = _input_units(paths, cfg.read.split_bytes, stage_fp)
+    files, units = _input_units(prepared.paths, cfg.read.split_bytes, stage_fp)
+    claim_output(cfg)
     folder = cfg.work_path / "tokens"
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(
@@ -270,17 +387,17 @@ def tokenize_task(
     )
     task_of = assign_by_size([u["size"] for u in units], num_tasks)
     mine = [k for k in range(len(units)) if task_of[k] == task_index]
-    if num_tasks == 1:  # the only task: drop shards of units no longer in the input
+    pending = {k for k in mine if not _unit_done(folder, units[k])}
+    stale: list[Path] = []
+    if num_tasks == 1:  # the only task: shards of units no longer in the input go at the end
         keys = {u["key"] for u in units}
-        for stale in (folder / "files").glob("*"):
-            if stale.name not in keys:
-                shutil.rmtree(stale)
-    pending = {
-        k
-        for k in mine
-        if _read_json(folder / "files" / units[k]["key"] / SUCCESS).get("fingerprint")
-        != units[k]["fingerprint"]
-    }
+        stale = [f for f in (folder / "files").glob("*") if f.name not in keys]
+    # A finished output stays finished unless this run changes the shards it was checked
+    # against (those the index lists): a new unit's shards go to a folder of their own.
+    indexed = _indexed_units(folder)
+    if any(units[k]["key"] in indexed for k in pending):
+        _uncomplete(out)
+        (folder / SUCCESS).unlink(missing_ok=True)  # collect_tokens rebuilds it
     encoder: Any = None
     if tok.chat is not None:
         encoder = tok.chat
@@ -303,6 +420,10 @@ def tokenize_task(
                 release_free_memory()
             else:
                 progress.update(units[k]["size"], 0)
+    if any(f.name in indexed for f in stale):
+        _uncomplete(out)
+    for gone in stale:  # only now that this run's shards are all there
+        shutil.rmtree(gone)
     if not pending:
         log.info("reusing tokenized shards for all %d input unit(s) of this task", len(mine))
     return not pending
@@ -328,34 +449,102 @@ def release_free_memory() -> None:
         trim(0)
 
 
+# Files smaller than this share a unit of tokenize work with their neighbours: a unit has a
+# fixed cost (a folder, a shard, three records with an fsync each, two threads), which made
+# 2,000 one-line files take 30 s. Groups end where a file's path says so (below), so adding
+# or removing a file regroups only its own neighbourhood, and at GROUP_CAP bytes.
+GROUP_BYTES = 8 << 20
+GROUP_CAP = 4 * GROUP_BYTES
+
+
+def _starts_group(path: str, size: int) -> bool:
+    """Whether a small file begins a new group: with probability size / GROUP_BYTES (so
+    groups average about GROUP_BYTES), decided by the file alone, as content-defined
+    chunking does, so one file more or less moves no boundary elsewhere."""
+    draw = int.from_bytes(hashlib.sha256(path.encode("utf-8")).digest()[:8], "big")
+    return draw * GROUP_BYTES < size * 2**64
+
+
+def _group_unit(members: list[tuple[int, dict[str, Any]]], stage_fp: str) -> dict[str, Any]:
+    """One unit of several whole small files (``paths``); its documents carry each file's
+    own index and line numbers, so the output is the same as one unit per file."""
+    paths = [entry["path"] for _, entry in members]
+    unit: dict[str, Any] = {
+        "file_index": members[0][0],
+        "path": paths[0],
+        "paths": paths,
+        "span": None,
+        "size": sum(entry["size"] for _, entry in members),
+        "key": _file_key("\n".join(paths)),
+    }
+    files = [entry for _, entry in members]
+    unit["fingerprint"] = _fingerprint({"stage": stage_fp, "files": files, "key": unit["key"]})
+    return unit
+
+
+def _unit_paths(unit: dict[str, Any]) -> list[str]:
+    return unit.get("paths") or [unit["path"]]
+
+
 def _input_units(
     paths: list[Path], split_bytes: int, stage_fp: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The input files, and the units of tokenize work: each file, or each byte span of an
+    """The input files, and the units of tokenize work: each file, each byte span of an
     uncompressed file larger than ``split_bytes`` (so one huge file still spreads over
-    tasks). Units are in input order; document ids and line numbers are assigned from their
-    counts later, so how files are split never changes the output."""
+    tasks), or a group of consecutive small files. Units are in input order; document ids
+    and line numbers are assigned from their counts later, so how files are split or
+    grouped never changes the output."""
     files: list[dict[str, Any]] = []
     units: list[dict[str, Any]] = []
+    group: list[tuple[int, dict[str, Any]]] = []
+    group_bytes = 0
+
+    def close_group() -> None:
+        nonlocal group_bytes
+        if len(group) > 1:
+            units.append(_group_unit(group, stage_fp))
+        elif group:
+            units.extend(_file_units(*group[0], None, stage_fp))
+        group.clear()
+        group_bytes = 0
+
     for index, p in enumerate(paths):
         st = p.stat()
         path = str(p.resolve())
         entry = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         files.append(entry)
         spans = split_spans(st.st_size, split_bytes) if splittable(p) else None
-        for span in spans or [None]:
-            unit: dict[str, Any] = {
-                "file_index": index,
-                "path": path,
-                "span": list(span) if span else None,
-                "size": span[1] - span[0] if span else st.st_size,
-                "key": _file_key(path if span is None else f"{path}#{span[0]}-{span[1]}"),
-            }
-            # Not the file's index: adding a file to the input must not redo the others.
-            keyed = {k: v for k, v in unit.items() if k != "file_index"}
-            unit["fingerprint"] = _fingerprint({"stage": stage_fp, **entry, **keyed})
-            units.append(unit)
+        if spans is None and st.st_size < GROUP_BYTES:
+            if group and (_starts_group(path, st.st_size) or group_bytes + st.st_size > GROUP_CAP):
+                close_group()
+            group.append((index, entry))
+            group_bytes += st.st_size
+            continue
+        close_group()
+        units.extend(_file_units(index, entry, spans, stage_fp))
+    close_group()
     return files, units
+
+
+def _file_units(
+    index: int, entry: dict[str, Any], spans: list[tuple[int, int]] | None, stage_fp: str
+) -> list[dict[str, Any]]:
+    """The units of one file: the whole file, or each of its byte spans."""
+    units = []
+    path = entry["path"]
+    for span in spans or [None]:
+        unit: dict[str, Any] = {
+            "file_index": index,
+            "path": path,
+            "span": list(span) if span else None,
+            "size": span[1] - span[0] if span else entry["size"],
+            "key": _file_key(path if span is None else f"{path}#{span[0]}-{span[1]}"),
+        }
+        # Not the file's index: adding a file to the input must not redo the others.
+        keyed = {k: v for k, v in unit.items() if k != "file_index"}
+        unit["fingerprint"] = _fingerprint({"stage": stage_fp, **entry, **keyed})
+        units.append(unit)
+    return units
 
 
 SAMPLE_DOCS = 256
@@ -442,7 +631,7 @@ def _tokenize_unit(
             field = cfg.chat.messages_field
             validate = functools.partial(validate_messages, field=field)
         source = iter_batches(
-            [Path(path)],
+            [Path(p) for p in _unit_paths(unit)],
             cfg.read.text_field,
             cfg.read.batch_size,
             stats,
@@ -456,12 +645,13 @@ def _tokenize_unit(
 
         def template_failed(batch: DocBatch, index: int, reason: str) -> None:
             line = int(batch.line[index])
+            doc_path = _unit_paths(unit)[int(batch.file_index[index]) - unit["file_index"]]
             if not skip:
-                line += count_newlines(path, stats.first_line_byte)  # a file line, not a span's
-                raise InputError(f"{path}:{line}: {reason}")
+                line += count_newlines(doc_path, stats.first_line_byte)  # a file line
+                raise InputError(f"{doc_path}:{line}: {reason}")
             stats.rejected["template_error"] = stats.rejected.get("template_error", 0) + 1
             raw = orjson.dumps({cfg.chat.messages_field: batch.texts[index]})
-            sink.add(path, line, "template_error", raw, reason)
+            sink.add(doc_path, line, "template_error", raw, reason)
 
         if isinstance(encoder, ChatEncoder):
             tokenized = tokenize_chat_batches(batches, encoder, chat_stats, template_failed, times)
@@ -498,6 +688,8 @@ def _tokenize_unit(
             "fingerprint": unit["fingerprint"],
             "path": path,
             "span": unit["span"],
+            # The shards' file_index column is this plus the file's place in the unit.
+            "file_index": unit["file_index"],
             "num_docs": sum(m["num_docs"] for m in writer.manifests),
             "num_tokens": sum(m["num_tokens"] for m in writer.manifests),
             "shards": writer.manifests,
@@ -521,7 +713,7 @@ def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
 
     A shard counts as complete when its manifest exists: the shard is renamed into place
     first, its manifest second, both atomically. Anything else (temp files, a shard without a
-    manifest, shards of another fingerprint) is removed.
+    manifest, shards of another fingerprint, a damaged shard and all after it) is removed.
     """
     stamp = folder / "fingerprint.json"
     if _read_json(stamp).get("fingerprint") != fingerprint:
@@ -531,9 +723,7 @@ def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
         atomic_write_json(stamp, {"fingerprint": fingerprint})
         return []
     manifests = []
-    while (m := _read_json(folder / manifest_name(len(manifests)))) and (
-        folder / m.get("file", "-")
-    ).is_file():
+    while (m := _read_json(folder / manifest_name(len(manifests)))) and shard_intact(folder, m):
         manifests.append(m)
     keep = {stamp.name} | {m["file"] for m in manifests}
     keep |= {manifest_name(i) for i in range(len(manifests))}
@@ -545,7 +735,8 @@ def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
 
 def _skip_documents(batches: Iterator[DocBatch], start: int, file_index: int) -> Iterator[DocBatch]:
     """Drop documents before ``start`` (already tokenized by an interrupted run) and stamp
-    the global file index. Re-reading is ~100x cheaper than tokenizing and keeps stats exact."""
+    the global file index (the unit's first file's, plus the file's place in a group of small
+    files). Re-reading is ~100x cheaper than tokenizing and keeps stats exact."""
     for batch in batches:
         n = len(batch.texts)
         if batch.doc_id_start + n <= start:
@@ -554,7 +745,7 @@ def _skip_documents(batches: Iterator[DocBatch], start: int, file_index: int) ->
         yield DocBatch(
             texts=batch.texts[cut:],
             doc_id_start=batch.doc_id_start + cut,
-            file_index=np.full(n - cut, file_index, dtype=np.int32),
+            file_index=(batch.file_index[cut:] + file_index).astype(np.int32),
             line=batch.line[cut:],
             progress_bytes=batch.progress_bytes,
         )
@@ -583,7 +774,9 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     for unit in stage["units"]:
         done = _read_json(folder / "files" / unit["key"] / SUCCESS)
         if done.get("fingerprint") != unit["fingerprint"]:
-            missing.append(unit["path"] + (f" bytes {unit['span']}" if unit["span"] else ""))
+            more = len(_unit_paths(unit)) - 1
+            where = f" bytes {unit['span']}" if unit["span"] else ""
+            missing.append(unit["path"] + where + (f" and {more} more file(s)" if more else ""))
             continue
         first_line = lines_before[unit["file_index"]]
         lines_before[unit["file_index"]] += done["read_stats"]["lines"]
@@ -596,6 +789,8 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                     "first_doc_id": next_doc + m["first_doc_index"],
                     "first_line": first_line,  # the shard's line column counts from its unit
                     "file_index": unit["file_index"],  # in this run's input list
+                    # The unit's first file index when tokenized (the column's base).
+                    "tokenized_file_index": done.get("file_index"),
                 }
             )
         next_doc += done["num_docs"]
@@ -613,6 +808,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             f"tokenize task(s) not finished: {len(missing)} of {len(stage['units'])} input "
             f"unit(s) have no complete shards, e.g. {missing[0]}"
         )
+    _uncomplete(cfg.out_path)  # the index a finished output was checked against changes
     atomic_write_json(
         index_path,
         {
@@ -648,9 +844,10 @@ def _plan_fingerprint(plan_cfg: PlanConfig, tokens_fingerprint: str) -> str:
 
 
 def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShards]:
-    """Global plan over the lengths of all tokenized documents; saved for the write tasks."""
-    out = _require_out(cfg)
-    (out / MARKER).unlink(missing_ok=True)
+    """Global plan over the lengths of all tokenized documents; saved for the write tasks.
+
+    The finished output (if any) stays complete: its Parquet files do not change here."""
+    _require_out(cfg)
     shards = collect_tokens(cfg)
     lengths = shards.column("length").astype(np.int64)
     if lengths.size == 0:
@@ -704,20 +901,25 @@ def load_plan(work: Path, shards: TokenShards) -> tuple[Plan, PlanConfig]:
         raise PackcliError(
             f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
         )
-    plan_cfg = PlanConfig(**meta["plan"])
-    with np.load(work / "plan.npz") as z:
-        layouts = {
-            name: RowLayout(
-                plan_cfg.short_len if name == "short" else plan_cfg.long_len,
-                z[f"{name}_row_offsets"],
-                z[f"{name}_row_pieces"],
-                z[f"{name}_row_tokens"],
+    try:
+        plan_cfg = PlanConfig(**meta["plan"])
+        with np.load(work / "plan.npz") as z:
+            layouts = {
+                name: RowLayout(
+                    plan_cfg.short_len if name == "short" else plan_cfg.long_len,
+                    z[f"{name}_row_offsets"],
+                    z[f"{name}_row_pieces"],
+                    z[f"{name}_row_tokens"],
+                )
+                for name in CONFIG_NAMES
+            }
+            plan = Plan(
+                z["piece_doc"], z["piece_start"], z["piece_len"], stats=meta["stats"], **layouts
             )
-            for name in CONFIG_NAMES
-        }
-        plan = Plan(
-            z["piece_doc"], z["piece_start"], z["piece_len"], stats=meta["stats"], **layouts
-        )
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+        raise PackcliError(
+            f"{work / 'plan.npz'}: damaged or missing plan ({exc}); run `packcli plan` again"
+        ) from exc
     return plan, plan_cfg
 
 
@@ -779,12 +981,20 @@ def write_task(
 ) -> None:
     """Write this task's share of the output files (round robin over all files)."""
     out = _require_out(cfg)
-    (out / MARKER).unlink(missing_ok=True)
     fingerprint = _write_fingerprint(cfg, shards)
     records = cfg.work_path / "write"
     records.mkdir(parents=True, exist_ok=True)
     atomic_write_json(records / "config.json", {"write": dataclasses.asdict(cfg.write)})
     jobs = _output_files(cfg, plan)[task_index::num_tasks]
+
+    def written(job: tuple[str, int, int, int, int]) -> bool:
+        name, i, count = job[:3]
+        final = out / "data" / name / f"train-{i:05d}-of-{count:05d}.parquet"
+        record = _read_json(records / f"{name}-{i:05d}.json")
+        return record.get("fingerprint") == fingerprint and final.is_file()
+
+    if not all(written(job) for job in jobs):
+        _uncomplete(out)  # a Parquet file the finished output lists is about to change
     total = sum(int(getattr(plan, j[0]).row_tokens[j[3] : j[4]].sum()) for j in jobs)
     source = TokenSource(list(shards.iter_shards()))
     with _bar(quiet, total=total, unit="tok", unit_scale=True, desc="write") as bar:
@@ -794,8 +1004,7 @@ def write_task(
             layout = getattr(plan, name)
             final = out / "data" / name / f"train-{i:05d}-of-{count:05d}.parquet"
             record_path = records / f"{name}-{i:05d}.json"
-            record = _read_json(record_path)
-            if record.get("fingerprint") == fingerprint and final.is_file():
+            if written(job):
                 bar.update(int(layout.row_tokens[r0:r1].sum()))
                 return
             record_path.unlink(missing_ok=True)
@@ -977,13 +1186,34 @@ def run_pack(
     num_tasks: int | None = None,
 ) -> RunResult:
     """The whole job from one command: tokenize and write as ``num_tasks`` tasks each on the
-    executor (one in-process task by default), plan and finalize in this process."""
-    check_output_folder(_require_out(cfg), overwrite)
-    executor = executor or Executor("local")
+    executor (one in-process task by default), plan and finalize in this process.
+
+    Everything a user can get wrong is checked before any file is touched, and the output and
+    work folders are locked for the whole job (a second run on either fails at once)."""
+    out = _require_out(cfg)
+    check_output_folder(out, overwrite, cfg.work_path)
+    prepared = prepare_tokenize(cfg)
+    claim_output(cfg)
+    with hold(out, cfg.work_path):
+        return _run_locked(cfg, prepared, quiet, command, executor or Executor("local"), num_tasks)
+
+
+def _run_locked(
+    cfg: RunConfig,
+    prepared: Prepared,
+    quiet: bool,
+    command: str,
+    executor: Executor,
+    num_tasks: int | None,
+) -> RunResult:
     n = num_tasks or executor.default_tasks()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    reused = all(executor.map(tokenize_task, (cfg,), n, quiet=quiet))
+    # In this process the tokenizer is already loaded; Ray tasks load their own.
+    task = functools.partial(tokenize_task, prepared=prepared)
+    reused = all(
+        executor.map(task if executor.kind == "local" else tokenize_task, (cfg,), n, quiet=quiet)
+    )
     timings["tokenize"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     plan, shards = plan_stage(cfg, quiet=quiet)

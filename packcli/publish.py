@@ -29,6 +29,7 @@ import fnmatch
 import glob
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -105,10 +106,28 @@ def upload_files(out: Path) -> list[UploadFile]:
     files = []
     for rel in paths:
         p = out / rel
+        _refuse_links(out, rel)
         if not p.is_file():
             raise PushError(f"{out}: {rel} is missing, so the output is incomplete")
         files.append(UploadFile(rel, p.stat().st_size))
     return files
+
+
+def _refuse_links(out: Path, rel: str) -> None:
+    """Refuse a file that is a symlink, or lies under one, or resolves outside ``out``: a
+    README.md linked to ``~/.netrc`` would otherwise be listed and uploaded as the card.
+    (``out`` itself may be a link; what it holds may not point elsewhere.)"""
+    root = out.resolve()
+    p = out
+    for part in Path(rel).parts:
+        p = p / part
+        if p.is_symlink():
+            raise PushError(
+                f"{out}: {Path(rel)} is a symbolic link (to {os.readlink(p)}); push uploads only "
+                "regular files inside the output folder: replace the link with the file"
+            )
+    if p.exists() and not p.resolve().is_relative_to(root):
+        raise PushError(f"{out}: {rel} lies outside the output folder; refusing to upload it")
 
 
 def prepare_push(out: Path) -> list[UploadFile]:

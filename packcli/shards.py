@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packcli.errors import PackcliError
+
 SHARD_SCHEMA = pa.schema(
     [
         pa.field("input_ids", pa.list_(pa.int32())),
@@ -139,11 +141,39 @@ class ShardWriter:
             "first_doc_index": int(doc_index[0].as_py()),
             "last_doc_index": int(doc_index[-1].as_py()),
             "sha256": sha256_file(final),
+            "bytes": final.stat().st_size,  # a cheap check that the shard is still whole
         }
         atomic_write_json(self.folder / manifest_name(index), manifest)
         self.manifests.append(manifest)
         self._pending = []
         self._pending_tokens = 0
+
+
+class ShardError(PackcliError):
+    """A tokenized shard or the stage's index in the work folder is damaged."""
+
+
+def shard_intact(folder: Path, manifest: dict[str, Any]) -> bool:
+    """Whether the shard a manifest describes is still there and whole: its size (when the
+    manifest has one) and its Arrow footer, without reading the data (a truncated shard made
+    ``verify`` and ``pack`` fail with pyarrow's traceback; ``pack`` now rebuilds it)."""
+    path = folder / str(manifest.get("file", ""))
+    try:
+        if "bytes" in manifest and path.stat().st_size != manifest["bytes"]:
+            return False
+        with pa.memory_map(str(path), "r") as source:
+            reader = pa.ipc.open_file(source)
+            return reader.num_record_batches == 1
+    except (OSError, pa.ArrowException):
+        return False
+
+
+def _damaged(path: Path, exc: Exception) -> ShardError:
+    return ShardError(
+        f"{path}: damaged tokenized shard or index ({exc}); rerun the same packcli pack or "
+        "tokenize command to rebuild it (`packcli verify --no-shards` checks the output "
+        "without the work folder)"
+    )
 
 
 @dataclass
@@ -164,9 +194,14 @@ class TokenShards:
         success = folder / SUCCESS
         if not success.is_file():
             raise FileNotFoundError(f"no completed tokenize stage in {folder}")
-        self.success: dict[str, Any] = json.loads(success.read_text(encoding="utf-8"))
-        self.manifests: list[dict[str, Any]] = self.success["shards"]
-        self.first_doc_ids = np.array([m["first_doc_id"] for m in self.manifests], dtype=np.int64)
+        try:
+            self.success: dict[str, Any] = json.loads(success.read_text(encoding="utf-8"))
+            self.manifests: list[dict[str, Any]] = self.success["shards"]
+            self.first_doc_ids = np.array(
+                [m["first_doc_id"] for m in self.manifests], dtype=np.int64
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _damaged(success, exc) from exc
 
     @property
     def num_docs(self) -> int:
@@ -177,17 +212,27 @@ class TokenShards:
 
     def _reader(self, index: int, fields: list[str] | None = None) -> pa.ipc.RecordBatchFileReader:
         """Memory-mapped reader of one shard; ``fields`` limits what is read to those columns."""
-        source = pa.memory_map(str(self.folder / self.manifests[index]["file"]), "r")
-        if fields is None:
-            return pa.ipc.open_file(source)
-        opts = pa.ipc.IpcReadOptions(
-            included_fields=[SHARD_SCHEMA.get_field_index(f) for f in fields]
-        )
-        return pa.ipc.open_file(source, options=opts)
+        path = self.folder / self.manifests[index]["file"]
+        try:
+            source = pa.memory_map(str(path), "r")
+            if fields is None:
+                return pa.ipc.open_file(source)
+            opts = pa.ipc.IpcReadOptions(
+                included_fields=[SHARD_SCHEMA.get_field_index(f) for f in fields]
+            )
+            return pa.ipc.open_file(source, options=opts)
+        except (OSError, pa.ArrowException) as exc:
+            raise _damaged(path, exc) from exc
+
+    def _read_column(self, index: int, name: str) -> pa.ChunkedArray:
+        try:
+            return self._reader(index, [name]).read_all().column(0)
+        except pa.ArrowException as exc:
+            raise _damaged(self.folder / self.manifests[index]["file"], exc) from exc
 
     def column(self, name: str) -> np.ndarray:
         """One scalar column over all shards, in doc-id order (reads only that column)."""
-        parts = [self._reader(i, [name]).read_all().column(0).to_numpy() for i in range(len(self))]
+        parts = [self._read_column(i, name).to_numpy() for i in range(len(self))]
         if not parts:
             return np.zeros(0, dtype=SHARD_SCHEMA.field(name).type.to_pandas_dtype())
         return np.concatenate(parts)
@@ -195,14 +240,18 @@ class TokenShards:
     def value(self, name: str, doc_id: int) -> Any:
         """One scalar column's value for one document (reads only its shard's column)."""
         index = int(np.searchsorted(self.first_doc_ids, doc_id, side="right")) - 1
-        if name == "file_index" and "file_index" in self.manifests[index]:
-            # The index knows the file's place in *this* run's inputs; a reused shard's column
+        manifest = self.manifests[index]
+        base = manifest.get("tokenized_file_index")
+        if name == "file_index" and "file_index" in manifest and base is None:
+            return manifest["file_index"]  # a unit of one file
+        column = self._read_column(index, name)
+        value = column[doc_id - int(manifest["first_doc_id"])].as_py()
+        if name == "file_index" and "file_index" in manifest:
+            # The index knows the unit's place in *this* run's inputs; a reused shard's column
             # holds its place when it was tokenized (files may have been added since).
-            return self.manifests[index]["file_index"]
-        column = self._reader(index, [name]).read_all().column(0)
-        value = column[doc_id - int(self.manifests[index]["first_doc_id"])].as_py()
+            value += manifest["file_index"] - base
         if name == "line":  # a shard of a byte span counts lines from the span's first line
-            value += self.manifests[index].get("first_line", 0)
+            value += manifest.get("first_line", 0)
         return value
 
     def shard(self, index: int) -> ShardTokens:

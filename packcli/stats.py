@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR
+from packcli.card import CONFIG_NAMES, STATS_DIR
 from packcli.errors import PackcliError
 
 if TYPE_CHECKING:
@@ -76,17 +76,10 @@ def require_extra(module: str, purpose: str) -> Any:
 
 def read_meta(out: Path) -> dict[str, Any]:
     """``packcli.json`` of a complete output, or a ``PackcliError`` saying what is wrong."""
-    marker = out / MARKER
-    if not marker.is_file():
-        raise PackcliError(f"{out}: no {MARKER}, so the output is missing or incomplete")
-    try:
-        meta = json.loads(marker.read_text(encoding="utf-8"))
-        capacities(meta)  # fail here, not halfway, on a foreign or damaged packcli.json
-        if not all(isinstance(meta["files"][name], list) for name in CONFIG_NAMES):
-            raise TypeError("'files' must list the Parquet files of each config")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PackcliError(f"{marker}: unreadable or not written by packcli ({exc})") from exc
-    return meta
+    from packcli.verify import read_marker
+
+    # Fails here, not halfway, on a foreign or damaged packcli.json (one line naming it).
+    return read_marker(out)
 
 
 def capacities(meta: dict[str, Any]) -> dict[str, int]:
@@ -123,6 +116,7 @@ def _row_group_arrays(table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 def read_tier(out: Path, meta: dict[str, Any], name: str, keep_segments: bool) -> TierData:
     """Stream one config's ``num_tokens`` and ``seq_lengths``, one row group at a time."""
     import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     parts: list[tuple[np.ndarray, ...]] = []
@@ -131,13 +125,19 @@ def read_tier(out: Path, meta: dict[str, Any], name: str, keep_segments: bool) -
         path = out / "data" / name / entry["file"]
         if not path.is_file():
             raise PackcliError(f"{path} is missing; the output is damaged (see packcli verify)")
-        with pq.ParquetFile(path) as pf:
-            for g in range(pf.num_row_groups):
-                table = pf.read_row_group(g, columns=["num_tokens", "seq_lengths"])
-                num_tokens, segments, cost, flat = _row_group_arrays(table)
-                parts.append((num_tokens, segments, cost))
-                if keep_segments:
-                    seg_parts.append(flat.astype(np.int32, copy=True))
+        try:
+            with pq.ParquetFile(path) as pf:
+                for g in range(pf.num_row_groups):
+                    table = pf.read_row_group(g, columns=["num_tokens", "seq_lengths"])
+                    num_tokens, segments, cost, flat = _row_group_arrays(table)
+                    parts.append((num_tokens, segments, cost))
+                    if keep_segments:
+                        seg_parts.append(flat.astype(np.int32, copy=True))
+        except (pa.ArrowException, KeyError) as exc:  # truncated, foreign or no such column
+            raise PackcliError(
+                f"{path}: unreadable Parquet file ({exc}); the output is damaged (see "
+                "packcli verify), rerun packcli pack to rewrite it"
+            ) from exc
 
     def cat(i: int) -> np.ndarray:
         return np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, np.int64)

@@ -57,8 +57,17 @@ def _hash_chunk(tokens: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 
 def segment_hashes(tokens: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Order-sensitive 64-bit hash of each consecutive segment ``tokens`` is cut into."""
+    """Order-sensitive 64-bit hash of each consecutive segment ``tokens`` is cut into.
+
+    An empty segment hashes to 0 (the chat path keeps a dialogue with nothing to train as an
+    empty document; ``reduceat`` cannot express an empty range, and one at the very end
+    indexed past the tokens)."""
     lens = np.asarray(lens, dtype=np.int64)
+    if lens.size and not lens.all():
+        out = np.zeros(lens.size, dtype=np.uint64)
+        nonempty = lens > 0
+        out[nonempty] = segment_hashes(tokens, lens[nonempty])
+        return out
     out = np.empty(lens.size, dtype=np.uint64)
     ends = np.cumsum(lens)
     i = 0
@@ -311,6 +320,59 @@ def _check_nesting(short: Segments, long: Segments, short_len: int) -> None:
         _fail("nesting", f"short row {short.row[i]} is not intact and contiguous in one long row")
 
 
+# What verify (and push, through it) reads from packcli.json: (path, type).
+_MARKER_FIELDS: list[tuple[tuple[str, ...], type]] = [
+    (("config", "plan", "short_len"), int),
+    (("config", "plan", "long_len"), int),
+    (("config", "plan", "overlong"), str),
+    (("run", "tokenizer", "vocab_size"), int),
+    (("run",), dict),
+    (("report", "input", "tokens"), int),
+    (("report", "policy", "truncated_tokens"), int),
+    (("report", "policy", "dropped_tokens"), int),
+] + [
+    (path, int)
+    for name in CONFIG_NAMES
+    for path in (("report", "tiers", name, "rows"), ("report", "tiers", name, "tokens"))
+]
+_FILE_FIELDS = {"file": str, "sha256": str, "rows": int}
+
+
+def read_marker(out: Path) -> dict[str, Any]:
+    """``packcli.json`` of ``out`` after checking every field verify reads, so a damaged,
+    truncated or foreign file fails with one line naming it, not with a traceback."""
+    marker = out / MARKER
+    if not marker.is_file():
+        raise VerifyError(f"{out}: no packcli.json, so the output is missing or incomplete")
+    fix = "rewrite it with `packcli finalize -o OUT` (needs the work folder) or rerun packcli pack"
+    try:
+        meta = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise VerifyError(f"{marker}: unreadable or not JSON ({exc}); {fix}") from exc
+
+    def bad(what: str) -> VerifyError:
+        return VerifyError(f"{marker}: damaged or not written by packcli ({what}); {fix}")
+
+    for path, kind in _MARKER_FIELDS:
+        value: Any = meta
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise bad(f"{'.'.join(path)} missing or not {kind.__name__}")
+    files = meta.get("files")
+    for name in CONFIG_NAMES:
+        entries = files.get(name) if isinstance(files, dict) else None
+        if not isinstance(entries, list):
+            raise bad(f"files.{name} missing or not a list")
+        for entry in entries:
+            for key, kind in _FILE_FIELDS.items():
+                if not isinstance(entry, dict) or not isinstance(entry.get(key), kind):
+                    raise bad(f"an entry of files.{name} has no valid {key!r}")
+            if Path(entry["file"]).name != entry["file"] or entry["file"] in ("", ".", ".."):
+                raise bad(f"files.{name} names {entry['file']!r}, not a file of data/{name}/")
+    return meta
+
+
 def verify_output(
     out: Path,
     *,
@@ -318,10 +380,7 @@ def verify_output(
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
 ) -> dict[str, Any]:
     """Verify ``out``; returns a summary dict or raises ``VerifyError``."""
-    marker = out / MARKER
-    if not marker.is_file():
-        raise VerifyError(f"{out}: no packcli.json, so the output is missing or incomplete")
-    meta = json.loads(marker.read_text(encoding="utf-8"))
+    meta = read_marker(out)
     plan_cfg = meta["config"]["plan"]
     short_len, long_len = int(plan_cfg["short_len"]), int(plan_cfg["long_len"])
     vocab = int(meta["run"]["tokenizer"]["vocab_size"])

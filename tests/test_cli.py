@@ -73,7 +73,7 @@ def test_tokenize_stage_breakdown(packed: Path) -> None:
     assert sorted(index["times"]) == sorted(parts)
     assert index["times"]["encode"] > 0 and index["times"]["write"] > 0
     units = [json.loads(p.read_text()) for p in sorted(tokens.glob("files/*/_SUCCESS.json"))]
-    assert len(units) == 3
+    assert units and len(units) == len(index["units"])  # the three small files share one
     for part in parts:
         total = sum(u["times"][part] for u in units)
         assert index["times"][part] == pytest.approx(total, abs=0.01)

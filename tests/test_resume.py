@@ -27,12 +27,21 @@ write:
 """
 
 
-def run_pack(corpus: Path, tok: Path, out: Path, cfg: Path, crash: str | None = None):
+# ``python -m packcli`` with spans of any size allowed (real runs refuse spans under 1 MiB).
+TINY_SPANS = (
+    "import sys, packcli.config as c; c.MIN_SPLIT_BYTES = 1; from packcli.cli import main; main()"
+)
+
+
+def run_pack(
+    corpus: Path, tok: Path, out: Path, cfg: Path, crash: str | None = None, spans: bool = False
+):
     env = dict(os.environ)
     env.pop("PACKCLI_CRASH_AT", None)
     if crash:
         env["PACKCLI_CRASH_AT"] = crash
-    cmd = [sys.executable, "-m", "packcli", "-v", "pack", str(corpus), "-t", str(tok)]
+    entry = ["-c", TINY_SPANS] if spans else ["-m", "packcli"]
+    cmd = [sys.executable, *entry, "-v", "pack", str(corpus), "-t", str(tok)]
     cmd += ["-o", str(out), "-c", str(cfg), "-q"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -114,13 +123,13 @@ def test_killed_run_over_byte_spans_resumes_to_identical_output(
     split = tmp_path / "cfg.yaml"
     split.write_text(cfg.read_text().replace("read:\n", "read:\n  split_bytes: 40000\n"))
     out = tmp_path / "out"
-    killed = run_pack(corpus, toy_tokenizer_path, out, split, crash="tokenize:3")
+    killed = run_pack(corpus, toy_tokenizer_path, out, split, crash="tokenize:3", spans=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     units = json.loads((out / ".packcli/tokens/stage.json").read_text())["units"]
     assert len(units) >= 3
     done = [(out / ".packcli/tokens/files" / u["key"] / "_SUCCESS.json").exists() for u in units]
     assert done[0] and not all(done)  # killed after the first span, before the last
-    again = run_pack(corpus, toy_tokenizer_path, out, split)
+    again = run_pack(corpus, toy_tokenizer_path, out, split, spans=True)
     assert again.returncode == 0, again.stderr
     assert "after " in again.stderr and "completed shard(s)" in again.stderr
     assert data_hashes(out) == ref_hashes

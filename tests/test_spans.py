@@ -130,6 +130,13 @@ def data_hashes(out: Path) -> dict[str, str]:
     return {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
 
 
+@pytest.fixture
+def tiny_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans of a few hundred bytes, so small test files split (refused for real runs)."""
+    monkeypatch.setattr("packcli.config.MIN_SPLIT_BYTES", 1)
+
+
+@pytest.mark.usefixtures("tiny_spans")
 def test_pack_in_spans_matches_whole_file(
     untidy: tuple[Path, list[str]], toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:
@@ -174,6 +181,7 @@ def test_small_batches_change_nothing(
     assert data_hashes(tmp_path / "b") == data_hashes(tmp_path / "a")
 
 
+@pytest.mark.usefixtures("tiny_spans")
 def test_error_policy_names_file_line_through_the_cli(
     toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:

@@ -127,10 +127,13 @@ def test_ray_executor_matches_local(toy_tokenizer_path: Path, tmp_path: Path) ->
 
 
 def test_adding_a_file_reuses_the_others_and_keeps_provenance(
-    toy_tokenizer_path: Path, tmp_path: Path
+    toy_tokenizer_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new input that sorts first shifts every file's index: the other files' shards are
-    reused as they are, and the report still names the right file and line."""
+    reused as they are, and the report still names the right file and line. (Files this
+    small would share a unit; with a 1-byte group size each file is a unit of its own, as
+    files of GROUP_BYTES and more are; groups: tests/test_safety.py.)"""
+    monkeypatch.setattr("packcli.pipeline.GROUP_BYTES", 1)
     corpus = tmp_path / "c"
     corpus.mkdir()
     write_corpus(corpus / "b.jsonl", [5, 8, 400, 3], seed=1)  # the longest: b.jsonl line 3
