@@ -571,7 +571,13 @@ def _choose_backend(
         )
         first = next(iter(batches), None)
         sample = first.texts if first is not None else []
-    return choose_encoder(tok.loaded.tokenizer, cfg.tokenize.backend, sample)
+    return choose_encoder(
+        tok.loaded.tokenizer,
+        cfg.tokenize.backend,
+        sample,
+        serialized=tok.loaded.serialized,
+        input_bytes=sum(u["size"] for u in units),  # the whole input: every task agrees
+    )
 
 
 class _TokenizeProgress:

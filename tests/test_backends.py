@@ -387,7 +387,7 @@ class _OffByOne:
     name = "fastokens"
     version = "test"
 
-    def __init__(self, tok: Tokenizer) -> None:
+    def __init__(self, tok: Tokenizer, serialized: str | None = None) -> None:
         self.inner = HFEncoder(tok)
 
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -410,6 +410,18 @@ def test_a_wrong_backend_fails_the_check_auto_falls_back_explicit_stops(
     assert "self-check failed" in caplog.text
     with pytest.raises(ConfigError, match="fastokens gives different ids than HF"):
         choose_encoder(llama3_tok, "fastokens", texts[:20])
+
+
+def test_auto_keeps_small_inputs_on_hf(llama3_tok: Tokenizer, texts: list[str]) -> None:
+    """A fast backend first builds tables from the vocabulary (seconds at 128k); an input
+    HF finishes sooner stays on HF, by its size alone (so every task chooses alike)."""
+    small = llama3_tok.get_vocab_size() * backends.HF_BYTES_PER_VOCAB_ENTRY
+    encoder, record = choose_encoder(llama3_tok, "auto", texts[:5], input_bytes=small - 1)
+    assert isinstance(encoder, HFEncoder) and "small input" in record["fallback_reason"]
+    _, record = choose_encoder(llama3_tok, "auto", texts[:5], input_bytes=small)
+    assert record["backend"] == INSTALLED[0]
+    _, record = choose_encoder(llama3_tok, INSTALLED[0], texts[:5], input_bytes=10)
+    assert record["backend"] == INSTALLED[0]  # named: used whatever the size
 
 
 @pytest.mark.skipif("fastokens" not in INSTALLED, reason="fastokens is not installed")
