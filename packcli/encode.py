@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -177,7 +177,7 @@ def tokenize_batches(
     times: StageTimes | None = None,
     count_specials: tuple[SpecialStringCounter, Counter] | None = None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
-    """Tokenize batch i+1 in a worker thread while batch i is written.
+    """Tokenize the next batches in a worker thread while batch i is written.
 
     The tokenizer releases the GIL while it works, so the Python-side work of the previous
     batch (building Arrow arrays, writing shards) overlaps it instead of leaving the
@@ -201,14 +201,18 @@ def tokenize_batches(
         return flat
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-encode") as pool:
-        pending: tuple[DocBatch, Future] | None = None
+        # Up to ENCODE_AHEAD batches queued for the worker: a shard flush in the caller (a
+        # second or more at the end of a shard) then does not leave the tokenizer idle.
+        pending: deque[tuple[DocBatch, Future]] = deque()
         for batch in batches:
-            future = pool.submit(encode, batch.texts)
-            if pending is not None:
-                yield _finish(pending, times)
-            pending = (batch, future)
-        if pending is not None:
-            yield _finish(pending, times)
+            pending.append((batch, pool.submit(encode, batch.texts)))
+            if len(pending) > ENCODE_AHEAD:
+                yield _finish(pending.popleft(), times)
+        while pending:
+            yield _finish(pending.popleft(), times)
+
+
+ENCODE_AHEAD = 3
 
 
 def _finish(pending: tuple[DocBatch, Future], times: StageTimes) -> tuple[DocBatch, pa.RecordBatch]:
