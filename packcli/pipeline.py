@@ -322,8 +322,10 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
     delete a finished output."""
     _require_out(cfg)
     if cfg.tokenize.num_proc:
-        # HF tokenizers' Rust thread pool reads this when it first starts in the process.
+        # The tokenizers' Rust thread pools read these when they first start in the process
+        # (HF and gigatoken: rayon's global pool; fastokens: its own BPE pool).
         os.environ["RAYON_NUM_THREADS"] = str(cfg.tokenize.num_proc)
+        os.environ["FASTOKENS_BPE_THREADS"] = str(cfg.tokenize.num_proc)
     # Never read back what packcli writes (rejected.jsonl, work files) as input.
     paths = resolve_inputs(cfg.read.inputs, exclude=(cfg.out_path, cfg.work_path))
     return Prepared(paths, _resolve_tokenizing(cfg))
