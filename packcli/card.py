@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import yaml
 
 from packcli import __version__
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CONFIG_NAMES = ("long", "short")
 MARKER = "packcli.json"  # config + report + file hashes; written last, marks a complete output
@@ -37,6 +39,8 @@ def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
     Written here because importing ``datasets`` costs ~1.3 s, a quarter of a small pack; the
     row schemas use nothing else, and anything else is refused rather than guessed.
     """
+    import pyarrow as pa  # not at module level: the CLI imports this module for every command
+
     features = []
     for field in schema:
         t = field.type

@@ -84,3 +84,12 @@ def test_rendering_the_card_does_not_import_datasets() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_importing_the_card_does_not_import_pyarrow() -> None:
+    """Every CLI command imports the card module (``publish`` does); ``--help`` should not
+    pay for pyarrow (~0.3 s)."""
+    code = "import sys, packcli.card; print('pyarrow' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
