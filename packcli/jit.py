@@ -7,7 +7,7 @@ The same kernels run as plain Python over numpy arrays in milliseconds on such i
 
 How: a kernel is written once, as a plain Python function over numpy arrays in the subset
 numba compiles (``@kernel``). The module keeps the plain function; ``pick(f, work)``
-returns it when ``work`` (the call's size in kernel steps, e.g. items) is below
+returns it when ``work`` (the call's cost in best-fit items, see ``SMALL_WORK``) is below
 ``SMALL_WORK``, else its compiled twin. Twins are made lazily, on the first large call, all
 kernels of a module at once: each is a copy of the function bound to a copy of its module's
 globals in which every kernel (and ``trailing_zeros``) is replaced by its compiled
