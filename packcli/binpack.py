@@ -10,7 +10,9 @@ sorted order from a sorted copy of the lengths, so the loop reads memory sequent
 the bins are scattered back to item order at the end. Memory is O(C) plus ~24 bytes per
 item (sort order, sorted sizes, assignment) and 8 per bin.
 
-The kernels are compiled with numba (cached on disk after the first call). Measured on the
+The kernels are ``packcli.jit`` kernels: compiled with numba (cached on disk) for large
+inputs, run as the same Python statements for small ones (where loading numba would cost
+more than the whole plan), with identical results. Measured on the
 2-core dev machine (docs/benchmarks.md, ``python scripts/bench_plan.py --sizes 1000000
 10000000 --repeats 3``, medians, load ~1.9 from other jobs): 1M SFT-like lengths in 0.16 s,
 10M in 1.4 s (a binary count tree indexed through the sort order took 0.28 s and 3.2 s),
@@ -33,9 +35,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numba
 import numpy as np
-from numba.cpython.unsafe.numbers import trailing_zeros
+
+from packcli.jit import kernel, pick, trailing_zeros
 
 Algorithm = Literal["bfd", "ffd", "wrapped"]
 ALGORITHMS: tuple[str, ...] = ("bfd", "ffd", "wrapped")
@@ -60,14 +62,13 @@ def _validate(lengths: np.ndarray, capacity: int) -> np.ndarray:
     return arr
 
 
-@numba.njit(cache=True)
+@kernel
 def _order_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
     """Counting sort: item indices by decreasing length, ties in input order (stable)."""
     counts = np.zeros(capacity + 2, dtype=np.int64)
     for x in lengths:
         counts[capacity - x + 1] += 1
-    for i in range(1, capacity + 2):
-        counts[i] += counts[i - 1]
+    counts = np.cumsum(counts)  # O(capacity): vectorized, so cheap as plain Python too
     order = np.empty(lengths.shape[0], dtype=np.int64)
     for i in range(lengths.shape[0]):
         key = capacity - lengths[i]
@@ -76,14 +77,13 @@ def _order_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
     return order
 
 
-@numba.njit(cache=True)
+@kernel
 def _stable_order(keys: np.ndarray, n_keys: int) -> np.ndarray:
     """Counting sort: indices by increasing key (0..n_keys-1), ties in input order."""
     counts = np.zeros(n_keys + 1, dtype=np.int64)
     for k in keys:
         counts[k + 1] += 1
-    for k in range(n_keys):
-        counts[k + 1] += counts[k]
+    counts = np.cumsum(counts)
     order = np.empty(keys.shape[0], dtype=np.int64)
     for i in range(keys.shape[0]):
         k = keys[i]
@@ -92,7 +92,7 @@ def _stable_order(keys: np.ndarray, n_keys: int) -> np.ndarray:
     return order
 
 
-@numba.njit(cache=True)
+@kernel
 def _tree_add(cnt: np.ndarray, size: int, leaf: int, delta: int) -> None:
     node = size + leaf
     while node >= 1:
@@ -100,7 +100,7 @@ def _tree_add(cnt: np.ndarray, size: int, leaf: int, delta: int) -> None:
         node >>= 1
 
 
-@numba.njit(cache=True)
+@kernel
 def _bitmap_new(n_leaves: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A 64-ary bitmap tree over leaves 0..n_leaves-1: bit r of level 0 is set when leaf r is
     non-empty, and a bit of level k+1 is set when its 64-bit word of level k is non-zero.
@@ -114,7 +114,7 @@ def _bitmap_new(n_leaves: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.zeros(offs[-1], dtype=np.uint64), offs, nw
 
 
-@numba.njit(cache=True)
+@kernel
 def _bitmap_set(bits: np.ndarray, offs: np.ndarray, leaf: int) -> None:
     pos = leaf
     for level in range(offs.shape[0] - 1):
@@ -126,7 +126,7 @@ def _bitmap_set(bits: np.ndarray, offs: np.ndarray, leaf: int) -> None:
         pos >>= 6
 
 
-@numba.njit(cache=True)
+@kernel
 def _bitmap_clear(bits: np.ndarray, offs: np.ndarray, leaf: int) -> None:
     pos = leaf
     for level in range(offs.shape[0] - 1):
@@ -137,7 +137,7 @@ def _bitmap_clear(bits: np.ndarray, offs: np.ndarray, leaf: int) -> None:
         pos >>= 6
 
 
-@numba.njit(cache=True)
+@kernel
 def _bitmap_next(bits: np.ndarray, offs: np.ndarray, nw: np.ndarray, x: int) -> int:
     """Smallest set leaf >= x, or -1: up until a word has a set bit at or after the
     position, then down by lowest set bits. O(levels) word operations."""
@@ -161,7 +161,7 @@ def _bitmap_next(bits: np.ndarray, offs: np.ndarray, nw: np.ndarray, x: int) -> 
     return pos
 
 
-@numba.njit(cache=True)
+@kernel
 def _take(head: np.ndarray, nxt: np.ndarray, bits: np.ndarray, offs: np.ndarray, room: int) -> int:
     """Pop the most recently stored bin with exactly ``room`` free."""
     b = head[room]
@@ -171,7 +171,7 @@ def _take(head: np.ndarray, nxt: np.ndarray, bits: np.ndarray, offs: np.ndarray,
     return b
 
 
-@numba.njit(cache=True)
+@kernel
 def _put(
     head: np.ndarray, nxt: np.ndarray, bits: np.ndarray, offs: np.ndarray, b: int, room: int
 ) -> None:
@@ -183,7 +183,7 @@ def _put(
         head[room] = b
 
 
-@numba.njit(cache=True)
+@kernel
 def _best_fit(
     sizes: np.ndarray, capacity: int, open_remaining: np.ndarray
 ) -> tuple[np.ndarray, int]:
@@ -225,7 +225,7 @@ def _scatter(order: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True)
+@kernel
 def _first_fit(lengths: np.ndarray, order: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
     """First fit: a max-tree over bins (in opening order) finds the leftmost bin with room."""
     n = lengths.shape[0]
@@ -262,7 +262,7 @@ def _first_fit(lengths: np.ndarray, order: np.ndarray, capacity: int) -> tuple[n
     return assign, n_bins
 
 
-@numba.njit(cache=True)
+@kernel
 def _next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
     n = lengths.shape[0]
     assign = np.empty(n, dtype=np.int64)
@@ -278,7 +278,7 @@ def _next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
     return assign
 
 
-@numba.njit(cache=True)
+@kernel
 def _granular_fit(
     sizes: np.ndarray, capacity: int, granule: int
 ) -> tuple[np.ndarray, int, np.ndarray]:
@@ -322,7 +322,7 @@ def _granular_fit(
     return out, n_bins, remaining[:n_bins].copy()
 
 
-@numba.njit(cache=True)
+@kernel
 def _largest_at_most(cnt: np.ndarray, size: int, x: int) -> int:
     """Largest leaf index <= x with a non-zero count, or -1."""
     node = size + x
@@ -340,7 +340,7 @@ def _largest_at_most(cnt: np.ndarray, size: int, x: int) -> int:
     return -1
 
 
-@numba.njit(cache=True)
+@kernel
 def _residue_groups(
     sizes: np.ndarray, granule: int, capacity: int, max_tries: int
 ) -> tuple[np.ndarray, int]:
@@ -361,8 +361,7 @@ def _residue_groups(
     head = np.zeros(granule + 1, dtype=np.int64)
     for i in range(n):
         head[res[i] + 1] += 1
-    for r in range(granule):
-        head[r + 1] += head[r]
+    head = np.cumsum(head)
     size = 1
     while size < granule:
         size *= 2
@@ -419,12 +418,14 @@ def pack_lengths(
     arr = _validate(lengths, capacity)
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
+    n = arr.size
     if algorithm == "wrapped":
-        return _next_fit(arr, capacity)
-    order = _order_decreasing(arr, capacity)
+        return pick(_next_fit, n // 8)(arr, capacity)
+    order = pick(_order_decreasing, n // 8)(arr, capacity)
     if algorithm == "ffd":
-        return _first_fit(arr, order, capacity)[0]
-    return _scatter(order, _best_fit(arr[order], capacity, np.zeros(0, dtype=np.int64))[0])
+        return pick(_first_fit, n)(arr, order, capacity)[0]
+    assign = pick(_best_fit, n)(arr[order], capacity, np.zeros(0, dtype=np.int64))[0]
+    return _scatter(order, assign)
 
 
 def pack_into_open_bins(
@@ -441,8 +442,8 @@ def pack_into_open_bins(
         raise ValueError(f"open bins' remaining capacity must lie in 0..{capacity}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64), int(rem.size)
-    order = _order_decreasing(arr, capacity)
-    assign, n_bins = _best_fit(arr[order], capacity, rem)
+    order = pick(_order_decreasing, arr.size // 8)(arr, capacity)
+    assign, n_bins = pick(_best_fit, arr.size + rem.size)(arr[order], capacity, rem)
     return _scatter(order, assign), int(n_bins)
 
 
@@ -468,8 +469,9 @@ def pack_granular(
     arr = _validate(lengths, capacity)
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    order = _order_decreasing(arr, capacity)
-    assign, _, remaining = _granular_fit(arr[order], capacity, granule)
+    order = pick(_order_decreasing, arr.size // 8)(arr, capacity)
+    # An item looks at rooms in several residue windows: ~2-5x a best-fit item in Python.
+    assign, _, remaining = pick(_granular_fit, 4 * arr.size)(arr[order], capacity, granule)
     return _scatter(order, assign), remaining
 
 
@@ -489,4 +491,5 @@ def group_by_residue(
     arr = _validate(lengths, capacity)
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
-    return _residue_groups(arr, granule, capacity, max_tries)[0]
+    # ~2-5x a best-fit item per item in Python (a few tree look-ups per group member).
+    return pick(_residue_groups, 4 * arr.size)(arr, granule, capacity, max_tries)[0]

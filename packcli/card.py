@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from packcli import __version__
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CONFIG_NAMES = ("long", "short")
 MARKER = "packcli.json"  # config + report + file hashes; written last, marks a complete output
@@ -28,6 +31,28 @@ def _arrow_bytes(tier: dict[str, Any], chat: bool) -> int:
     return (12 if chat else 8) * tokens + 12 * segments + 4 * lists * (rows + 1) + 4 * rows
 
 
+def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
+    """The ``features`` entry of ``dataset_info`` for a schema of integers and lists of
+    integers, as ``datasets`` writes it (``Features.from_arrow_schema(schema)`` and
+    ``DatasetInfo._to_yaml_dict``; a test checks both schemas against it).
+
+    Written here because importing ``datasets`` costs ~1.3 s, a quarter of a small pack; the
+    row schemas use nothing else, and anything else is refused rather than guessed.
+    """
+    import pyarrow as pa  # not at module level: the CLI imports this module for every command
+
+    features = []
+    for field in schema:
+        t = field.type
+        if pa.types.is_integer(t):
+            features.append({"name": field.name, "dtype": str(t)})
+        elif pa.types.is_list(t) and pa.types.is_integer(t.value_type):
+            features.append({"name": field.name, "list": str(t.value_type)})
+        else:
+            raise ValueError(f"no card feature for column {field.name!r} of type {t}")
+    return features
+
+
 def dataset_info(
     report: dict[str, Any], files: dict[str, list[dict[str, Any]]], chat: bool = False
 ) -> list[dict]:
@@ -37,25 +62,23 @@ def dataset_info(
     local folders, so repacking into the same folder never serves a stale cached copy, and
     ``load_dataset`` checks the row counts against them.
     """
-    import datasets  # heavy import, only needed here
-
     from packcli.write import CHAT_ROW_SCHEMA, ROW_SCHEMA
 
-    features = datasets.Features.from_arrow_schema(CHAT_ROW_SCHEMA if chat else ROW_SCHEMA)
+    schema = CHAT_ROW_SCHEMA if chat else ROW_SCHEMA
     infos = []
     for name in CONFIG_NAMES:
         tier = report["tiers"][name]
         num_bytes = _arrow_bytes(tier, chat)
-        info = datasets.DatasetInfo(
-            features=features,
-            config_name=name,
-            splits=datasets.SplitDict(
-                {"train": datasets.SplitInfo("train", num_bytes, tier["rows"])}
-            ),
-            download_size=sum(f["bytes"] for f in files[name]),
-            dataset_size=num_bytes,
+        infos.append(
+            {
+                "config_name": name,
+                # A fresh list per config: YAML would write a shared one as an anchor/alias.
+                "features": features_yaml(schema),
+                "splits": [{"name": "train", "num_bytes": num_bytes, "num_examples": tier["rows"]}],
+                "download_size": sum(f["bytes"] for f in files[name]),
+                "dataset_size": num_bytes,
+            }
         )
-        infos.append({"config_name": name, **info._to_yaml_dict()})
     return infos
 
 

@@ -69,17 +69,19 @@ def assemble(flat: Flat, *, bos: int | None, eos: int | None) -> tuple[np.ndarra
 
 
 def batch_to_record_batch(batch: DocBatch, ids: np.ndarray, lengths: np.ndarray) -> pa.RecordBatch:
+    from packcli.arrow_np import list_array, to_arrow  # pa.array would import pandas
+
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    input_ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, type=pa.int32()))
+    input_ids = list_array(offsets, ids, pa.int32())
     n = len(lengths)
     return pa.RecordBatch.from_arrays(
         [
             input_ids,
-            pa.array(lengths.astype(np.int32)),
-            pa.array(np.arange(batch.doc_id_start, batch.doc_id_start + n, dtype=np.int64)),
-            pa.array(batch.file_index.astype(np.int32)),
-            pa.array(batch.line.astype(np.int64)),
+            to_arrow(lengths, pa.int32()),
+            to_arrow(np.arange(batch.doc_id_start, batch.doc_id_start + n, dtype=np.int64)),
+            to_arrow(batch.file_index, pa.int32()),
+            to_arrow(batch.line, pa.int64()),
         ],
         schema=SHARD_SCHEMA,
     )
@@ -394,9 +396,11 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 def chat_record_batch(
     batch: DocBatch, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray
 ) -> pa.RecordBatch:
+    from packcli.arrow_np import list_array  # pa.array would import pandas
+
     base = batch_to_record_batch(batch, ids, lengths)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    labels_arr = pa.ListArray.from_arrays(offsets, pa.array(labels, type=pa.int32()))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    labels_arr = list_array(offsets, labels, pa.int32())
     return pa.RecordBatch.from_arrays([*base.columns, labels_arr], schema=CHAT_SHARD_SCHEMA)
 
 

@@ -37,12 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numba
 import numpy as np
 
 from packcli.balance import balance_attention, balance_ratio
 from packcli.binpack import group_by_residue, pack_granular, pack_into_open_bins, pack_lengths
 from packcli.config import PlanConfig
+from packcli.jit import kernel, pick
 
 
 @dataclass(frozen=True)
@@ -117,15 +117,18 @@ def make_pieces(
     return piece_doc, piece_start, piece_len, stats
 
 
-@numba.njit(cache=True)
 def _group_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """Stable counting sort: ``order`` lists indices grouped by key (input order kept within
     a key) and ``offsets[k]:offsets[k+1]`` is key k's slice of it. O(N + K)."""
+    return pick(_group_by_kernel, keys.shape[0] // 8)(keys, n_keys)  # ~1/8 of a best-fit item
+
+
+@kernel
+def _group_by_kernel(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(n_keys + 1, dtype=np.int64)
     for k in keys:
         offsets[k + 1] += 1
-    for k in range(n_keys):
-        offsets[k + 1] += offsets[k]
+    offsets = np.cumsum(offsets)  # O(K): vectorized, so cheap as plain Python too
     fill = offsets[:-1].copy()
     order = np.empty(keys.shape[0], dtype=np.int64)
     for i in range(keys.shape[0]):
@@ -135,7 +138,7 @@ def _group_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     return order, offsets
 
 
-@numba.njit(cache=True)
+@kernel
 def _concat_groups(group_order: np.ndarray, members: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Members of the groups in ``group_order``, group after group."""
     out = np.empty(members.shape[0], dtype=np.int64)
@@ -158,7 +161,8 @@ def _layout(
 ) -> RowLayout:
     """CSR rows from groups (short packs or long-tier units) listed in row order;
     ``group_tokens`` is the size of each group in tokens."""
-    row_pieces = _concat_groups(group_order, members, offsets)
+    work = (members.shape[0] + group_order.shape[0]) // 8  # ~1/8 of a best-fit item each
+    row_pieces = pick(_concat_groups, work)(group_order, members, offsets)
     sizes = np.diff(offsets)
     row_offsets = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_of_group, weights=sizes, minlength=n_rows), out=row_offsets[1:])

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packcli.arrow_np import to_numpy
 from packcli.errors import PackcliError
 
 SHARD_SCHEMA = pa.schema(
@@ -109,7 +110,7 @@ class ShardWriter:
         if batch.num_rows == 0:
             return
         self._pending.append(batch)
-        self._pending_tokens += int(pa.compute.sum(batch.column("length")).as_py())
+        self._pending_tokens += int(to_numpy(batch.column("length")).sum(dtype=np.int64))
         if self._pending_tokens >= self.shard_tokens:
             self._flush()
 
@@ -232,7 +233,7 @@ class TokenShards:
 
     def column(self, name: str) -> np.ndarray:
         """One scalar column over all shards, in doc-id order (reads only that column)."""
-        parts = [self._read_column(i, name).to_numpy() for i in range(len(self))]
+        parts = [to_numpy(self._read_column(i, name)) for i in range(len(self))]
         if not parts:
             return np.zeros(0, dtype=SHARD_SCHEMA.field(name).type.to_pandas_dtype())
         return np.concatenate(parts)
@@ -261,15 +262,15 @@ class TokenShards:
         batch = reader.get_batch(0)
         ids = batch.column("input_ids")
         # Offsets index into the (unsliced) child array, so values and offsets stay consistent.
-        offsets = ids.offsets.to_numpy().astype(np.int64)
+        offsets = to_numpy(ids.offsets).astype(np.int64)
         labels = None
         if "labels" in batch.schema.names:
             lab = batch.column("labels")
-            if not np.array_equal(lab.offsets.to_numpy(), ids.offsets.to_numpy()):
+            if not np.array_equal(to_numpy(lab.offsets), to_numpy(ids.offsets)):
                 raise ValueError(f"shard {self.manifests[index]['file']}: labels misaligned")
-            labels = lab.values.to_numpy()
+            labels = to_numpy(lab.values)
         return ShardTokens(
-            values=ids.values.to_numpy(),
+            values=to_numpy(ids.values),
             offsets=offsets,
             first_doc_id=int(self.manifests[index]["first_doc_id"]),
             labels=labels,

@@ -1,14 +1,14 @@
 """Write stage: gather tokens by the plan and write the Hub-layout Parquet shards.
 
 The plan says which slice of which document goes where; tokens come from the memory-mapped
-tokenized shards. Gathering is one compiled slice copy per segment (no per-token Python, no
-index arrays of 8 bytes per token), and the per-token ``segment_ids`` column is one compiled
-fill per segment; both run on threads over token-balanced ranges of segments. Rows are
-written in row groups of about ``row_group_tokens`` tokens (so readers can stream a
-128k-token config without loading a whole file) to
-``data/<config>/train-NNNNN-of-NNNNN.parquet``, each under a temp name and renamed when
-complete. Dictionary encoding is off: token ids are high-entropy and dictionaries only cost
-time and bytes (measured: 1.14 vs 0.90 bytes/token with zstd).
+tokenized shards. Gathering is one slice copy per segment (no per-token Python, no index
+arrays of 8 bytes per token), and the per-token ``segment_ids`` column is one fill per
+segment; both are ``packcli.jit`` kernels (compiled when there are many segments) and run on
+threads over token-balanced ranges of segments. Rows are written in row groups of about
+``row_group_tokens`` tokens (so readers can stream a 128k-token config without loading a
+whole file) to ``data/<config>/train-NNNNN-of-NNNNN.parquet``, each under a temp name and
+renamed when complete. Dictionary encoding is off: token ids are high-entropy and
+dictionaries only cost time and bytes (measured: 1.14 vs 0.90 bytes/token with zstd).
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.config import PlanConfig, WriteConfig
+from packcli.jit import kernel, pick
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.shards import ShardTokens
 
@@ -52,7 +53,7 @@ _THREADS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_geta
 _PARALLEL_MIN_TOKENS = 1 << 22  # below this a thread pool costs more than it saves
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _copy_slices(
     values: np.ndarray,
     src_starts: np.ndarray,
@@ -69,7 +70,7 @@ def _copy_slices(
         out[d : d + n] = values[s : s + n]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _fill_segment_ids(
     seg_index: np.ndarray,
     dst_starts: np.ndarray,
@@ -94,6 +95,7 @@ def _run_split(kernel: Callable[..., None], lens: np.ndarray, *args: object) -> 
     """
     n = lens.shape[0]
     total = int(lens.sum())
+    kernel = pick(kernel, n // 8)  # a slice copy per segment: ~1/8 of a best-fit item
     if _THREADS == 1 or total < _PARALLEL_MIN_TOKENS:
         kernel(*args, 0, n)
         return
@@ -147,12 +149,6 @@ class TokenSource:
         return out
 
 
-def _list_array(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.Array:
-    return pa.ListArray.from_arrays(
-        pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type)
-    )
-
-
 def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: TokenSource) -> pa.Table:
     """Rows ``r0..r1-1`` of a config as an Arrow table in the public row schema."""
     p0, p1 = int(layout.row_offsets[r0]), int(layout.row_offsets[r1])
@@ -170,16 +166,16 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
     if tok_offsets[-1] >= 2**31:
         raise ValueError("a row group exceeds 2**31 tokens; lower write.row_group_tokens")
     columns = [
-        _list_array(tok_offsets, tokens, pa.int32()),
-        _list_array(tok_offsets, segment_ids, pa.int32()),
-        _list_array(seg_offsets, lens.astype(np.int32), pa.int32()),
-        _list_array(seg_offsets, docs, pa.int64()),
-        pa.array(row_tokens.astype(np.int32)),
+        list_array(tok_offsets, tokens, pa.int32()),
+        list_array(tok_offsets, segment_ids, pa.int32()),
+        list_array(seg_offsets, lens, pa.int32()),
+        list_array(seg_offsets, docs, pa.int64()),
+        to_arrow(row_tokens, pa.int32()),
     ]
     if source.has_labels:
         labels = source.gather(docs, starts, lens, labels=True)
         labels[np.cumsum(lens) - lens] = -100  # no loss on a segment's first token
-        columns.append(_list_array(tok_offsets, labels, pa.int32()))
+        columns.append(list_array(tok_offsets, labels, pa.int32()))
     return pa.Table.from_arrays(columns, schema=row_schema(source))
 
 
@@ -254,13 +250,13 @@ def pack_table(
     if col.num_chunks == 1:
         ids = col.chunk(0)  # no copy
     elif col.num_chunks == 0:
-        ids = pa.array([], type=pa.list_(pa.int32()))
+        ids = list_array(np.zeros(1, np.int32), np.zeros(0, np.int32), pa.int32())
     else:
         ids = col.combine_chunks()
     if not pa.types.is_integer(ids.type.value_type):
         raise ValueError(f"column {column!r} must be a list of integers, got {ids.type}")
-    offsets = ids.offsets.to_numpy().astype(np.int64)
-    values = ids.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    offsets = to_numpy(ids.offsets).astype(np.int64)
+    values = to_numpy(ids.values).astype(np.int32, copy=False)
     plan = plan_two_tier(np.diff(offsets), config, configs=tuple(configs))
     source = TokenSource([ShardTokens(values=values, offsets=offsets, first_doc_id=0)])
     tables = {

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from make_sample_corpus import main as make_corpus_main  # noqa: E402
 
+from packcli import jit  # noqa: E402
 from packcli.backends import _MAKERS, FAST_ORDER, HFEncoder  # noqa: E402
 from packcli.config import PlanConfig, TokenizeConfig, build_config  # noqa: E402
 from packcli.pipeline import RunResult, run_pack  # noqa: E402
@@ -208,8 +209,10 @@ def in_fresh_process(args: argparse.Namespace, arm: str, corpus: Path, work: Pat
 
 
 def child(args: argparse.Namespace) -> None:
-    # Load (or compile, after an edit) the numba kernels outside the timings.
-    plan_two_tier(np.array([3, 5000, 200_000]), PlanConfig())
+    # Load (or compile, after an edit) the numba kernels outside the timings (forced: an
+    # input this small would run them as plain Python).
+    with jit.forced("numba"):
+        plan_two_tier(np.array([3, 5000, 200_000]), PlanConfig())
     corpus = Path(args.child_corpus)
     if args.child.startswith("raw "):
         backend = args.child.removeprefix("raw ")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from packcli import jit
 from packcli.binpack import pack_lengths
 from packcli.config import PlanConfig
 from packcli.plan import plan_two_tier, tier_summary
@@ -48,8 +49,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    pack_lengths(np.array([1, 2, 3]), 8)  # compile / load the numba cache outside the timings
-    plan_two_tier(np.array([1, 5000, 200_000]), PlanConfig())
+    # Compile / load the numba cache outside the timings (forced: inputs this small would run
+    # the kernels as plain Python).
+    with jit.forced("numba"):
+        pack_lengths(np.array([1, 2, 3]), 8)
+        plan_two_tier(np.array([1, 5000, 200_000]), PlanConfig())
     print(f"{'mix':<9}{'N':>11}{'what':>22}{'median s':>10}{'rows':>11}{'rows/bound':>12}")
     for n in args.sizes:
         for name, mix in (("sft", sft_mix), ("pretrain", pretrain_mix)):

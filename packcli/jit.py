@@ -1,0 +1,129 @@
+"""Kernels that run as plain Python on small inputs and compiled by numba on large ones.
+
+Why: importing numba and loading even *cached* compiled kernels costs ~1.5 s of CPU on the
+2-core dev machine (import ~0.3-0.6 s; the first cache load pays for numba's target set-up,
+~1 s; each further kernel ~0.05-0.2 s), which was a third of a 100-document ``packcli pack``.
+The same kernels run as plain Python over numpy arrays in milliseconds on such inputs.
+
+How: a kernel is written once, as a plain Python function over numpy arrays in the subset
+numba compiles (``@kernel``). The module keeps the plain function; ``pick(f, work)``
+returns it when ``work`` (the call's cost in best-fit items, see ``SMALL_WORK``) is below
+``SMALL_WORK``, else its compiled twin. Twins are made lazily, on the first large call, all
+kernels of a module at once: each is a copy of the function bound to a copy of its module's
+globals in which every kernel (and ``trailing_zeros``) is replaced by its compiled
+version, so kernels that call each other call compiled code. numba is imported only then,
+and ``cache=True`` keeps the compiled code on disk as before.
+
+One source of truth per algorithm is the point: the Python and the compiled run execute
+the same statements, and the tests check on random inputs, on both sides of the threshold,
+that both give the same arrays. (A separate numpy implementation per kernel would be
+faster in Python, but would be a second algorithm to keep identical.) Integer arithmetic
+stays far from int64 overflow in these kernels (sizes, counts and indices), where numba's
+machine integers and Python's agree.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Below this much work a call runs as plain Python. Work is counted in best-fit items (~15-25
+# us each as Python on the 2-core dev machine under load; call sites scale kernels that cost
+# more or less per item: a slice copy or a counting-sort step is ~1/8 of one). There,
+# ``python scripts/bench_fixed_cost.py --jit`` gives, in CPU seconds of a whole plan,
+# Python vs compiled (numba's import and cache loads included): 0.06 vs 0.82 at 1,000
+# documents, 0.36 vs 1.00 at 10,000, 1.00 vs 0.93 at 30,000. 10,000 keeps a plan below
+# the threshold at a third of numba's cost, and any one Python call under ~0.25 s.
+SMALL_WORK = 10_000
+
+_options: dict[Callable[..., Any], dict[str, Any]] = {}  # kernel -> numba.njit options
+_compiled: dict[Callable[..., Any], Callable[..., Any]] = {}  # kernel -> compiled twin
+_lock = threading.RLock()  # write threads may ask at once; compiling may recurse
+_forced: str | None = None  # "python" / "numba" (tests, benchmarks): ignore the threshold
+
+
+def kernel(func: F | None = None, *, nogil: bool = False) -> Any:
+    """Mark ``func`` as a kernel (compiled with ``nogil`` when large); returns it unchanged."""
+
+    def mark(f: F) -> F:
+        _options[f] = {"nogil": nogil}
+        return f
+
+    return mark(func) if func is not None else mark
+
+
+def trailing_zeros(x: Any) -> int:
+    """Number of trailing zero bits of a non-zero integer (numba's intrinsic when compiled)."""
+    v = int(x)
+    return (v & -v).bit_length() - 1
+
+
+def pick(func: F, work: int) -> F:
+    """``func`` itself for small ``work``, else its compiled twin (same results)."""
+    if _forced == "python" or (_forced is None and work < SMALL_WORK):
+        return func
+    return compiled(func)
+
+
+def compiled(func: F) -> F:
+    """The compiled twin of kernel ``func`` (compiles, or loads from numba's cache, the
+    kernels of its module on first use)."""
+    twin = _compiled.get(func)
+    if twin is None:
+        with _lock:
+            if func not in _compiled:
+                _compile_module(sys.modules[func.__module__])
+            twin = _compiled[func]
+    return twin  # type: ignore[return-value]
+
+
+def _compile_module(module: types.ModuleType) -> None:
+    import numba
+    from numba.cpython.unsafe.numbers import trailing_zeros as numba_trailing_zeros
+
+    namespace = dict(vars(module))
+    kernels = [f for f in _options if f.__module__ == module.__name__]
+    for name, value in namespace.items():
+        if value is trailing_zeros:
+            namespace[name] = numba_trailing_zeros
+        elif isinstance(value, types.FunctionType) and value in _options and value not in kernels:
+            namespace[name] = compiled(value)  # a kernel imported from another module
+    twins = {}
+    for f in kernels:
+        copy = types.FunctionType(f.__code__, namespace, f.__name__, f.__defaults__)
+        copy.__qualname__ = f.__qualname__  # numba's cache files are named by it
+        twins[f] = numba.njit(cache=True, **_options[f])(copy)
+        namespace[f.__name__] = twins[f]
+    _compiled.update(twins)
+
+
+@contextmanager
+def forced(mode: str | None) -> Iterator[None]:
+    """Run every kernel as ``"python"`` or ``"numba"`` regardless of size (``None``: by
+    size) inside the block; for tests and benchmarks, not thread-safe."""
+    global _forced
+    if mode not in (None, "python", "numba"):
+        raise ValueError(f"mode must be 'python', 'numba' or None, got {mode!r}")
+    before, _forced = _forced, mode
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+@contextmanager
+def small_work(threshold: int) -> Iterator[None]:
+    """Use ``threshold`` instead of ``SMALL_WORK`` inside the block (tests: both sides of the
+    threshold on small inputs); not thread-safe."""
+    global SMALL_WORK
+    before, SMALL_WORK = SMALL_WORK, threshold
+    try:
+        yield
+    finally:
+        SMALL_WORK = before
