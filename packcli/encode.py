@@ -20,23 +20,19 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
 from packcli.backends import Encoder, Flat
-from packcli.chat import (
-    ChatTemplate,
-    EncodedDialogue,
-    encode_rendered,
-    render_dialogues,
-    truncate_at_turns,
-)
 from packcli.read import DocBatch
 from packcli.shards import CHAT_SHARD_SCHEMA, SHARD_SCHEMA
 from packcli.tokenizer import SpecialStringCounter
+
+if TYPE_CHECKING:  # the chat module (jinja2, the sandbox) loads only for --format chat
+    from packcli.chat import ChatTemplate, EncodedDialogue
 
 
 def encode_texts(
@@ -297,6 +293,8 @@ class ChatEncoder:
         """``(ids, labels, lengths, stats, failures)``; ``failures`` lists (index, reason) of
         dialogues the template refused (kept empty here; the caller applies the policy)."""
         failures: list[tuple[int, str]] = []
+        from packcli.chat import encode_rendered, render_dialogues
+
         rendered = render_dialogues(
             self.tokenizer,
             self.template,
@@ -356,6 +354,8 @@ class ChatEncoder:
 
     def _truncate(self, e: EncodedDialogue) -> EncodedDialogue | None:
         """The last whole turn that fits ``long_len`` with the separators it will get."""
+        from packcli.chat import truncate_at_turns
+
         add_bos, _ = self._adds(e.ids)
         room = self.long_len - add_bos
         cut = truncate_at_turns(e, room)

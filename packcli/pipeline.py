@@ -56,9 +56,9 @@ import orjson
 from tqdm import tqdm
 
 from packcli import __version__
+from packcli.arrow_np import to_numpy
 from packcli.backends import choose_encoder
 from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
-from packcli.chat import load_chat_template, special_tokens_from_config, validate_messages
 from packcli.config import (
     ChatConfig,
     PlanConfig,
@@ -281,6 +281,8 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
         settings["special_in_text"] = cfg.tokenize.special_in_text
     chat = None
     if cfg.chat.is_chat:
+        from packcli.chat import load_chat_template, special_tokens_from_config
+
         template = load_chat_template(cfg.tokenize.tokenizer, cfg.chat.chat_template)
         chat = ChatEncoder(
             loaded.tokenizer,
@@ -637,6 +639,8 @@ def _tokenize_unit(
         validate = None
         if isinstance(encoder, ChatEncoder):
             field = cfg.chat.messages_field
+            from packcli.chat import validate_messages
+
             validate = functools.partial(validate_messages, field=field)
         source = iter_batches(
             [Path(p) for p in _unit_paths(unit)],
@@ -679,7 +683,7 @@ def _tokenize_unit(
                 release_free_memory()  # the shard's combined columns were just freed
                 progress.new_shards += 1
                 crash_point(f"tokenize:{progress.new_shards}")
-            tokens = int(record_batch.column("length").to_numpy().sum())
+            tokens = int(to_numpy(record_batch.column("length")).sum())
             progress.update(batch.progress_bytes - done_bytes, tokens)
             done_bytes = batch.progress_bytes
     times.write += writer.flush_seconds

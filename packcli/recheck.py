@@ -13,6 +13,7 @@ reading up to the largest document's line.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,20 @@ def _validator(cfg: Any) -> Any:
     return functools.partial(validate_messages, field=cfg.chat.messages_field)
 
 
+def _fingerprints(loaded: Any) -> set[str]:
+    """What a run with this tokenizer may have recorded: today's fingerprint, the file's own
+    hash (runs before truncation/padding were turned off), and the hash of the serialization
+    that earlier versions recorded, before and after turning them off."""
+    from tokenizers import Tokenizer
+
+    found = {loaded.fingerprint, loaded.file_fingerprint}
+    found.add(hashlib.sha256(loaded.tokenizer.to_str().encode("utf-8")).hexdigest())
+    if loaded.disabled and Path(loaded.source).is_file():
+        raw = Tokenizer.from_file(loaded.source).to_str()
+        found.add(hashlib.sha256(raw.encode("utf-8")).hexdigest())
+    return found
+
+
 def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, Any]:
     """Compare re-encoded input documents with the long config's segments.
 
@@ -113,8 +128,7 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
         tok = _resolve_tokenizing(cfg)
     except PackcliError as exc:
         return {"skipped": f"cannot load the run's tokenizer or settings: {exc}"}
-    # Runs before truncation/padding were turned off recorded the file's own hash.
-    if recorded["sha256"] not in (tok.loaded.fingerprint, tok.loaded.file_fingerprint):
+    if recorded["sha256"] not in _fingerprints(tok.loaded):
         return {"skipped": "the tokenizer file changed since the run"}
     report = meta["report"]
     largest = report.get("largest_document", {})

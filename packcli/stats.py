@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from packcli.arrow_np import to_numpy
 from packcli.card import CONFIG_NAMES, STATS_DIR
 from packcli.errors import PackcliError
 
@@ -104,12 +105,12 @@ def _row_group_arrays(table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     import numpy as np
 
     lens_col = table.column("seq_lengths").combine_chunks()
-    offsets = lens_col.offsets.to_numpy().astype(np.int64)
-    flat = lens_col.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    offsets = to_numpy(lens_col.offsets).astype(np.int64)
+    flat = to_numpy(lens_col.values)[offsets[0] : offsets[-1]]
     offsets -= offsets[0]
     sq = np.zeros(flat.size + 1, dtype=np.int64)
     np.cumsum(flat.astype(np.int64) ** 2, out=sq[1:])
-    num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
+    num_tokens = to_numpy(table.column("num_tokens")).astype(np.int64)
     return num_tokens, np.diff(offsets), sq[offsets[1:]] - sq[offsets[:-1]], flat
 
 

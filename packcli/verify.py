@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from packcli.arrow_np import to_numpy
 from packcli.card import CONFIG_NAMES, MARKER
 from packcli.errors import VerifyError
 from packcli.shards import TokenShards, sha256_file
@@ -106,9 +107,9 @@ def _check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) ->
     seg = batch.column("segment_ids")
     lens_col = batch.column("seq_lengths")
     docs_col = batch.column("doc_ids")
-    num_tokens = batch.column("num_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
-    n_ids = np.diff(ids.offsets.to_numpy())
-    seq_count = np.diff(lens_col.offsets.to_numpy())
+    num_tokens = to_numpy(batch.column("num_tokens")).astype(np.int64)
+    n_ids = np.diff(to_numpy(ids.offsets))
+    seq_count = np.diff(to_numpy(lens_col.offsets))
     for what, arr in (
         ("input_ids", ids),
         ("segment_ids", seg),
@@ -123,9 +124,9 @@ def _check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) ->
 
     if (bad := n_ids != num_tokens).any():
         _fail(where, f"row {first_bad(bad)}: num_tokens does not equal len(input_ids)")
-    if (bad := np.diff(seg.offsets.to_numpy()) != n_ids).any():
+    if (bad := np.diff(to_numpy(seg.offsets)) != n_ids).any():
         _fail(where, f"row {first_bad(bad)}: len(segment_ids) != len(input_ids)")
-    if (bad := np.diff(docs_col.offsets.to_numpy()) != seq_count).any():
+    if (bad := np.diff(to_numpy(docs_col.offsets)) != seq_count).any():
         _fail(where, f"row {first_bad(bad)}: len(doc_ids) != len(seq_lengths)")
     if (bad := (num_tokens < 1) | (num_tokens > capacity)).any():
         r = first_bad(bad)
@@ -134,8 +135,8 @@ def _check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) ->
         _fail(where, f"row {first_bad(bad)}: no segments")
 
     def flat(col: Any) -> np.ndarray:
-        o = col.offsets.to_numpy()
-        return col.values.to_numpy()[o[0] : o[-1]]
+        o = to_numpy(col.offsets)
+        return to_numpy(col.values)[o[0] : o[-1]]
 
     tokens = flat(ids)
     seq_lens = flat(lens_col).astype(np.int64)
@@ -178,10 +179,10 @@ def _check_labels(
     """Chat labels: one per token, -100 at every segment start, else equal to the token."""
     if col.null_count or col.values.null_count:
         _fail(where, "column labels has nulls")
-    if (bad := np.diff(col.offsets.to_numpy()) != n_ids).any():
+    if (bad := np.diff(to_numpy(col.offsets)) != n_ids).any():
         _fail(where, f"row {row0 + int(np.argmax(bad))}: len(labels) != len(input_ids)")
-    o = col.offsets.to_numpy()
-    labels = col.values.to_numpy()[o[0] : o[-1]]
+    o = to_numpy(col.offsets)
+    labels = to_numpy(col.values)[o[0] : o[-1]]
     row_of_token = np.repeat(np.arange(n_ids.size), n_ids)
     starts = np.cumsum(seq_lens) - seq_lens
     if (bad := labels[starts] != -100).any():

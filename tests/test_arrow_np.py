@@ -161,11 +161,6 @@ def test_small_pack_command_imports_neither_numba_nor_datasets(
     assert "numba" not in loaded and "datasets" not in loaded
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="packcli/pipeline.py _tokenize_unit: record_batch.column('length').to_numpy() "
-    "imports pandas (owned by another change: use packcli.arrow_np.to_numpy)",
-)
 def test_small_pack_command_does_not_import_pandas(
     tmp_path: Path, toy_tokenizer_path: Path
 ) -> None:
