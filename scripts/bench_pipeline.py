@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from make_sample_corpus import main as make_corpus_main  # noqa: E402
 
 from packcli import jit  # noqa: E402
-from packcli.backends import _MAKERS, FAST_ORDER, HFEncoder  # noqa: E402
+from packcli.backends import _MAKERS, HFEncoder  # noqa: E402
 from packcli.config import PlanConfig, TokenizeConfig, build_config  # noqa: E402
 from packcli.pipeline import RunResult, run_pack  # noqa: E402
 from packcli.plan import plan_two_tier  # noqa: E402
@@ -142,7 +142,7 @@ def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
     stages: dict[str, list[dict]] = {p: [] for p in packs}
     busy: dict[str, list[dict]] = {p: [] for p in packs}
     chosen = ""
-    fast = [b for b in FAST_ORDER if importlib.util.find_spec(b) is not None]
+    fast = [b for b in _MAKERS if importlib.util.find_spec(b) is not None]
     arms = ["raw hf", *(f"raw {b}" for b in fast), *(f"pack {p}" for p in packs)]
     nbytes = tokens = 0
     for _ in range(args.repeats):

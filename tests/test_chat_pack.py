@@ -12,23 +12,14 @@ import datasets
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from clirun import invoke
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from typer.testing import CliRunner
 
-from packcli.cli import app
 from packcli.shards import sha256_file
 
 IM_END = "<|im_end|>"
-runner = CliRunner()
 WORDS = ["the", "of", "answer", "question", "tool", "packing", "token", "東京", "🙂", "naïve"]
 WORDS += ["weather", "is", "sunny"]
-
-
-def invoke(*args: object) -> tuple[int, str]:
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def dialogue(rng: random.Random, turns: int, words: int = 8) -> list[dict[str, str]]:

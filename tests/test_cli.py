@@ -15,22 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from clirun import invoke
 from corpora import mixed_lengths, write_corpus
 from tokenizers import Tokenizer
-from typer.testing import CliRunner
 
-from packcli.cli import app
 from packcli.shards import sha256_file
 
 SMALL = ["--short-len", "64", "--long-len", "1024", "--quiet"]
-runner = CliRunner()
-
-
-def invoke(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 @pytest.fixture(scope="module")

@@ -20,20 +20,12 @@ import numpy as np
 import orjson
 import pytest
 import zstandard
-from typer.testing import CliRunner
+from clirun import invoke
 
-from packcli.cli import app
 from packcli.read import BadLineError, ReadStats, RejectSink, iter_batches
 from packcli.shards import sha256_file
 
 SMALL = ["--short-len", "64", "--long-len", "1024", "--quiet"]
-
-
-def invoke(*args: Any) -> tuple[int, str]:
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def _texts(n: int, seed: int) -> list[str]:

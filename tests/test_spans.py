@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from clirun import invoke_ok as invoke
 from corpora import mixed_lengths, random_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,12 +26,6 @@ from packcli.shards import sha256_file
 
 runner = CliRunner()
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"
-
-
-def invoke(*args: object) -> str:
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def untidy_corpus(path: Path, n: int, seed: int) -> list[str]:

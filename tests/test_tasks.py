@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from clirun import invoke_ok as invoke
 from corpora import mixed_lengths, write_corpus
 from typer.testing import CliRunner
 
@@ -16,12 +17,6 @@ from packcli.tasks import assign_by_size, resolve_task
 
 runner = CliRunner()
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"
-
-
-def invoke(*args: object) -> str:
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def data_hashes(out: Path) -> dict[str, str]:

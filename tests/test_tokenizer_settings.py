@@ -10,23 +10,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from clirun import invoke
 from corpora import random_text
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from typer.testing import CliRunner
 
 from packcli import tokenizer as tokenizer_module
-from packcli.cli import app
 from packcli.tokenizer import SpecialStringCounter, load_tokenizer
 
-runner = CliRunner()
 SMALL = ["--short-len", "64", "--long-len", "1024", "--quiet"]
-
-
-def invoke(*args: object) -> tuple[int, str]:
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 @pytest.fixture(scope="module")
