@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -100,24 +101,31 @@ class FastokensEncoder:
 
     name = "fastokens"
 
-    def __init__(self, tokenizer: Tokenizer, serialized: str | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer | None, serialized: str | None = None) -> None:
+        """``tokenizer``: the HF tokenizer whose special-token setting to follow; ``None``
+        when loading early from the file's text (``preload``), bound later."""
         try:
             import fastokens
         except ImportError as exc:
             raise BackendUnavailable("fastokens is not installed") from exc
         try:
             # Releases the GIL while it builds its tables (~2 s for a 128k vocabulary).
-            self.tok = fastokens.Tokenizer.from_json_str(serialized or tokenizer.to_str())
+            text = serialized if serialized is not None else tokenizer.to_str()  # type: ignore[union-attr]
+            self.tok = fastokens.Tokenizer.from_json_str(text)
         except Exception as exc:  # ValueError for unsupported components; be broad: Rust
             raise BackendUnavailable(f"fastokens cannot load this tokenizer: {exc}") from exc
         self.tok.no_truncation()
         self.tok.no_padding()
-        self.split_special = bool(tokenizer.encode_special_tokens)
+        self.hf = tokenizer
         self.version = _version("fastokens")
 
+    def bind(self, tokenizer: Tokenizer) -> None:
+        self.hf = tokenizer
+
     def __call__(self, texts: list[str]) -> Flat:
+        split = bool(self.hf is not None and self.hf.encode_special_tokens)
         ids, offsets = self.tok.encode_batch_flat(
-            texts, add_special_tokens=False, split_special_tokens=self.split_special
+            texts, add_special_tokens=False, split_special_tokens=split
         )
         return np.frombuffer(ids, dtype=np.uint32), np.frombuffer(offsets, np.uint64).astype(
             np.int64
@@ -331,8 +339,26 @@ def self_check(
 HF_BYTES_PER_VOCAB_ENTRY = 72
 
 
-def _make(name: str, tokenizer: Tokenizer, serialized: str | None) -> Encoder:
+def _make(name: str, tokenizer: Tokenizer | None, serialized: str | None) -> Encoder:
     return _MAKERS[name](tokenizer, serialized)
+
+
+def preload(backend: str, tokenizer_file: Path | None, input_bytes: int) -> _Loading | None:
+    """Start building fastokens' tables from the tokenizer file now, in parallel with HF's
+    own load of it (which holds the GIL for ~0.8 s at 128k): when ``choose_encoder`` will
+    want fastokens (the same size rule), it then waits ~0.8 s less. The file's text is what
+    HF loads; truncation/padding are turned off in both, and the self-check still decides."""
+    if ALIASES.get(backend, backend) not in ("auto", "fastokens") or tokenizer_file is None:
+        return None
+    try:
+        text = tokenizer_file.read_text(encoding="utf-8")
+        data = json.loads(text)
+        entries = len(data["model"]["vocab"]) + len(data.get("added_tokens") or [])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # HF's load reports what is wrong with the file
+    if backend == "auto" and input_bytes < entries * HF_BYTES_PER_VOCAB_ENTRY:
+        return None
+    return _Loading("fastokens", None, text)
 
 
 def choose_encoder(
@@ -342,6 +368,7 @@ def choose_encoder(
     *,
     serialized: str | None = None,
     input_bytes: int | None = None,
+    loading: _Loading | None = None,
 ) -> tuple[Encoder, dict[str, Any]]:
     """The encoder to tokenize with, and a record of the choice for the report.
 
@@ -350,8 +377,9 @@ def choose_encoder(
     also when ``input_bytes`` is so small that HF is done before a fast backend has loaded
     (the choice depends only on the input's size, so every task makes the same one). A
     named fast backend: that one, or a ``ConfigError`` naming the reason. ``serialized``:
-    the tokenizer's ``to_str()``, when the caller has it. The fast backend loads in a
-    background thread while HF encodes the self-check's reference.
+    the tokenizer's ``to_str()``, when the caller has it; ``loading``: a load ``preload``
+    started. The fast backend loads in a background thread while HF encodes the
+    self-check's reference.
     """
     backend = ALIASES.get(backend, backend)
     if backend not in BACKENDS:
@@ -370,13 +398,20 @@ def choose_encoder(
         )
         return hf, record
     names = FAST_ORDER if backend == "auto" else (backend,)
-    loading = _Loading(names[0], tokenizer, serialized)
+    if loading is None or loading.name != names[0]:
+        loading = _Loading(names[0], tokenizer, serialized)
     texts = list(sample_texts) + adversarial_texts(tokenizer)
     reference = hf(texts)
     reasons: dict[str, str] = {}
     for name in names:
         try:
-            fast = loading.result() if loading.name == name else _make(name, tokenizer, serialized)
+            if loading.name == name:
+                fast = loading.result()
+                bind = getattr(fast, "bind", None)
+                if bind is not None:
+                    bind(tokenizer)
+            else:
+                fast = _make(name, tokenizer, serialized)
         except BackendUnavailable as exc:
             if backend != "auto":
                 raise ConfigError(
@@ -410,7 +445,7 @@ class _Loading:
     """A backend being built in a daemon thread (its Rust side releases the GIL), so its
     seconds of table building overlap HF's reference encoding of the self-check."""
 
-    def __init__(self, name: str, tokenizer: Tokenizer, serialized: str | None) -> None:
+    def __init__(self, name: str, tokenizer: Tokenizer | None, serialized: str | None) -> None:
         self.name = name
         self._value: Encoder | None = None
         self._error: BaseException | None = None
@@ -419,7 +454,7 @@ class _Loading:
         )
         self._thread.start()
 
-    def _run(self, tokenizer: Tokenizer, serialized: str | None) -> None:
+    def _run(self, tokenizer: Tokenizer | None, serialized: str | None) -> None:
         try:
             self._value = _make(self.name, tokenizer, serialized)
         except BaseException as exc:  # re-raised in the caller's thread

@@ -57,7 +57,7 @@ from tqdm import tqdm
 
 from packcli import __version__
 from packcli.arrow_np import to_numpy
-from packcli.backends import choose_encoder
+from packcli.backends import choose_encoder, preload
 from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
 from packcli.config import (
     ChatConfig,
@@ -109,6 +109,7 @@ from packcli.tokenizer import (
     LoadedTokenizer,
     SpecialStringCounter,
     load_tokenizer,
+    local_tokenizer_file,
     resolve_special,
     set_special_in_text,
 )
@@ -316,6 +317,7 @@ class Prepared:
 
     paths: list[Path]
     tok: _Tokenizing
+    early: Any = None  # a fast backend already loading (backends.preload)
 
 
 def prepare_tokenize(cfg: RunConfig) -> Prepared:
@@ -330,7 +332,16 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
         os.environ["FASTOKENS_BPE_THREADS"] = str(cfg.tokenize.num_proc)
     # Never read back what packcli writes (rejected.jsonl, work files) as input.
     paths = resolve_inputs(cfg.read.inputs, exclude=(cfg.out_path, cfg.work_path))
-    return Prepared(paths, _resolve_tokenizing(cfg))
+    early = None
+    if not cfg.chat.is_chat and not (cfg.work_path / "tokens" / SUCCESS).is_file():
+        # A fresh (or interrupted) tokenize stage: the fast backend will be wanted, so it
+        # builds its tables while HF loads (a finished stage is reused and needs neither).
+        early = preload(
+            cfg.tokenize.backend,
+            local_tokenizer_file(cfg.tokenize.tokenizer),
+            sum(p.stat().st_size for p in paths),
+        )
+    return Prepared(paths, _resolve_tokenizing(cfg), early)
 
 
 def _indexed_units(folder: Path) -> set[str]:
@@ -413,7 +424,7 @@ def tokenize_task(
         atomic_write_json(folder / "backend.json", backend)
     elif pending or not (folder / "backend.json").is_file():
         # Building and checking the fast path costs seconds; skip it when nothing is left.
-        encoder, backend = _choose_backend(cfg, tok, units)
+        encoder, backend = _choose_backend(cfg, tok, units, prepared.early)
         atomic_write_json(folder / "backend.json", backend)
     total = sum(units[k]["size"] for k in mine)
     with _bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
@@ -555,7 +566,7 @@ SAMPLE_DOCS = 256
 
 
 def _choose_backend(
-    cfg: RunConfig, tok: _Tokenizing, units: list[dict[str, Any]]
+    cfg: RunConfig, tok: _Tokenizing, units: list[dict[str, Any]], early: Any = None
 ) -> tuple[Any, dict[str, Any]]:
     """HF, or a fast backend after it reproduced HF's ids on a sample (packcli/backends.py).
 
@@ -581,6 +592,7 @@ def _choose_backend(
         sample,
         serialized=tok.loaded.serialized,
         input_bytes=sum(u["size"] for u in units),  # the whole input: every task agrees
+        loading=early,
     )
 
 

@@ -126,6 +126,14 @@ def _config_beside(tokenizer_file: Path) -> dict:
     return {}
 
 
+def local_tokenizer_file(spec: str) -> Path | None:
+    """The ``tokenizer.json`` a spec names on disk (a file, or a folder holding one)."""
+    path = Path(spec) if spec else None
+    if path is not None and path.is_dir():
+        path = path / "tokenizer.json"
+    return path if path is not None and path.is_file() else None
+
+
 def load_tokenizer(spec: str) -> LoadedTokenizer:
     """``spec``: a ``tokenizer.json`` file, a folder holding one, or a Hub repo id."""
     if not spec:

@@ -456,3 +456,27 @@ def test_self_check_names_the_first_difference() -> None:
     bad = self_check(off_by_one, hf, ["x" * 500 + "y"], name="gigatoken")
     assert not bad.ok
     assert bad.mismatch is not None and "(501 chars) at token 2: gigatoken [3]" in bad.mismatch
+
+
+@pytest.mark.skipif("fastokens" not in INSTALLED, reason="fastokens is not installed")
+def test_preloaded_fastokens_follows_the_runs_settings(llama3_tok: Tokenizer, tmp_path) -> None:
+    """Built from the file while HF loads it, then bound to HF's special-token setting (the
+    file carries truncation, which both turn off); small inputs and ``hf`` preload nothing."""
+    path = tmp_path / "tokenizer.json"
+    with_truncation = Tokenizer.from_str(llama3_tok.to_str())
+    with_truncation.enable_truncation(max_length=4)
+    with_truncation.save(str(path))
+    early = backends.preload("auto", path, input_bytes=10**9)
+    assert early is not None
+    tok = Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    set_special_in_text(tok, "text")
+    encoder, record = choose_encoder(tok, "auto", ["x"], loading=early)
+    assert record["backend"] == "fastokens" and record["check"]["ok"]
+    text = "a long enough text<|eot_id|>b c d e f"
+    ids, _ = encoder([text])
+    assert ids.tolist() == tok.encode(text, add_special_tokens=False).ids
+    assert tok.token_to_id("<|eot_id|>") not in ids.tolist()
+    assert backends.preload("auto", path, input_bytes=10) is None
+    assert backends.preload("hf", path, input_bytes=10**9) is None
+    assert backends.preload("auto", None, input_bytes=10**9) is None
