@@ -480,3 +480,25 @@ def test_preloaded_fastokens_follows_the_runs_settings(llama3_tok: Tokenizer, tm
     assert backends.preload("auto", path, input_bytes=10) is None
     assert backends.preload("hf", path, input_bytes=10**9) is None
     assert backends.preload("auto", None, input_bytes=10**9) is None
+
+
+def test_the_self_check_sample_is_bounded(
+    llama3_tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A corpus opening with a huge document: the self-check encodes a cut of it (HF took
+    19 s and 2.8 GB for a 20 MB document), and both encoders see the same cut."""
+    seen: list[int] = []
+    real = HFEncoder.__call__
+
+    def recording(self: HFEncoder, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(max(map(len, texts)))
+        return real(self, texts)
+
+    monkeypatch.setattr(HFEncoder, "__call__", recording)
+    huge = "word " * 200_000
+    _, record = choose_encoder(llama3_tok, AUTO[0], [huge, huge, "short"])
+    assert record["check"]["ok"]
+    assert max(seen) <= backends.SAMPLE_CHARS
+    cut = backends.bounded_sample(["x" * 10**6] * 200)
+    assert all(len(t) == backends.SAMPLE_CHARS for t in cut)
+    assert sum(map(len, cut)) <= backends.SAMPLE_TOTAL_CHARS + backends.SAMPLE_CHARS

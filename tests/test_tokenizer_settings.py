@@ -209,3 +209,23 @@ def test_eos_auto_refuses_a_config_token_missing_from_the_vocabulary(
     with pytest.raises(tokenizer_module.ConfigError, match="names eos_token '</s>', which is not"):
         tokenizer_module.resolve_special(loaded, "auto", "eos")
     assert tokenizer_module.resolve_special(loaded, "none", "eos") is None
+
+
+def test_verify_encodes_again_only_documents_of_bounded_size(
+    toy_tokenizer_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A huge first document is not encoded again by ``verify`` (HF needed 19 s and 2.8 GB
+    for one of 20 MB); the others still are."""
+    rng = random.Random(5)
+    texts = [random_text(rng, 400)] + [random_text(rng, 5) for _ in range(9)]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "out"
+    code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", out, *SMALL)
+    assert code == 0, output
+    from packcli import recheck
+
+    monkeypatch.setattr(recheck, "MAX_DOC_CHARS", max(map(len, texts[1:])))
+    code, output = invoke("verify", out)
+    assert code == 0, output
+    assert "9 input documents encoded again match the output" in output
