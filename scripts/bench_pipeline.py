@@ -19,7 +19,8 @@ Use a real-text-like corpus (``scripts/make_real_corpus.py``: many ~100-characte
 and a few huge ones) and a 128k vocabulary (``scripts/train_bench_tokenizer.py``); without
 ``--corpus`` a generated corpus is made (``scripts/make_sample_corpus.py``), which hides
 per-document costs. With ``--memory`` it also runs the tokenize stage alone on two corpus
-sizes 10x apart and prints the peak RSS of each.
+sizes 10x apart and prints the peak RSS of each. ``--check-ids`` only compares every
+document's ids from each installed fast backend with HF's.
 
     python scripts/make_real_corpus.py --out /tmp/real150.jsonl --size-mb 150
     python scripts/train_bench_tokenizer.py --corpus /tmp/real150.jsonl --out /tmp/tok128k
@@ -241,6 +242,34 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
+def check_ids(corpus: Path, tokenizer: Path, batch_size: int) -> None:
+    """Every document's ids from each installed fast backend against HF's, under packcli's
+    default settings (the self-check covers a sample per run; this covers the corpus)."""
+    texts = [orjson.loads(line)["text"] for line in corpus.open("rb") if line.strip()]
+    tok = load_tokenizer(str(tokenizer)).tokenizer
+    tok.encode_special_tokens = True
+    hf = HFEncoder(tok)
+    backends = {b: _MAKERS[b](tok) for b in _MAKERS if importlib.util.find_spec(b) is not None}
+    same = dict.fromkeys(backends, 0)
+    first: dict[str, str] = {}
+    for i in range(0, len(texts), batch_size):
+        chunk = texts[i : i + batch_size]
+        want_ids, want_off = hf(chunk)
+        for name, encode in backends.items():
+            got_ids, got_off = encode(chunk)
+            for k in range(len(chunk)):
+                g = got_ids[got_off[k] : got_off[k + 1]].astype(np.int64)
+                w = want_ids[want_off[k] : want_off[k + 1]].astype(np.int64)
+                if np.array_equal(g, w):
+                    same[name] += 1
+                elif name not in first:
+                    at = int(np.argmax(g[: min(g.size, w.size)] != w[: min(g.size, w.size)]))
+                    first[name] = f"document {i + k} ({len(chunk[k]):,} chars), token {at}"
+    for name, n in same.items():
+        where = f"; first difference: {first[name]}" if name in first else ""
+        print(f"ids identical to HF: {name} {n:,} / {len(texts):,} documents{where}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -248,6 +277,9 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=None, help="an existing jsonl corpus")
     ap.add_argument("--size-mb", type=int, default=300, help="generated corpus size")
     ap.add_argument("--no-pack-hf", action="store_true", help="skip (b), the slowest arm")
+    ap.add_argument(
+        "--check-ids", action="store_true", help="only compare every document's ids with HF's"
+    )
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=1)
@@ -271,6 +303,9 @@ def main() -> None:
     if args.corpus is None:
         make_corpus(corpus, args.size_mb, args.seed)
 
+    if args.check_ids:
+        check_ids(corpus, args.tokenizer, args.batch_size)
+        return
     if not args.memory_only:
         throughput(args, corpus, work)
     if args.memory:
