@@ -63,6 +63,9 @@ def _sample(cfg: Any, path: Path, largest_line: int | None) -> list[tuple[int, i
         on_bad_line=cfg.read.on_bad_line,
         rejects=None,
         validate=_validator(cfg),
+        # The run verified this file's compressed stream and it is unchanged since (a
+        # damaged one is skipped above): no need to decompress all of it first.
+        verify_streams=False,
     )
     for batch in batches:
         for k, text in enumerate(batch.texts):
@@ -134,6 +137,9 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     if recorded["sha256"] not in _fingerprints(tok.loaded):
         return {"skipped": "the tokenizer file changed since the run"}
     report = meta["report"]
+    damaged = {c.get("file") for c in report["input"].get("corrupt_streams") or []}
+    if inputs[0]["path"] in damaged:
+        return {"skipped": f"input {inputs[0]['path']} had a damaged compressed stream"}
     largest = report.get("largest_document", {})
     largest_line = largest.get("line") if largest.get("file") == inputs[0]["path"] else None
     sample = _sample(cfg, Path(inputs[0]["path"]), largest_line)
