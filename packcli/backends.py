@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 from tokenizers import Tokenizer
 
 from packcli.errors import ConfigError
@@ -340,6 +341,11 @@ def self_check(
 HF_BYTES_PER_VOCAB_ENTRY = 72
 
 
+def _hf_first(input_bytes: int, vocab_entries: int) -> bool:
+    """Whether HF finishes an input of this size before a fast backend has built its tables."""
+    return input_bytes < vocab_entries * HF_BYTES_PER_VOCAB_ENTRY
+
+
 # The self-check's sample of the corpus: the first documents, each cut to SAMPLE_CHARS and
 # SAMPLE_TOTAL_CHARS in all. A corpus opening with a 20 MB document made HF's reference
 # encoding of it take 19 s and 2.8 GB; cut texts test the backends just as well (both encode
@@ -372,11 +378,11 @@ def preload(backend: str, tokenizer_file: Path | None, input_bytes: int) -> _Loa
         return None
     try:
         text = tokenizer_file.read_text(encoding="utf-8")
-        data = json.loads(text)
+        data = orjson.loads(text)  # on the main thread before HF's load: the fast parser
         entries = len(data["model"]["vocab"]) + len(data.get("added_tokens") or [])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # HF's load reports what is wrong with the file
-    if backend == "auto" and input_bytes < entries * HF_BYTES_PER_VOCAB_ENTRY:
+    if backend == "auto" and _hf_first(input_bytes, entries):
         return None
     return _Loading("fastokens", None, text)
 
@@ -410,8 +416,9 @@ def choose_encoder(
     record: dict[str, Any] = {"requested": backend, "backend": "hf", "fallback_reason": None}
     if backend == "hf":
         return hf, record
-    small = tokenizer.get_vocab_size() * HF_BYTES_PER_VOCAB_ENTRY
-    if backend == "auto" and input_bytes is not None and input_bytes < small:
+    entries = tokenizer.get_vocab_size()
+    if backend == "auto" and input_bytes is not None and _hf_first(input_bytes, entries):
+        small = entries * HF_BYTES_PER_VOCAB_ENTRY
         record["fallback_reason"] = (
             f"small input ({input_bytes:,} bytes < {small:,}): HF tokenizes it before a fast "
             "backend would have loaded its tables"

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from packcli.arrow_np import list_array, to_arrow  # pa.array would import pandas
 from packcli.backends import Encoder, Flat
 from packcli.read import DocBatch
 from packcli.shards import CHAT_SHARD_SCHEMA, SHARD_SCHEMA
@@ -65,8 +66,6 @@ def assemble(flat: Flat, *, bos: int | None, eos: int | None) -> tuple[np.ndarra
 
 
 def batch_to_record_batch(batch: DocBatch, ids: np.ndarray, lengths: np.ndarray) -> pa.RecordBatch:
-    from packcli.arrow_np import list_array, to_arrow  # pa.array would import pandas
-
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     input_ids = list_array(offsets, ids, pa.int32())
@@ -166,6 +165,10 @@ def prefetch(
         thread.join(timeout=5)
 
 
+# Batches queued for the tokenizer worker ahead of the writer.
+ENCODE_AHEAD = 3
+
+
 def tokenize_batches(
     batches: Iterator[DocBatch],
     encoder: Encoder,
@@ -208,9 +211,6 @@ def tokenize_batches(
                 yield _finish(pending.popleft(), times)
         while pending:
             yield _finish(pending.popleft(), times)
-
-
-ENCODE_AHEAD = 3
 
 
 def _finish(pending: tuple[DocBatch, Future], times: StageTimes) -> tuple[DocBatch, pa.RecordBatch]:
@@ -396,8 +396,6 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 def chat_record_batch(
     batch: DocBatch, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray
 ) -> pa.RecordBatch:
-    from packcli.arrow_np import list_array  # pa.array would import pandas
-
     base = batch_to_record_batch(batch, ids, lengths)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     labels_arr = list_array(offsets, labels, pa.int32())

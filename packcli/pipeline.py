@@ -617,6 +617,16 @@ def _span(unit: dict[str, Any]) -> tuple[int, int] | None:
     return tuple(unit["span"]) if unit["span"] else None  # type: ignore[return-value]
 
 
+def record_validator(cfg: RunConfig) -> Any:
+    """What ``iter_batches`` checks each line with: the text field (None) or, for chat, the
+    messages (the chat module loads only then)."""
+    if not cfg.chat.is_chat:
+        return None
+    from packcli.chat import validate_messages
+
+    return functools.partial(validate_messages, field=cfg.chat.messages_field)
+
+
 def _tokenize_unit(
     cfg: RunConfig,
     unit: dict[str, Any],
@@ -648,12 +658,6 @@ def _tokenize_unit(
         RejectSink(folder / REJECTED) as sink,
         ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, schema) as writer,
     ):
-        validate = None
-        if isinstance(encoder, ChatEncoder):
-            field = cfg.chat.messages_field
-            from packcli.chat import validate_messages
-
-            validate = functools.partial(validate_messages, field=field)
         source = iter_batches(
             [Path(p) for p in _unit_paths(unit)],
             cfg.read.text_field,
@@ -661,7 +665,7 @@ def _tokenize_unit(
             stats,
             on_bad_line=cfg.read.on_bad_line,
             rejects=sink,
-            validate=validate,
+            validate=record_validator(cfg),
             span=_span(unit),
             batch_bytes=cfg.read.batch_bytes,
         )

@@ -33,16 +33,6 @@ SAMPLE_DOCS = 256
 MAX_DOC_CHARS = 1 << 20
 
 
-def expected_pieces(ids: np.ndarray, long_len: int, policy: str) -> list[np.ndarray]:
-    """The pieces of one document the long config must hold, by the overlong policy."""
-    n = ids.size
-    if n == 0 or (n > long_len and policy == "drop"):
-        return []
-    if n <= long_len or policy == "truncate":
-        return [ids[:long_len]]
-    return [ids[c : c + long_len] for c in range(0, n, long_len)]
-
-
 def _unchanged(entry: dict[str, Any]) -> bool:
     p = Path(entry["path"])
     try:
@@ -55,6 +45,8 @@ def _unchanged(entry: dict[str, Any]) -> bool:
 def _sample(cfg: Any, path: Path, largest_line: int | None) -> list[tuple[int, int, Any]]:
     """(doc id, line, text or dialogue) of the first documents of ``path`` and of the
     document at ``largest_line`` (which may be further in)."""
+    from packcli.pipeline import record_validator
+
     picked: list[tuple[int, int, Any]] = []
     batches = iter_batches(
         [path],
@@ -62,7 +54,7 @@ def _sample(cfg: Any, path: Path, largest_line: int | None) -> list[tuple[int, i
         cfg.read.batch_size,
         on_bad_line=cfg.read.on_bad_line,
         rejects=None,
-        validate=_validator(cfg),
+        validate=record_validator(cfg),
         # The run verified this file's compressed stream and it is unchanged since (a
         # damaged one is skipped above): no need to decompress all of it first.
         verify_streams=False,
@@ -77,16 +69,6 @@ def _sample(cfg: Any, path: Path, largest_line: int | None) -> list[tuple[int, i
         ):
             break
     return picked
-
-
-def _validator(cfg: Any) -> Any:
-    if not cfg.chat.is_chat:
-        return None
-    import functools
-
-    from packcli.chat import validate_messages
-
-    return functools.partial(validate_messages, field=cfg.chat.messages_field)
 
 
 def _fingerprints(loaded: Any) -> set[str]:
@@ -155,7 +137,7 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     ends = np.cumsum(lengths)
     long_len = int(meta["config"]["plan"]["long_len"])
     policy = meta["config"]["plan"]["overlong"]
-    from packcli.verify import segment_hashes
+    from packcli.verify import expected_pieces, segment_hashes
 
     order = np.argsort(long_segments.doc, kind="stable")
     docs_sorted = long_segments.doc[order]

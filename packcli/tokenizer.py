@@ -138,14 +138,12 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
     """``spec``: a ``tokenizer.json`` file, a folder holding one, or a Hub repo id."""
     if not spec:
         raise ConfigError("no tokenizer given: pass --tokenizer PATH|REPO_ID")
-    path = Path(spec)
     config: dict = {}
-    if path.is_dir():
-        path = path / "tokenizer.json"
-        if not path.is_file():
-            raise ConfigError(f"folder {spec} holds no tokenizer.json")
+    path = local_tokenizer_file(spec)
+    if path is None and Path(spec).is_dir():
+        raise ConfigError(f"folder {spec} holds no tokenizer.json")
     raw: bytes | None = None
-    if path.is_file():
+    if path is not None:
         try:
             raw = path.read_bytes()
             tok = Tokenizer.from_str(raw.decode("utf-8"))

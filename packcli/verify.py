@@ -228,6 +228,17 @@ def _scan_config(
     return _concat(parts), rows, tokens
 
 
+def expected_pieces(ids: np.ndarray, long_len: int, policy: str) -> list[np.ndarray]:
+    """The pieces of one document the long config must hold, by the overlong policy (the
+    rule the planner applies, written again here so a planner bug cannot hide itself)."""
+    n = ids.size
+    if n == 0 or (n > long_len and policy == "drop"):
+        return []
+    if n <= long_len or policy == "truncate":
+        return [ids[:long_len]]
+    return [ids[c : c + long_len] for c in range(0, n, long_len)]
+
+
 def _expected_pieces(
     shards: TokenShards, long_len: int, policy: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -245,13 +256,9 @@ def _expected_pieces(
         lens.append(doc_lens[fits])
         hashes.append(whole_hash[fits])
         for k in np.flatnonzero(doc_lens > long_len):
-            n = int(doc_lens[k])
             start = int(shard.offsets[k])
-            if policy == "drop":
-                continue
-            cuts = [0] if policy == "truncate" else list(range(0, n, long_len))
-            for c in cuts:
-                piece = shard.values[start + c : start + min(n, c + long_len)]
+            document = shard.values[start : start + int(doc_lens[k])]
+            for piece in expected_pieces(document, long_len, policy):
                 docs.append(np.array([ids[k]]))
                 lens.append(np.array([piece.size]))
                 hashes.append(segment_hashes(piece, np.array([piece.size])))
