@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import orjson
 from tokenizers import Tokenizer
 
 from packcli.errors import ConfigError
@@ -339,6 +338,10 @@ def self_check(
 # backend builds its tables from the vocabulary first (measured: fastokens ~18 us per entry,
 # 2.3 s for 128k), and HF (~4 MB/s on 2 cores) finishes small inputs before that.
 HF_BYTES_PER_VOCAB_ENTRY = 72
+# tokenizer.json bytes per vocabulary entry, at most: ~72 for Llama-3-shaped 128k BPEs (vocab
+# plus merges), ~23 for small ones; the larger figure guesses fewer entries, so preload never
+# starts a load that choose_encoder would not want.
+FILE_BYTES_PER_VOCAB_ENTRY = 72
 
 
 def _hf_first(input_bytes: int, vocab_entries: int) -> bool:
@@ -377,22 +380,24 @@ def preload(backend: str, tokenizer_file: Path | None, input_bytes: int) -> _Loa
     if ALIASES.get(backend, backend) not in ("auto", "fastokens") or tokenizer_file is None:
         return None
     try:
+        size = tokenizer_file.stat().st_size
+        # The vocabulary's size estimated from the file's (parsing 9 MB of JSON to count it
+        # cost 0.3 s, a fifth of a small run): a guess only decides whether to start early;
+        # ``choose_encoder`` decides with the real count.
+        if backend == "auto" and _hf_first(input_bytes, size // FILE_BYTES_PER_VOCAB_ENTRY):
+            return None
         text = tokenizer_file.read_text(encoding="utf-8")
-        data = orjson.loads(text)  # on the main thread before HF's load: the fast parser
-        entries = len(data["model"]["vocab"]) + len(data.get("added_tokens") or [])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None  # HF's load reports what is wrong with the file
-    if backend == "auto" and _hf_first(input_bytes, entries):
-        return None
     return _Loading("fastokens", None, text)
 
 
 def choose_encoder(
     tokenizer: Tokenizer,
     backend: str,
-    sample_texts: Sequence[str],
+    sample_texts: Sequence[str] | Callable[[], Sequence[str]],
     *,
-    serialized: str | None = None,
+    serialized: str | Callable[[], str] | None = None,
     input_bytes: int | None = None,
     loading: _Loading | None = None,
 ) -> tuple[Encoder, dict[str, Any]]:
@@ -425,6 +430,10 @@ def choose_encoder(
         )
         return hf, record
     names = FAST_ORDER if backend == "auto" else (backend,)
+    if callable(serialized):  # made only now that a fast backend is wanted (0.2 s at 128k)
+        serialized = serialized()
+    if callable(sample_texts):
+        sample_texts = sample_texts()
     if loading is None or loading.name != names[0]:
         loading = _Loading(names[0], tokenizer, serialized)
     sample_texts = bounded_sample(sample_texts)

@@ -574,8 +574,10 @@ def _choose_backend(
     all tasks make the same choice. (Ids are identical either way; the check is what makes
     that true rather than hoped.)
     """
-    sample: list[str] = []
-    if cfg.tokenize.backend != "hf" and units:
+
+    def sample() -> list[str]:
+        if not units:
+            return []
         batches = iter_batches(
             [Path(units[0]["path"])],
             cfg.read.text_field,
@@ -585,12 +587,13 @@ def _choose_backend(
             verify_streams=False,  # a sample: not worth decompressing the whole file first
         )
         first = next(iter(batches), None)
-        sample = first.texts if first is not None else []
+        return first.texts if first is not None else []
+
     return choose_encoder(
         tok.loaded.tokenizer,
         cfg.tokenize.backend,
         sample,
-        serialized=tok.loaded.serialized,
+        serialized=lambda: tok.loaded.serialized,
         input_bytes=sum(u["size"] for u in units),  # the whole input: every task agrees
         loading=early,
     )
