@@ -1572,15 +1572,29 @@ def _check_train_on(train_on: str) -> None:
 
 
 def encode_rendered(
-    tokenizer: Tokenizer, rendered: Sequence[Rendered], train_on: TrainOn = "assistant"
+    tokenizer: Tokenizer,
+    rendered: Sequence[Rendered],
+    train_on: TrainOn = "assistant",
+    *,
+    tokens: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None,
 ) -> list[EncodedDialogue]:
-    """Tokenize rendered dialogues in one ``encode_batch`` (parallel, with offsets) and mask."""
+    """Tokenize rendered dialogues in one ``encode_batch`` (parallel, with offsets) and mask.
+
+    ``tokens``: ids and HF's character offsets already known for some dialogues (None for
+    the others; ``packcli.offsets.FastOffsets``); HF encodes only the rest."""
     _check_train_on(train_on)
-    encodings = tokenizer.encode_batch([r.text for r in rendered], add_special_tokens=False)
+    known = list(tokens) if tokens is not None else [None] * len(rendered)
+    missing = [i for i, t in enumerate(known) if t is None]
+    if missing:
+        texts = [rendered[i].text for i in missing]
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+        for i, enc in zip(missing, encodings, strict=True):
+            known[i] = (
+                np.asarray(enc.ids, dtype=np.int32),
+                np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2),
+            )
     out = []
-    for r, enc in zip(rendered, encodings, strict=True):
-        ids = np.asarray(enc.ids, dtype=np.int32)
-        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    for r, (ids, offsets) in zip(rendered, known, strict=True):  # type: ignore[misc]
         turns = _token_turns(offsets, r.assistant_spans)
         out.append(EncodedDialogue(ids, _mask(len(ids), turns, train_on), turns, train_on))
     return out

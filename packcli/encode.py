@@ -12,6 +12,7 @@ thread driving the tokenizer's own Rust threads), and assembling/writing the pre
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
@@ -34,6 +35,7 @@ from packcli.tokenizer import SpecialStringCounter
 
 if TYPE_CHECKING:  # the chat module (jinja2, the sandbox) loads only for --format chat
     from packcli.chat import ChatTemplate, EncodedDialogue
+    from packcli.offsets import FastOffsets
 
 
 def encode_texts(
@@ -241,6 +243,9 @@ class ChatStats:
     eos_added: int = 0
     eos_trained: int = 0  # of eos_added: the dialogue ends with an assistant turn
     eos_in_template: int = 0
+    # Dialogues HF encoded with offsets although a fast backend was in use (its tokens did
+    # not spell the rendered text byte for byte; packcli/offsets.py).
+    hf_offsets: int = 0
 
     def add(self, other: ChatStats) -> None:
         for f in fields(self):
@@ -252,7 +257,8 @@ class ChatEncoder:
 
     Rendering is Python (sandboxed jinja, one dialogue at a time so a dialogue the template
     rejects can be reported by line), tokenizing one Rust ``encode_batch`` with offsets (the
-    loss mask comes from character spans). A dialogue that cannot be trained on is kept as
+    loss mask comes from character spans), or a fast backend with the offsets derived from
+    its ids (``using``; packcli/offsets.py). A dialogue that cannot be trained on is kept as
     an empty document (length 0) so document ids stay positions in the input; the plan drops
     empty documents and ``ChatStats`` counts them by reason.
 
@@ -286,6 +292,28 @@ class ChatEncoder:
         self.overlong = overlong
         self.bos = bos
         self.eos = eos
+        self.fast: FastOffsets | None = None
+
+    def using(self, fast: FastOffsets | None) -> ChatEncoder:
+        """This encoder with ids and offsets from a fast backend (None: HF's)."""
+        other = copy.copy(self)
+        other.fast = fast
+        return other
+
+    def rendered_texts(self, dialogues: list[Any]) -> list[str]:
+        """The texts this encoder tokenizes for ``dialogues`` (those the template renders):
+        the sample a fast backend is checked on."""
+        from packcli.chat import render_dialogues
+
+        rendered = render_dialogues(
+            self.tokenizer,
+            self.template,
+            dialogues,
+            self.special_tokens,
+            now=RENDER_DATE,
+            on_error=lambda index, exc: None,
+        )
+        return [r.text for _, r in rendered]
 
     def __call__(
         self, dialogues: list[Any]
@@ -304,10 +332,18 @@ class ChatEncoder:
             on_error=lambda index, exc: failures.append((index, str(exc))),
         )
         encoded: list[EncodedDialogue | None] = [None] * len(dialogues)
-        results = encode_rendered(self.tokenizer, [r for _, r in rendered], self.train_on)  # type: ignore[arg-type]
+        tokens = self.fast([r.text for _, r in rendered]) if self.fast is not None else None
+        results = encode_rendered(
+            self.tokenizer,
+            [r for _, r in rendered],
+            self.train_on,  # type: ignore[arg-type]
+            tokens=tokens,
+        )
         for (index, _), e in zip(rendered, results, strict=True):
             encoded[index] = e
         stats = ChatStats(dialogues=len(dialogues))
+        if tokens is not None:
+            stats.hf_offsets = sum(t is None for t in tokens)
         ids, labels = [], []
         for messages, e in zip(dialogues, encoded, strict=True):
             ends_with_answer = bool(messages) and messages[-1].get("role") == "assistant"

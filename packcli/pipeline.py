@@ -57,7 +57,7 @@ from tqdm import tqdm
 
 from packcli import __version__
 from packcli.arrow_np import to_numpy
-from packcli.backends import choose_encoder, preload
+from packcli.backends import bounded_sample, choose_encoder, preload
 from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
 from packcli.config import (
     ChatConfig,
@@ -79,6 +79,7 @@ from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
 from packcli.faults import crash_point
 from packcli.lock import OUT_LOCK, hold
+from packcli.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.read import (
     DocBatch,
@@ -333,7 +334,7 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
     # Never read back what packcli writes (rejected.jsonl, work files) as input.
     paths = resolve_inputs(cfg.read.inputs, exclude=(cfg.out_path, cfg.work_path))
     early = None
-    if not cfg.chat.is_chat and not (cfg.work_path / "tokens" / SUCCESS).is_file():
+    if not (cfg.work_path / "tokens" / SUCCESS).is_file():
         # A fresh (or interrupted) tokenize stage: the fast backend will be wanted, so it
         # builds its tables while HF loads (a finished stage is reused and needs neither).
         early = preload(
@@ -413,16 +414,8 @@ def tokenize_task(
     if any(units[k]["key"] in indexed for k in pending):
         _uncomplete(out)
         (folder / SUCCESS).unlink(missing_ok=True)  # collect_tokens rebuilds it
-    encoder: Any = None
-    if tok.chat is not None:
-        encoder = tok.chat
-        backend = {
-            "requested": cfg.tokenize.backend,
-            "backend": "hf",
-            "fallback_reason": "chat loss masks need the tokenizer's character offsets",
-        }
-        atomic_write_json(folder / "backend.json", backend)
-    elif pending or not (folder / "backend.json").is_file():
+    encoder: Any = tok.chat
+    if pending or not (folder / "backend.json").is_file():
         # Building and checking the fast path costs seconds; skip it when nothing is left.
         encoder, backend = _choose_backend(cfg, tok, units, prepared.early)
         atomic_write_json(folder / "backend.json", backend)
@@ -575,6 +568,7 @@ def _choose_backend(
     that true rather than hoped.)
     """
 
+    @functools.cache
     def sample() -> list[str]:
         if not units:
             return []
@@ -585,11 +579,33 @@ def _choose_backend(
             on_bad_line=cfg.read.on_bad_line,
             span=_span(units[0]),
             verify_streams=False,  # a sample: not worth decompressing the whole file first
+            validate=record_validator(cfg),
         )
         first = next(iter(batches), None)
-        return first.texts if first is not None else []
+        if first is None:
+            return []
+        if tok.chat is None:
+            return first.texts
+        return tok.chat.rendered_texts(first.texts)  # what the chat path encodes
 
-    return choose_encoder(
+    table = None
+    if tok.chat is not None and cfg.tokenize.backend != "hf":
+        table = ByteOffsets.of(tok.loaded.tokenizer)
+        if table is None:
+            reason = (
+                "chat loss masks need character offsets, which packcli derives from ids only "
+                "for byte-level BPE tokenizers"
+            )
+            if cfg.tokenize.backend != "auto":
+                raise ConfigError(
+                    f"tokenizer backend {cfg.tokenize.backend}: {reason}; use backend auto or hf"
+                )
+            return tok.chat, {
+                "requested": cfg.tokenize.backend,
+                "backend": "hf",
+                "fallback_reason": reason,
+            }
+    encoder, record = choose_encoder(
         tok.loaded.tokenizer,
         cfg.tokenize.backend,
         sample,
@@ -597,6 +613,34 @@ def _choose_backend(
         input_bytes=sum(u["size"] for u in units),  # the whole input: every task agrees
         loading=early,
     )
+    if tok.chat is None:
+        return encoder, record
+    if table is None or encoder.name == "hf":
+        return tok.chat, record
+    return _chat_offsets(cfg, tok, FastOffsets(encoder, table), sample(), record)
+
+
+def _chat_offsets(
+    cfg: RunConfig,
+    tok: _Tokenizing,
+    fast: FastOffsets,
+    sample: list[str],
+    record: dict[str, Any],
+) -> tuple[Any, dict[str, Any]]:
+    """The chat encoder on ``fast`` once its offsets equal HF's on the sample and the
+    adversarial texts, else on HF (``auto``) or a ``ConfigError`` (a named backend)."""
+    assert tok.chat is not None
+    check = check_offsets(fast, tok.loaded.tokenizer, [*bounded_sample(sample), *ADVERSARIAL])
+    record["chat_offsets"] = check
+    if check["mismatch"] is None:
+        return tok.chat.using(fast), record
+    if cfg.tokenize.backend != "auto":
+        raise ConfigError(
+            f"tokenizer backend {fast.name}: {check['mismatch']}; use backend auto or hf"
+        )
+    log.warning("chat on HF tokenizers, not %s: %s", fast.name, check["mismatch"])
+    record.update(backend="hf", fallback_reason=f"{fast.name}: {check['mismatch']}")
+    return tok.chat, record
 
 
 class _TokenizeProgress:

@@ -1,0 +1,301 @@
+"""HF's character offsets of tokens, computed from the token ids of a byte-level BPE.
+
+Chat loss masks come from character spans (the assistant turns in the rendered text), so
+the chat path needs each token's character range. HF computes it while encoding (its
+``encode_batch`` with offsets runs at ~1 MB/s on 2 cores for a 128k vocabulary); the fast
+backends give ids only. For a byte-level BPE the ids are enough: every token stands for
+fixed bytes, so the tokens' bytes laid end to end must spell the text's UTF-8 bytes, and
+each token's range follows from the running sum of their lengths.
+
+Nothing here is assumed. Per text, the tokens' bytes are compared with the text's bytes
+(a text they do not spell, e.g. after a normalizer or a prefix space, gets ``None`` and the
+caller asks HF for it); HF's own offset rules are reproduced (a token holding part of a
+multi-byte character covers that character; the ByteLevel post-processor's
+``trim_offsets`` drops leading and trailing spaces), and the pipeline compares the result
+with HF's offsets on a sample and on ``ADVERSARIAL`` texts before it trusts them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from packcli import jit
+
+# Unicode White_Space (Rust's char::is_whitespace, what HF's trimming tests), which differs
+# from Python's str.isspace on U+001C..U+001F.
+_WHITE_SPACE = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_SPACE_CHAR = "\u0120"  # the byte-level character for b" "
+
+# Texts on which the offsets are compared with HF's before a run trusts them: spaces at
+# token edges (trimming), multi-byte characters split across tokens, emoji, combining marks,
+# control characters, runs of spaces and newlines.
+ADVERSARIAL = (
+    " ",
+    "  leading spaces",
+    "trailing spaces   ",
+    "a  b   c    d",
+    " \n \n\n  \t x",
+    "ünïcödé wörds ünd mëhr",
+    "日本語のテキスト、そして中文。",
+    "emoji 👩‍👩‍👧‍👦 and 🇺🇳 flags 🏳️‍🌈",
+    "e\u0301 combining a\u0308 marks",
+    "\x00\x01 control \x1c\x1f chars \x7f",
+    "\u00a0nbsp\u00a0 and \u3000ideographic\u3000space",
+    "tabs\tand\r\nwindows\r\nlines",
+    "def f(x):\n    return x  # code\n\n\n",
+    "1234567890 3.14159 -42",
+)
+
+
+@cache
+def _byte_chars() -> dict[int, str]:
+    """The ByteLevel alphabet (GPT-2's ``bytes_to_unicode``) as a ``str.translate`` table
+    back to bytes: each alphabet character becomes the latin-1 character of its byte, and
+    every other character below 256 becomes one latin-1 cannot encode, so a token with a
+    character outside the alphabet fails to convert instead of converting wrongly."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table: dict[int, str] = {b: "\uffff" for b in range(256)}
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[256 + extra] = chr(b)
+            extra += 1
+    return table
+
+
+def _edge_count(token: str, chars: frozenset[str] | str, reverse: bool = False) -> int:
+    n = 0
+    for c in reversed(token) if reverse else token:
+        if c not in chars:
+            break
+        n += 1
+    return n
+
+
+def _has_byte_level(state: Any) -> bool:
+    if isinstance(state, dict):
+        return state.get("type") == "ByteLevel" or any(map(_has_byte_level, state.values()))
+    if isinstance(state, list):
+        return any(map(_has_byte_level, state))
+    return False
+
+
+def _byte_level(tokenizer: Tokenizer) -> bool:
+    """Whether the pre-tokenizer or the decoder is (or holds) ByteLevel: then vocabulary
+    tokens are bytes in GPT-2's alphabet (each text still has to prove it)."""
+    parts = (tokenizer.pre_tokenizer, tokenizer.decoder)
+    return any(p is not None and _has_byte_level(json.loads(p.__getstate__())) for p in parts)
+
+
+def _trim_rule(tokenizer: Tokenizer) -> tuple[bool, bool] | None:
+    """``(trim_offsets, add_prefix_space)`` of the post-processor's offset trimming, or
+    None for a post-processor whose effect on offsets is not reproduced here."""
+    processor = tokenizer.post_processor
+    if processor is None:
+        return False, False
+    state = json.loads(processor.__getstate__())
+    parts = state["processors"] if state.get("type") == "Sequence" else [state]
+    trim, prefix = False, False
+    for part in parts:
+        kind = part.get("type")
+        if kind in ("ByteLevel", "RobertaProcessing"):
+            if part.get("trim_offsets"):
+                trim, prefix = True, bool(part.get("add_prefix_space"))
+        elif kind not in ("TemplateProcessing", "BertProcessing"):
+            return None  # nothing is added without special tokens; others: unknown
+    return trim, prefix
+
+
+@dataclass(frozen=True, eq=False)
+class ByteOffsets:
+    """Per token id: its bytes (``data[starts[i]:starts[i] + lens[i]]``, ``lens`` -1 when the
+    token is not bytes of the text) and the characters HF trims at its edges."""
+
+    data: np.ndarray  # uint8, every token's bytes end to end
+    starts: np.ndarray  # int64 per id
+    lens: np.ndarray  # int64 per id
+    lead: np.ndarray  # int64 per id: characters trimmed at the start (0 without trimming)
+    trail: np.ndarray  # int64 per id: at the end
+    trim: bool
+    add_prefix_space: bool
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> ByteOffsets | None:
+        """The table for a byte-level tokenizer, else None (its tokens are not bytes of the
+        text, and the chat path keeps HF's offsets)."""
+        if not _byte_level(tokenizer):
+            return None
+        rule = _trim_rule(tokenizer)
+        if rule is None:
+            return None
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+        size = max([*vocab.values(), *added]) + 1
+        pieces: list[bytes] = [b""] * size
+        lens = np.full(size, -1, dtype=np.int64)
+        lead = np.zeros(size, dtype=np.int64)
+        trail = np.zeros(size, dtype=np.int64)
+        table = _byte_chars()
+        edge = _WHITE_SPACE | {_SPACE_CHAR}
+        for token, i in vocab.items():
+            if i in added:
+                continue
+            try:
+                raw = token.translate(table).encode("latin-1")
+            except UnicodeEncodeError:
+                continue  # not bytes of the text: a text holding it goes to HF
+            pieces[i] = raw
+            lens[i] = len(raw)
+            if rule[0]:
+                lead[i] = _edge_count(token, _SPACE_CHAR)
+                trail[i] = _edge_count(token, _SPACE_CHAR, reverse=True)
+        for i, content in added.items():
+            raw = content.encode("utf-8")
+            pieces[i] = raw
+            lens[i] = len(raw) if raw else -1
+            if rule[0]:
+                lead[i] = _edge_count(content, edge)
+                trail[i] = _edge_count(content, edge, reverse=True)
+        starts = np.zeros(size, dtype=np.int64)
+        np.cumsum(np.maximum(lens, 0)[:-1], out=starts[1:])
+        data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        return cls(data, starts, lens, lead, trail, rule[0], rule[1])
+
+    def __call__(
+        self, texts: Sequence[str], ids: np.ndarray, bounds: np.ndarray
+    ) -> list[np.ndarray | None]:
+        """HF's ``(n_tokens, 2)`` character offsets of each text's tokens
+        (``ids[bounds[i]:bounds[i + 1]]``), or None where those tokens do not spell it."""
+        raw = [t.encode("utf-8") for t in texts]
+        text_start = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, raw), np.int64, count=len(raw)), out=text_start[1:])
+        text = np.frombuffer(b"".join(raw), dtype=np.uint8)
+        ids = np.asarray(ids, dtype=np.int64)
+        bounds = np.asarray(bounds, dtype=np.int64)
+        offsets = np.empty((len(ids), 2), dtype=np.int64)
+        spelled = np.zeros(len(raw), dtype=np.bool_)
+        # Work in best-fit items (jit.SMALL_WORK): a byte costs ~1/20 of one as Python.
+        run = jit.pick(_token_chars, len(text) // 20 + len(ids))
+        run(
+            ids, bounds, text, text_start, self.data, self.starts, self.lens,
+            self.lead, self.trail, self.trim, self.add_prefix_space, offsets, spelled,
+        )  # fmt: skip
+        return [offsets[bounds[i] : bounds[i + 1]] if spelled[i] else None for i in range(len(raw))]
+
+
+@jit.kernel(nogil=True)
+def _token_chars(
+    ids: np.ndarray,
+    bounds: np.ndarray,
+    text: np.ndarray,
+    text_start: np.ndarray,
+    data: np.ndarray,
+    starts: np.ndarray,
+    lens: np.ndarray,
+    lead: np.ndarray,
+    trail: np.ndarray,
+    trim: bool,
+    add_prefix_space: bool,
+    offsets: np.ndarray,
+    spelled: np.ndarray,
+) -> None:
+    """Per text: whether its tokens' bytes are its bytes (``spelled``) and, if so, each
+    token's character range as HF gives it (``offsets``).
+
+    Characters are counted by their lead bytes; a token starting inside a character starts
+    at that character. With ``trim`` (HF's ByteLevel ``process_offsets``), ``lead``/``trail``
+    characters come off the range, never past its other end; a text's first token (or one
+    starting at character 0) keeps a single leading space when ``add_prefix_space``.
+    """
+    for d in range(len(bounds) - 1):
+        p = text_start[d]
+        end = text_start[d + 1]
+        chars = 0  # lead bytes in text[text_start[d]:p]
+        ok = True
+        for k in range(bounds[d], bounds[d + 1]):
+            t = ids[k]
+            if t < 0 or t >= len(lens) or lens[t] < 0 or p + lens[t] > end:
+                ok = False
+                break
+            s = starts[t]
+            c0 = chars if (text[p] & 0xC0) != 0x80 else chars - 1
+            for j in range(lens[t]):
+                b = text[p + j]
+                if data[s + j] != b:
+                    ok = False
+                if (b & 0xC0) != 0x80:
+                    chars += 1
+            if not ok:
+                break
+            p += lens[t]
+            c1 = chars
+            if trim:
+                n_lead = lead[t]
+                if add_prefix_space and n_lead == 1 and (k == bounds[d] or c0 == 0):
+                    n_lead = 0
+                if n_lead > 0:
+                    c0 = min(c0 + n_lead, c1)
+                if trail[t] > 0 and c1 >= trail[t]:
+                    c1 = max(c1 - trail[t], c0)
+            offsets[k, 0] = c0
+            offsets[k, 1] = c1
+        spelled[d] = ok and p == end
+
+
+Tokens = tuple[np.ndarray, np.ndarray]  # int32 ids, int64 (n, 2) character offsets
+
+
+class FastOffsets:
+    """Ids from a fast backend (checked against HF like any other run) with offsets from
+    ``ByteOffsets``: what the chat path needs from HF's ``encode_batch``, at the fast
+    backend's speed. A text its tokens do not spell gets None (the caller asks HF)."""
+
+    def __init__(self, encoder: Any, table: ByteOffsets) -> None:
+        self.encoder = encoder
+        self.table = table
+
+    @property
+    def name(self) -> str:
+        return str(self.encoder.name)
+
+    def __call__(self, texts: list[str]) -> list[Tokens | None]:
+        ids, bounds = self.encoder(texts)
+        offsets = self.table(texts, ids, bounds)
+        ids = ids.astype(np.int32, copy=False)
+        return [
+            None if o is None else (ids[bounds[i] : bounds[i + 1]], o)
+            for i, o in enumerate(offsets)
+        ]
+
+
+def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str]) -> dict:
+    """Compare ``fast``'s ids and offsets with HF's ``encode_batch`` on ``texts``: the
+    record for the report, with ``mismatch`` set on the first text where they differ (a
+    text the tokens do not spell is not a mismatch: HF encodes it at run time too)."""
+    texts = list(texts)
+    got = fast(texts)
+    want = tokenizer.encode_batch(texts, add_special_tokens=False)
+    record: dict[str, Any] = {"texts": len(texts), "derived": 0, "tokens": 0, "mismatch": None}
+    for text, g, w in zip(texts, got, want, strict=True):
+        if g is None:
+            continue
+        w_ids = np.asarray(w.ids, dtype=np.int32)
+        w_off = np.asarray(w.offsets, dtype=np.int64).reshape(-1, 2)
+        if not (np.array_equal(g[0], w_ids) and np.array_equal(g[1], w_off)):
+            record["mismatch"] = f"offsets differ from HF's on {text[:80]!r}"
+            return record
+        record["derived"] += 1
+        record["tokens"] += len(w_ids)
+    return record
