@@ -77,7 +77,9 @@ def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
         return validate_messages(obj, field=key)
     except ChatFormatError as exc:
         reason = str(exc)
-        raise ChatFormatError(reason if reason.startswith("field") else f"{key}: {reason}") from exc
+        raise ChatFormatError(
+            reason if reason.startswith("field") else f"field {key!r}: {reason}"
+        ) from exc
 
 
 def _extract_text_prompt(chosen: str, rejected: str) -> int:
