@@ -191,6 +191,11 @@ class ChatConfig:
             )
         if not self.messages_field:
             raise ConfigError("chat.messages_field must be a non-empty field name")
+        if self.format == "preference" and self.train_on != "assistant":
+            raise ConfigError(
+                f"chat.train_on {self.train_on!r} does not apply to preference pairs: their "
+                "responses are trained and their prompts never; leave --train-on out"
+            )
 
     @property
     def is_chat(self) -> bool:

@@ -360,6 +360,10 @@ def test_split_is_refused(corpus: tuple[Path, list], tok_dir: Path, tmp_path: Pa
         "pack", corpus[0], "-t", tok_dir, "-o", tmp_path / "o", *ARGS, "--overlong", "split"
     )
     assert code == 1 and "a preference pair is never split" in output
+    code, output = invoke(
+        "pack", corpus[0], "-t", tok_dir, "-o", tmp_path / "o", *ARGS, "--train-on", "all"
+    )
+    assert code == 1 and "does not apply to preference pairs" in output
 
 
 BAD = [
