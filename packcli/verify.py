@@ -6,7 +6,10 @@ What is proved, streaming over the Parquet files (memory ~24 bytes per segment):
   ``1 <= num_tokens <= capacity``, ``segment_ids`` run 1..k contiguously with run lengths
   ``seq_lengths``, ``len(doc_ids) == len(seq_lengths)``, token ids inside the vocabulary;
   for chat outputs, ``labels`` has one entry per token, -100 at every segment start, and
-  equals ``input_ids`` wherever it is not -100;
+  equals ``input_ids`` wherever it is not -100; for preference outputs, ``seq_roles`` pairs
+  every prompt+chosen (1) with the prompt+rejected (2) right after it in its row, with the
+  same doc id and the same leading untrained (prompt) tokens, and the pair is then compared
+  as one document;
 * conservation: each segment is summarised as (doc id, length, 64-bit polynomial hash of its
   tokens in order). Against the tokenized shards, the multiset of segments of each config
   must equal the expected pieces of every document (whole documents; for ``split`` the
