@@ -22,13 +22,15 @@ MARKER = "packcli.json"  # config + report + file hashes; written last, marks a 
 STATS_DIR = "stats"  # plots written by `packcli stats`, embedded in the card
 
 
-def _arrow_bytes(tier: dict[str, Any], chat: bool) -> int:
+def _arrow_bytes(tier: dict[str, Any], chat: bool, preference: bool = False) -> int:
     """In-memory Arrow size of a config (what ``datasets`` calls ``num_bytes``)."""
     rows, tokens, segments = tier["rows"], tier["tokens"], tier["segments"]
-    # input_ids + segment_ids (+ labels): 4 B/token each; seq_lengths 4 + doc_ids 8 B/segment;
-    # one list offset buffer per list column (4 B/row each) and num_tokens (4 B/row).
-    lists = 5 if chat else 4
-    return (12 if chat else 8) * tokens + 12 * segments + 4 * lists * (rows + 1) + 4 * rows
+    # input_ids + segment_ids (+ labels): 4 B/token each; seq_lengths 4 + doc_ids 8 B/segment
+    # (+ seq_roles 1); one list offset buffer per list column (4 B/row each) and num_tokens
+    # (4 B/row).
+    lists = 4 + chat + preference
+    per_segment = 12 + preference
+    return (12 if chat else 8) * tokens + per_segment * segments + 4 * lists * (rows + 1) + 4 * rows
 
 
 def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
@@ -54,7 +56,10 @@ def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
 
 
 def dataset_info(
-    report: dict[str, Any], files: dict[str, list[dict[str, Any]]], chat: bool = False
+    report: dict[str, Any],
+    files: dict[str, list[dict[str, Any]]],
+    chat: bool = False,
+    preference: bool = False,
 ) -> list[dict]:
     """``dataset_info`` YAML: features, split sizes and byte counts per config.
 
@@ -62,13 +67,13 @@ def dataset_info(
     local folders, so repacking into the same folder never serves a stale cached copy, and
     ``load_dataset`` checks the row counts against them.
     """
-    from packcli.write import CHAT_ROW_SCHEMA, ROW_SCHEMA
+    from packcli.write import CHAT_ROW_SCHEMA, PREFERENCE_ROW_SCHEMA, ROW_SCHEMA
 
-    schema = CHAT_ROW_SCHEMA if chat else ROW_SCHEMA
+    schema = PREFERENCE_ROW_SCHEMA if preference else CHAT_ROW_SCHEMA if chat else ROW_SCHEMA
     infos = []
     for name in CONFIG_NAMES:
         tier = report["tiers"][name]
-        num_bytes = _arrow_bytes(tier, chat)
+        num_bytes = _arrow_bytes(tier, chat or preference, preference)
         infos.append(
             {
                 "config_name": name,
@@ -83,10 +88,13 @@ def dataset_info(
 
 
 def card_front_matter(
-    report: dict[str, Any], files: dict[str, list[dict[str, Any]]], chat: bool = False
+    report: dict[str, Any],
+    files: dict[str, list[dict[str, Any]]],
+    chat: bool = False,
+    preference: bool = False,
 ) -> dict[str, Any]:
     return {
-        "dataset_info": dataset_info(report, files, chat),
+        "dataset_info": dataset_info(report, files, chat, preference),
         "configs": [
             {
                 "config_name": name,
@@ -108,14 +116,20 @@ def render_card(
     """The card's markdown; ``out`` (when given) lets it embed plots from ``packcli stats``."""
     from packcli.stats import render_plots_section, training_snippet
 
-    chat = run.get("format") == "chat"
-    front = yaml.safe_dump(card_front_matter(report, files, chat), sort_keys=False)
+    preference = run.get("format") == "preference"
+    chat = run.get("format") == "chat" or preference
+    front = yaml.safe_dump(card_front_matter(report, files, chat, preference), sort_keys=False)
     labels_row = (
         "| `labels` | list<int32> | token id where loss is taken, -100 elsewhere (unshifted; "
         "-100 at every segment start) |\n"
         if chat
         else ""
     )
+    if preference:
+        labels_row += (
+            "| `seq_roles` | list<int8> | per segment: 0 a document, 1 a pair's prompt+chosen, "
+            "2 its prompt+rejected (right after its 1, same `doc_ids` entry) |\n"
+        )
     plots = render_plots_section(out) if out is not None else ""
     pad = run["tokenizer"].get("eos_id")
     training = training_snippet(pad_token_id=pad if pad is not None else 0)

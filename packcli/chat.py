@@ -1648,10 +1648,12 @@ def render_dialogues(
     limits: RenderLimits = DEFAULT_LIMITS,
     now: datetime | None = None,
     on_error: Callable[[int, ChatFormatError], None] | None = None,
+    add_generation_prompt: bool = False,
 ) -> list[tuple[int, Rendered]]:
     """``(index, Rendered)`` of each dialogue, with the tokenizer's special tokens as template
     variables. A dialogue the template rejects raises ``ChatFormatError`` with ``index`` set,
-    or, given ``on_error``, is reported to it and left out (a skip policy)."""
+    or, given ``on_error``, is reported to it and left out (a skip policy).
+    ``add_generation_prompt``: render prompts (preference pairs) as a model would see them."""
     variables = dict(special_tokens or {})
     bos, eos = variables.pop("bos_token", ""), variables.pop("eos_token", "")
     controls = control_tokens_of(tokenizer)
@@ -1664,6 +1666,7 @@ def render_dialogues(
                     render(
                         template,
                         messages,
+                        add_generation_prompt=add_generation_prompt,
                         bos_token=bos,
                         eos_token=eos,
                         control_tokens=controls,

@@ -150,7 +150,12 @@ SplitBytes = Annotated[
     ),
 ]
 Format = Annotated[
-    str | None, typer.Option("--format", help="text (pretraining) or chat (SFT dialogues) [text].")
+    str | None,
+    typer.Option(
+        "--format",
+        help="text (pretraining), chat (SFT dialogues) or preference (DPO pairs: prompt, "
+        "chosen, rejected) [text].",
+    ),
 ]
 MessagesField = Annotated[
     str | None, typer.Option(help="Chat: JSON field holding the messages [messages].")

@@ -163,14 +163,17 @@ class WriteConfig:
             )
 
 
-FORMATS = ("text", "chat")
+FORMATS = ("text", "chat", "preference")
 TRAIN_ON = ("assistant", "last", "all")
 
 
 @dataclass(frozen=True)
 class ChatConfig:
     """``format: chat`` reads one dialogue per line (``messages_field``), renders it with a
-    chat template and trains only on ``train_on`` tokens (see ``packcli/chat.py``)."""
+    chat template and trains only on ``train_on`` tokens (see ``packcli/chat.py``).
+    ``format: preference`` reads one preference pair per line (TRL's ``prompt``/``chosen``/
+    ``rejected``; see ``packcli/preference.py``); ``messages_field`` and ``train_on`` do not
+    apply to it."""
 
     format: str = "text"
     messages_field: str = "messages"
@@ -179,17 +182,30 @@ class ChatConfig:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise ConfigError(f"chat.format must be text or chat, got {self.format!r}")
+            raise ConfigError(
+                f"chat.format must be one of {', '.join(FORMATS)}, got {self.format!r}"
+            )
         if self.train_on not in TRAIN_ON:
             raise ConfigError(
                 f"chat.train_on must be one of {', '.join(TRAIN_ON)}, got {self.train_on!r}"
             )
         if not self.messages_field:
             raise ConfigError("chat.messages_field must be a non-empty field name")
+        if self.format == "preference" and self.train_on != "assistant":
+            raise ConfigError(
+                f"chat.train_on {self.train_on!r} does not apply to preference pairs: their "
+                "responses are trained and their prompts never; leave --train-on out"
+            )
 
     @property
     def is_chat(self) -> bool:
-        return self.format == "chat"
+        """Rendered with a chat template, with labels: ``chat`` and ``preference`` (they share
+        the template, the defaults and the rule that a record is never split)."""
+        return self.format in ("chat", "preference")
+
+    @property
+    def is_preference(self) -> bool:
+        return self.format == "preference"
 
 
 @dataclass(frozen=True)
@@ -203,6 +219,11 @@ class RunConfig:
     chat: ChatConfig = field(default_factory=ChatConfig)
 
     def __post_init__(self) -> None:
+        if self.chat.is_preference and self.plan.overlong == "split":
+            raise ConfigError(
+                "a preference pair is never split between rows: use --overlong drop (default "
+                "for preference) or --overlong truncate (cut both responses to one budget)"
+            )
         if self.chat.is_chat and self.plan.overlong == "split":
             raise ConfigError(
                 "a dialogue is never split between rows: use --overlong drop (default for "
@@ -318,7 +339,7 @@ def build_config(
         merged = dict(file_values.get(name) or {})
         merged.update({k: v for k, v in (overrides.get(name) or {}).items() if v is not None})
         merged_values[name] = merged
-    if merged_values["chat"].get("format") == "chat":
+    if merged_values["chat"].get("format") in ("chat", "preference"):
         # Chat defaults differ: the template writes the turn markers, and a dialogue is
         # never split. Explicit values still win.
         merged_values["plan"].setdefault("overlong", "drop")

@@ -95,6 +95,7 @@ from packcli.read import (
 from packcli.report import build_report
 from packcli.shards import (
     CHAT_SHARD_SCHEMA,
+    PREFERENCE_SHARD_SCHEMA,
     SHARD_SCHEMA,
     SUCCESS,
     ShardWriter,
@@ -246,7 +247,7 @@ class _Tokenizing:
     eos: int | None
     bos: int | None
     settings: dict[str, Any]  # fingerprinted
-    chat: ChatEncoder | None = None
+    chat: Any = None  # ChatEncoder, or PreferenceEncoder for --format preference
 
     @property
     def record(self) -> dict[str, Any]:
@@ -282,7 +283,9 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
     if not cfg.chat.is_chat:
         settings["special_in_text"] = cfg.tokenize.special_in_text
     chat = None
-    if cfg.chat.is_chat:
+    if cfg.chat.is_preference:
+        chat = _preference_encoder(cfg, loaded, bos, eos, settings)
+    elif cfg.chat.is_chat:
         from packcli.chat import load_chat_template, special_tokens_from_config
 
         template = load_chat_template(cfg.tokenize.tokenizer, cfg.chat.chat_template)
@@ -310,6 +313,52 @@ def _resolve_tokenizing(cfg: RunConfig) -> _Tokenizing:
             "overlong": cfg.plan.overlong,
         }
     return _Tokenizing(loaded, eos, bos, settings, chat)
+
+
+def _preference_encoder(
+    cfg: RunConfig, loaded: LoadedTokenizer, bos: int | None, eos: int | None, settings: dict
+) -> Any:
+    """The ``--format preference`` encoder, and its part of the tokenize fingerprint (its own
+    key: text and chat work folders keep their fingerprints and still resume).
+
+    A chat template named with ``--chat-template`` must load; without one, pairs of strings
+    need none, so a tokenizer without a template fails only on conversational pairs (each
+    naming its line and why)."""
+    from packcli.chat import ChatTemplateError, load_chat_template, special_tokens_from_config
+    from packcli.preference import PreferenceEncoder
+
+    template, missing = None, ""
+    try:
+        template = load_chat_template(cfg.tokenize.tokenizer, cfg.chat.chat_template)
+    except ChatTemplateError as exc:
+        if cfg.chat.chat_template:
+            raise
+        missing = str(exc)
+    encoder = PreferenceEncoder(
+        loaded.tokenizer,
+        template,
+        special_tokens=special_tokens_from_config(loaded.config),
+        long_len=cfg.plan.long_len,
+        overlong=cfg.plan.overlong,
+        bos=bos,
+        eos=eos,
+        template_missing=missing,
+    )
+    settings["preference"] = {
+        "format": cfg.chat.format,
+        "chat_template": cfg.chat.chat_template,
+        # Bumped when the same inputs encode differently, so older shards are not reused.
+        "encoder": 1,
+        "template_source": template.source if template else None,
+        "template_sha256": (
+            hashlib.sha256(template.text.encode("utf-8")).hexdigest() if template else None
+        ),
+        "special_tokens": encoder.special_tokens,
+        # Pairs are fitted to the long tier while tokenizing (--overlong truncate).
+        "long_len": cfg.plan.long_len,
+        "overlong": cfg.plan.overlong,
+    }
+    return encoder
 
 
 @dataclass(frozen=True)
@@ -667,6 +716,10 @@ def _span(unit: dict[str, Any]) -> tuple[int, int] | None:
 def record_validator(cfg: RunConfig) -> Any:
     """What ``iter_batches`` checks each line with: the text field (None) or, for chat, the
     messages (the chat module loads only then)."""
+    if cfg.chat.is_preference:
+        from packcli.preference import validate_pair
+
+        return validate_pair
     if not cfg.chat.is_chat:
         return None
     from packcli.chat import validate_messages
@@ -695,12 +748,20 @@ def _tokenize_unit(
         )
     stats = ReadStats()
     chat_stats = ChatStats()
+    preference = tok.chat if cfg.chat.is_preference else None
+    pref_stats: Any = None
+    if preference is not None:
+        from packcli.preference import PreferenceStats, tokenize_preference_batches
+
+        pref_stats = PreferenceStats()
     times = StageTimes()
     specials: Counter[str] = Counter()
     done_bytes = 0
     path = unit["path"]
     skip = cfg.read.on_bad_line == "skip"
     schema = CHAT_SHARD_SCHEMA if isinstance(encoder, ChatEncoder) else SHARD_SCHEMA
+    if preference is not None:
+        schema = PREFERENCE_SHARD_SCHEMA
     with (
         RejectSink(folder / REJECTED) as sink,
         ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, schema) as writer,
@@ -725,10 +786,16 @@ def _tokenize_unit(
                 line += count_newlines(doc_path, stats.first_line_byte)  # a file line
                 raise InputError(f"{doc_path}:{line}: {reason}")
             stats.rejected["template_error"] = stats.rejected.get("template_error", 0) + 1
-            raw = orjson.dumps({cfg.chat.messages_field: batch.texts[index]})
-            sink.add(doc_path, line, "template_error", raw, reason)
+            record = batch.texts[index]
+            if preference is None:
+                record = {cfg.chat.messages_field: record}
+            sink.add(doc_path, line, "template_error", orjson.dumps(record), reason)
 
-        if isinstance(encoder, ChatEncoder):
+        if preference is not None:
+            tokenized = tokenize_preference_batches(
+                batches, preference, pref_stats, template_failed, times
+            )
+        elif isinstance(encoder, ChatEncoder):
             tokenized = tokenize_chat_batches(batches, encoder, chat_stats, template_failed, times)
         else:
             tokenized = tokenize_batches(
@@ -777,6 +844,7 @@ def _tokenize_unit(
                 "corrupt_streams": stats.corrupt_streams,
             },
             "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
+            **({"preference": dataclasses.asdict(pref_stats)} if pref_stats is not None else {}),
             "special_strings": dict(sorted(specials.items())),
             "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
         },
@@ -841,6 +909,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     rejected: dict[str, int] = {}
     corrupt_streams: list[dict[str, Any]] = []
     chat: dict[str, int] | None = None
+    preference: dict[str, int] | None = None
     specials: Counter[str] = Counter()
     next_doc = 0
     lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
@@ -876,6 +945,10 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
         corrupt_streams += done["read_stats"].get("corrupt_streams", [])
         if done.get("chat") is not None:
             chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
+        if done.get("preference") is not None:
+            preference = {
+                k: (preference or {}).get(k, 0) + v for k, v in done["preference"].items()
+            }
         specials.update(done.get("special_strings", {}))
         times.add(done.get("times", {}))
     if missing:
@@ -897,6 +970,8 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                 "corrupt_streams": corrupt_streams,
             },
             "chat": chat,
+            # Only for preference outputs, so other indexes (and reports) stay as they were.
+            **({"preference": preference} if preference is not None else {}),
             "special_strings": dict(sorted(specials.items())),
             "units": units,
             # Busy seconds of the tokenize stage's parts, summed over units (when they ran).
@@ -1175,7 +1250,10 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
             "file": shards.success["files"][shards.value("file_index", largest)]["path"],
             "line": shards.value("line", largest),
         },
+        preference=shards.success.get("preference"),
     )
+    if "preference" in shards.success:
+        _count_pair_segments(report, plan, shards)
     run_info = {
         "packcli_version": __version__,
         "command": command,
@@ -1197,6 +1275,18 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
         out / MARKER, {"config": cfg.to_dict(), "run": run_info, "report": report, "files": files}
     )
     return report
+
+
+def _count_pair_segments(report: dict[str, Any], plan: Plan, shards: TokenShards) -> None:
+    """The plan places a pair as one piece; the output holds it as two segments, which is
+    what ``tiers.*.segments`` counts (and ``preference.kept_pairs``, the pairs written)."""
+    is_pair = shards.column("chosen_len") > 0
+    for name in CONFIG_NAMES:
+        layout: RowLayout = getattr(plan, name)
+        pairs = int(is_pair[plan.piece_doc[layout.row_pieces]].sum())
+        report["tiers"][name]["segments"] += pairs
+        if name == "long":
+            report["preference"]["kept_pairs"] = pairs
 
 
 def tokenizer_report(index: dict[str, Any]) -> dict[str, Any]:

@@ -129,7 +129,8 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
         return {"checked": 0}
     items = [s[2] for s in sample]
     if tok.chat is not None:
-        ids, _, lengths, _, failures = tok.chat(items)
+        # (Preference pairs: one document each, the same as the verify segments' pair units.)
+        ids, _, lengths, _, failures, *_ = tok.chat(items)
         if failures:  # the run quarantined or stopped on these; nothing to compare
             return {"skipped": f"the chat template rejects document {sample[failures[0][0]][0]}"}
     else:

@@ -24,11 +24,14 @@ def build_report(
     largest_provenance: dict[str, Any] | None,
     chat: dict[str, Any] | None = None,
     tokenizer: dict[str, Any] | None = None,
+    preference: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``preference``: the preference path's counts (``PreferenceStats``); the report gets a
+    ``preference`` section only then, so other reports keep their bytes."""
     lengths = np.asarray(lengths, dtype=np.int64)
     stats = plan.stats
     largest = int(lengths.argmax()) if lengths.size else -1
-    return {
+    report = {
         "input": {
             **input_stats,
             "documents": int(lengths.size),
@@ -72,6 +75,10 @@ def build_report(
         # Tokenizer-file settings packcli turned off, and special-token strings in documents.
         "tokenizer": tokenizer,
     }
+    if preference is not None:
+        # Each pair is one document of the plan (two segments in the output).
+        report["preference"] = preference
+    return report
 
 
 _CORRUPT_SHOWN = 5  # damaged files listed on the terminal; packcli.json lists all
@@ -142,6 +149,16 @@ def format_report(report: dict[str, Any]) -> str:
         ]
         if added:
             lines.append(f"          {'; '.join(added)}")
+    pref = report.get("preference")
+    if pref:
+        lines.append(
+            f"pairs     {_n(pref['pairs'])} preference pairs ({_n(pref['conversational'])} "
+            f"conversational, {_n(pref['implicit_prompt'])} with an implicit prompt, "
+            f"{_n(pref['identical'])} identical); dropped {_n(pref['no_trainable'])} with "
+            f"nothing to train, {_n(pref['truncate_dropped'])} too long for their prompts; "
+            f"truncated {_n(pref['truncated'])} ({_n(pref['truncated_tokens'])} response "
+            "tokens removed)"
+        )
     tok = report.get("tokenizer") or {}
     for what in tok.get("disabled_settings", []):
         lines.append(f"tokenizer the tokenizer file enables {what}: turned off, nothing was cut")

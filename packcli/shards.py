@@ -41,6 +41,9 @@ SHARD_SCHEMA = pa.schema(
 )
 # Chat shards add per-token labels (-100 = no loss), gathered exactly like the tokens.
 CHAT_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("labels", pa.list_(pa.int32())))
+# Preference shards hold each pair as one document (prompt+chosen, then prompt+rejected) and
+# the length of its first sequence (0: not a pair, e.g. a dropped one); see preference.py.
+PREFERENCE_SHARD_SCHEMA = CHAT_SHARD_SCHEMA.append(pa.field("chosen_len", pa.int32()))
 SUCCESS = "_SUCCESS.json"
 
 
@@ -185,6 +188,7 @@ class ShardTokens:
     offsets: np.ndarray  # int64, len num_docs + 1
     first_doc_id: int
     labels: np.ndarray | None = None  # int32, aligned with values (chat shards only)
+    chosen_len: np.ndarray | None = None  # int32 per document (preference shards only)
 
 
 class TokenShards:
@@ -219,7 +223,8 @@ class TokenShards:
             if fields is None:
                 return pa.ipc.open_file(source)
             opts = pa.ipc.IpcReadOptions(
-                included_fields=[SHARD_SCHEMA.get_field_index(f) for f in fields]
+                # Every shard schema extends the one before it, so indexes agree.
+                included_fields=[PREFERENCE_SHARD_SCHEMA.get_field_index(f) for f in fields]
             )
             return pa.ipc.open_file(source, options=opts)
         except (OSError, pa.ArrowException) as exc:
@@ -235,7 +240,7 @@ class TokenShards:
         """One scalar column over all shards, in doc-id order (reads only that column)."""
         parts = [to_numpy(self._read_column(i, name)) for i in range(len(self))]
         if not parts:
-            return np.zeros(0, dtype=SHARD_SCHEMA.field(name).type.to_pandas_dtype())
+            return np.zeros(0, dtype=PREFERENCE_SHARD_SCHEMA.field(name).type.to_pandas_dtype())
         return np.concatenate(parts)
 
     def value(self, name: str, doc_id: int) -> Any:
@@ -269,11 +274,15 @@ class TokenShards:
             if not np.array_equal(to_numpy(lab.offsets), to_numpy(ids.offsets)):
                 raise ValueError(f"shard {self.manifests[index]['file']}: labels misaligned")
             labels = to_numpy(lab.values)
+        chosen_len = None
+        if "chosen_len" in batch.schema.names:
+            chosen_len = to_numpy(batch.column("chosen_len"))
         return ShardTokens(
             values=to_numpy(ids.values),
             offsets=offsets,
             first_doc_id=int(self.manifests[index]["first_doc_id"]),
             labels=labels,
+            chosen_len=chosen_len,
         )
 
     def iter_shards(self) -> Iterator[ShardTokens]:

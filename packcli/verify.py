@@ -6,7 +6,10 @@ What is proved, streaming over the Parquet files (memory ~24 bytes per segment):
   ``1 <= num_tokens <= capacity``, ``segment_ids`` run 1..k contiguously with run lengths
   ``seq_lengths``, ``len(doc_ids) == len(seq_lengths)``, token ids inside the vocabulary;
   for chat outputs, ``labels`` has one entry per token, -100 at every segment start, and
-  equals ``input_ids`` wherever it is not -100;
+  equals ``input_ids`` wherever it is not -100; for preference outputs, ``seq_roles`` pairs
+  every prompt+chosen (1) with the prompt+rejected (2) right after it in its row, with the
+  same doc id and the same leading untrained (prompt) tokens, and the pair is then compared
+  as one document;
 * conservation: each segment is summarised as (doc id, length, 64-bit polynomial hash of its
   tokens in order). Against the tokenized shards, the multiset of segments of each config
   must equal the expected pieces of every document (whole documents; for ``split`` the
@@ -164,6 +167,13 @@ def _check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) ->
         _fail(where, f"token id outside the vocabulary 0..{vocab - 1}")
     if "labels" in batch.schema.names:
         _check_labels(batch.column("labels"), n_ids, tokens, seq_lens, where, row0)
+    if "seq_roles" in batch.schema.names:
+        # A pair is one document in the tokenized shards: check it, then compare it whole.
+        unit = _check_pairs(batch, seq_count, tokens, seq_lens, doc_ids, where, row0)
+        seq_lens = np.add.reduceat(seq_lens, unit) if unit.size else seq_lens[:0]
+        doc_ids, row_of_seg = doc_ids[unit], row_of_seg[unit]
+        seg_start = np.searchsorted(unit, seg_start)  # each row's first unit
+        seg_index = np.arange(unit.size) - seg_start[row_of_seg]
     return Segments(
         doc=doc_ids,
         length=seq_lens,
@@ -171,6 +181,74 @@ def _check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) ->
         row=row0 + row_of_seg.astype(np.int64),
         index=seg_index.astype(np.int64),
     )
+
+
+def _check_pairs(
+    batch: Any,
+    seq_count: np.ndarray,
+    tokens: np.ndarray,
+    seq_lens: np.ndarray,
+    doc_ids: np.ndarray,
+    where: str,
+    row0: int,
+) -> np.ndarray:
+    """Preference outputs: ``seq_roles`` has one entry per segment, 0 (a document), 1 (a
+    pair's prompt+chosen) or 2 (its prompt+rejected); every 1 is followed in its row by a 2
+    of the same doc id and every 2 follows a 1; both sequences of a pair start with the same
+    prompt (their leading untrained tokens agree as far as the shorter run goes). Returns
+    the index of each unit's first segment (a document, or a pair's chosen)."""
+    col = batch.column("seq_roles")
+    if "labels" not in batch.schema.names:
+        _fail(where, "seq_roles without labels (a preference output has both)")
+    if col.null_count or col.values.null_count:
+        _fail(where, "column seq_roles has nulls")
+    if (bad := np.diff(to_numpy(col.offsets)) != seq_count).any():
+        _fail(where, f"row {row0 + int(np.argmax(bad))}: len(seq_roles) != len(seq_lengths)")
+    o = to_numpy(col.offsets)
+    roles = to_numpy(col.values)[o[0] : o[-1]].astype(np.int64)
+    row_of_seg = np.repeat(np.arange(seq_count.size), seq_count)
+    if (bad := (roles < 0) | (roles > 2)).any():
+        r = row0 + int(row_of_seg[np.argmax(bad)])
+        _fail(where, f"row {r}: seq_roles holds {int(roles[np.argmax(bad)])} (0, 1 or 2 only)")
+    chosen = np.flatnonzero(roles == 1)
+    rejected = chosen + 1
+    last = np.cumsum(seq_count) - 1  # each row's last segment
+    unpaired = (rejected > last[row_of_seg[chosen]]) if chosen.size else np.zeros(0, bool)
+    if unpaired.any():
+        r = row0 + int(row_of_seg[chosen[np.argmax(unpaired)]])
+        _fail(where, f"row {r}: a chosen sequence (role 1) is not followed by its rejected one")
+    if (roles == 2).sum() != chosen.size or (chosen.size and (roles[rejected] != 2).any()):
+        bad_at = np.flatnonzero(roles == 2)
+        bad_at = bad_at[~np.isin(bad_at, rejected)]
+        r = row0 + int(row_of_seg[bad_at[0] if bad_at.size else chosen[0]])
+        _fail(where, f"row {r}: a rejected sequence (role 2) does not follow its chosen one")
+    if (bad := doc_ids[chosen] != doc_ids[rejected]).any():
+        r = row0 + int(row_of_seg[chosen[np.argmax(bad)]])
+        _fail(where, f"row {r}: a pair's chosen and rejected sequences have different doc_ids")
+    labels_col = batch.column("labels")
+    lo = to_numpy(labels_col.offsets)
+    labels = to_numpy(labels_col.values)[lo[0] : lo[-1]]
+    starts = np.cumsum(seq_lens) - seq_lens
+    trained = np.flatnonzero(labels != -100)
+    # Per segment: its leading untrained tokens (the prompt, template tokens, a BOS).
+    first = np.searchsorted(trained, starts)
+    first_at = np.where(first < trained.size, trained[np.minimum(first, trained.size - 1)], -1)
+    lead = np.where((first_at >= 0) & (first_at < starts + seq_lens), first_at - starts, seq_lens)
+    shared = np.minimum(lead[chosen], lead[rejected])
+    total = int(shared.sum())
+    if total:
+        offs = np.arange(total) - np.repeat(np.cumsum(shared) - shared, shared)
+        a = np.repeat(starts[chosen], shared) + offs
+        b = np.repeat(starts[rejected], shared) + offs
+        if (bad := tokens[a] != tokens[b]).any():
+            pair = int(np.searchsorted(np.cumsum(shared), int(np.argmax(bad)), side="right"))
+            r = row0 + int(row_of_seg[chosen[pair]])
+            _fail(
+                where,
+                f"row {r}: document {int(doc_ids[chosen[pair]])}: chosen and rejected do not "
+                "start with the same prompt tokens",
+            )
+    return np.flatnonzero(roles != 2)
 
 
 def _check_labels(

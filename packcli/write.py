@@ -41,9 +41,16 @@ ROW_SCHEMA = pa.schema(
 # Chat outputs add ``labels``: the token id where loss is taken, -100 elsewhere, unshifted;
 # -100 at the first token of every segment, so no loss crosses a document boundary.
 CHAT_ROW_SCHEMA = ROW_SCHEMA.append(pa.field("labels", pa.list_(pa.int32())))
+# Preference outputs add ``seq_roles``, per segment: 0 an ordinary document, 1 a pair's
+# prompt+chosen, 2 its prompt+rejected (always right after its 1, same row, same doc id).
+# Other outputs do not get the column, so their bytes are what they were.
+PREFERENCE_ROW_SCHEMA = CHAT_ROW_SCHEMA.append(pa.field("seq_roles", pa.list_(pa.int8())))
+ROLE_DOCUMENT, ROLE_CHOSEN, ROLE_REJECTED = 0, 1, 2
 
 
 def row_schema(source: TokenSource) -> pa.Schema:
+    if source.has_pairs:
+        return PREFERENCE_ROW_SCHEMA
     return CHAT_ROW_SCHEMA if source.has_labels else ROW_SCHEMA
 
 
@@ -128,6 +135,17 @@ class TokenSource:
         self.shards = shards
         self.first_doc = np.array([s.first_doc_id for s in shards], dtype=np.int64)
         self.has_labels = bool(shards) and all(s.labels is not None for s in shards)
+        self.has_pairs = self.has_labels and all(s.chosen_len is not None for s in shards)
+
+    def chosen_len(self, docs: np.ndarray) -> np.ndarray:
+        """Per document, the length of a pair's first sequence (0: not a pair)."""
+        out = np.zeros(docs.size, dtype=np.int64)
+        shard_of = np.searchsorted(self.first_doc, docs, "right") - 1
+        for s in np.unique(shard_of):
+            shard = self.shards[int(s)]
+            m = shard_of == s
+            out[m] = shard.chosen_len[docs[m] - shard.first_doc_id]  # type: ignore[index]
+        return out
 
     def gather(
         self, docs: np.ndarray, starts: np.ndarray, lens: np.ndarray, *, labels: bool = False
@@ -156,9 +174,14 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
     docs = plan.piece_doc[pieces]
     starts = plan.piece_start[pieces]
     lens = plan.piece_len[pieces]
+    seg_offsets = layout.row_offsets[r0 : r1 + 1] - p0
+    roles = None
+    if source.has_pairs:
+        docs, starts, lens, seg_offsets, roles = pair_segments(
+            docs, starts, lens, seg_offsets, source.chosen_len(docs)
+        )
     tokens = source.gather(docs, starts, lens)
 
-    seg_offsets = layout.row_offsets[r0 : r1 + 1] - p0
     segment_ids = _segment_ids(seg_offsets, lens)
     row_tokens = layout.row_tokens[r0:r1]
     tok_offsets = np.zeros(r1 - r0 + 1, dtype=np.int64)
@@ -176,7 +199,40 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
         labels = source.gather(docs, starts, lens, labels=True)
         labels[np.cumsum(lens) - lens] = -100  # no loss on a segment's first token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
+    if roles is not None:
+        columns.append(list_array(seg_offsets, roles, pa.int8()))
     return pa.Table.from_arrays(columns, schema=row_schema(source))
+
+
+def pair_segments(
+    docs: np.ndarray,
+    starts: np.ndarray,
+    lens: np.ndarray,
+    seg_offsets: np.ndarray,
+    chosen_len: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Planned pieces -> output segments: a pair (``chosen_len > 0``), planned as one piece,
+    becomes its two sequences, prompt+chosen then prompt+rejected, with the same doc id.
+
+    Returns ``(docs, starts, lens, seg_offsets, roles)`` with rows' segment ranges moved to
+    match. A pair is whole in the plan (it is never longer than ``long_len``: the preference
+    path refuses ``split`` and fits it while tokenizing), which is checked here.
+    """
+    is_pair = chosen_len > 0
+    if ((starts[is_pair] != 0) | (lens[is_pair] <= chosen_len[is_pair])).any():
+        raise ValueError("a preference pair is not whole in the plan; run `packcli plan` again")
+    n_seg = 1 + is_pair.astype(np.int64)
+    ends = np.cumsum(n_seg)
+    piece = np.repeat(np.arange(docs.size), n_seg)
+    second = np.zeros(piece.size, dtype=bool)
+    second[ends[is_pair] - 1] = True
+    first = chosen_len[piece]
+    paired = is_pair[piece]
+    out_starts = starts[piece] + np.where(second, first, 0)
+    out_lens = np.where(second, lens[piece] - first, np.where(paired, first, lens[piece]))
+    roles = np.where(second, ROLE_REJECTED, np.where(paired, ROLE_CHOSEN, ROLE_DOCUMENT))
+    moved = np.concatenate([[0], ends])[seg_offsets]
+    return docs[piece], out_starts, out_lens, moved, roles.astype(np.int8)
 
 
 def file_ranges(layout: RowLayout, shard_tokens: int) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from packcli.card import CONFIG_NAMES, _arrow_bytes, dataset_info, features_yaml
-from packcli.write import CHAT_ROW_SCHEMA, ROW_SCHEMA
+from packcli.write import CHAT_ROW_SCHEMA, PREFERENCE_ROW_SCHEMA, ROW_SCHEMA
 
 REPORT = {
     "tiers": {
@@ -56,7 +56,11 @@ def test_dataset_info_is_what_datasets_writes(chat: bool) -> None:
     assert ours == theirs  # the card's bytes, key order included
 
 
-@pytest.mark.parametrize("schema", [ROW_SCHEMA, CHAT_ROW_SCHEMA], ids=["text", "chat"])
+@pytest.mark.parametrize(
+    "schema",
+    [ROW_SCHEMA, CHAT_ROW_SCHEMA, PREFERENCE_ROW_SCHEMA],
+    ids=["text", "chat", "preference"],
+)
 def test_features_are_what_datasets_writes(schema: pa.Schema) -> None:
     import datasets
 

@@ -1,0 +1,483 @@
+"""Preference pairs (``--format preference``): TRL's record forms in, one document per pair out.
+
+Why one document per pair: DPO-style losses compare a pair's two sequences (prompt+chosen,
+prompt+rejected), so both must reach the model in the same row, next to each other, and
+neither may be cut by the long tier. The planner already keeps a document whole and never
+splits one of at most ``long_len`` tokens, so a pair is stored in the tokenized shards as ONE
+document (the tokens of prompt+chosen followed by those of prompt+rejected, labels alongside)
+plus ``chosen_len``, the length of its first sequence. The planner, which reads only lengths,
+stays untouched and packs the pair as one item of the summed length; the writer emits it as
+two segments (``packcli.write``), and ``packcli verify`` checks the pair invariants.
+
+Input forms, as TRL's DPOTrainer takes them:
+
+* explicit prompt, strings: ``{"prompt": str, "chosen": str, "rejected": str}``. No chat
+  template: each sequence is the tokens of ``prompt + chosen`` (TRL's non-conversational
+  path); every response token is trained (TRL's completion mask).
+* explicit prompt, messages: ``prompt`` a message list ending with a non-assistant message,
+  ``chosen``/``rejected`` message lists starting with the assistant's answer. Rendered with
+  the chat template as ``--format chat`` does: the prompt with the generation prompt, and
+  prompt + chosen, prompt + rejected as whole dialogues; the prompt's rendering must be the
+  start of both (TRL refuses such a template too).
+* implicit prompt: only ``chosen`` and ``rejected``, whole dialogues (or strings) sharing a
+  prefix. The prompt is what they share, found as TRL's ``extract_prompt`` does (the first
+  message, or character, where they differ; the messages before it are the prompt).
+
+Tokens and labels: the rendered prompt+response text is tokenized in one piece (with
+offsets, as ``--format chat``), which is what TRL's ``prompt_ids + (prompt+chosen ids)[len
+(prompt_ids):]`` gives whenever the prompt's own tokens are the start of that tokenization.
+The rare pair where a token crosses the prompt's end is tokenized as the prompt's tokens and
+then the response's text alone (TRL keeps the joint tokens after ``len(prompt_ids)``, which
+can drop or repeat characters there); the report counts them (``prompt_retokenized``). Either
+way both sequences start with the same prompt tokens. Labels: -100 on the prompt and on
+template tokens outside the response's assistant turns (the chat mask machinery, only the
+turns after the prompt), the token id on the response's trained tokens.
+
+Length policy (the pair's length is the sum of both sequences): a pair longer than
+``long_len`` is dropped by the planner (``--overlong drop``, the default) or, with
+``--overlong truncate``, both responses are cut to the same budget (the largest cap that
+fits; a response shorter than the cap keeps all of its tokens), never the prompt. ``split``
+is refused: a pair is never split.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer
+
+from packcli.arrow_np import to_arrow
+from packcli.chat import (
+    ChatFormatError,
+    ChatTemplate,
+    Rendered,
+    _kind,
+    encode_rendered,
+    render_dialogues,
+    validate_messages,
+)
+from packcli.encode import RENDER_DATE, StageTimes, chat_record_batch
+from packcli.read import DocBatch
+from packcli.shards import PREFERENCE_SHARD_SCHEMA
+
+SIDES = ("chosen", "rejected")
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    try:
+        return validate_messages(obj, field=key)
+    except ChatFormatError as exc:
+        reason = str(exc)
+        raise ChatFormatError(
+            reason if reason.startswith("field") else f"field {key!r}: {reason}"
+        ) from exc
+
+
+def _extract_text_prompt(chosen: str, rejected: str) -> int:
+    """Where the shared prompt of two strings ends, as TRL's ``extract_prompt``: the first
+    differing character, one back when a space precedes it (the space starts the answer);
+    when neither differs within the shorter, its last character starts the answers."""
+    n = min(len(chosen), len(rejected))
+    idx = n - 1
+    for i in range(n):
+        if chosen[i] != rejected[i]:
+            idx = i - 1 if i > 0 and chosen[i - 1] == " " else i
+            break
+    return max(idx, 0)
+
+
+def _extract_message_prompt(chosen: list[dict], rejected: list[dict]) -> int:
+    """Number of shared leading messages (the implicit prompt), as TRL's ``extract_prompt``:
+    the first message where they differ, else all but the shorter one's last."""
+    n = min(len(chosen), len(rejected))
+    for i in range(n):
+        if chosen[i] != rejected[i]:
+            return i
+    return n - 1
+
+
+def validate_pair(obj: object) -> dict[str, Any]:
+    """Check one parsed jsonl line and return the pair, prompt explicit: ``{"prompt",
+    "chosen", "rejected", "implicit"}``, all strings or all message lists.
+
+    Raises ``ChatFormatError`` (a ``ValueError``: the reader names ``file:line`` and applies
+    ``--on-bad-line``) for a missing field, mixed kinds, an empty response, a malformed
+    message, a response that does not start with the assistant, or an implicit prompt that
+    is not a shared prefix ending before the assistant's answer. ``chosen == rejected`` is
+    allowed (the report counts it as ``identical``).
+    """
+    if not isinstance(obj, dict):
+        raise ChatFormatError(f"line is not a JSON object (got {_kind(obj)})")
+    for key in SIDES:
+        if key not in obj:
+            raise ChatFormatError(f"field {key!r} is missing")
+    implicit = "prompt" not in obj
+    keys = SIDES if implicit else ("prompt", *SIDES)
+    kinds = {key: _kind(obj[key]) for key in keys}
+    if set(kinds.values()) == {"string"}:
+        for key in SIDES:
+            if not obj[key]:
+                raise ChatFormatError(f"field {key!r} is empty")
+        chosen, rejected = obj["chosen"], obj["rejected"]
+        if not implicit:
+            return {
+                "prompt": obj["prompt"],
+                "chosen": chosen,
+                "rejected": rejected,
+                "implicit": False,
+            }
+        cut = _extract_text_prompt(chosen, rejected)
+        return {
+            "prompt": chosen[:cut],
+            "chosen": chosen[cut:],
+            "rejected": rejected[cut:],
+            "implicit": True,
+        }
+    if set(kinds.values()) != {"list"}:
+        got = ", ".join(f"{key} {kind}" for key, kind in kinds.items())
+        raise ChatFormatError(
+            f"fields {', '.join(keys)} must be all strings or all message lists (got {got})"
+        )
+    lists = {key: _messages(obj, key) for key in keys}
+    if implicit:
+        chosen, rejected = lists["chosen"], lists["rejected"]
+        cut = _extract_message_prompt(chosen, rejected)
+        if cut == 0:
+            raise ChatFormatError(
+                "chosen and rejected share no prompt (they differ at message 1): give "
+                "'prompt' explicitly or start both with the same messages"
+            )
+        for key, messages in (("chosen", chosen), ("rejected", rejected)):
+            role = messages[cut].get("role")
+            if role != "assistant":
+                raise ChatFormatError(
+                    f"chosen and rejected differ at message {cut + 1}, which in {key} is a "
+                    f"{role} message: an implicit prompt is the messages both share, followed "
+                    "by the assistant's answers"
+                )
+        prompt, lists = chosen[:cut], {"chosen": chosen[cut:], "rejected": rejected[cut:]}
+    else:
+        prompt = lists["prompt"]
+        if prompt[-1].get("role") == "assistant":
+            raise ChatFormatError(
+                "prompt ends with an assistant message: the responses answer it, so it must "
+                "end with a user, system or tool message"
+            )
+    for key in SIDES:
+        role = lists[key][0].get("role")
+        if role != "assistant":
+            raise ChatFormatError(
+                f"field {key!r} starts with a {role} message: a response starts with the "
+                "assistant's answer (put earlier messages in 'prompt')"
+            )
+    return {
+        "prompt": prompt,
+        "chosen": lists["chosen"],
+        "rejected": lists["rejected"],
+        "implicit": implicit,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+@dataclass
+class PreferenceStats:
+    """What the preference path did to the pairs before planning, for the report."""
+
+    pairs: int = 0
+    conversational: int = 0  # message lists (rendered with the chat template); else strings
+    implicit_prompt: int = 0  # the prompt was extracted from chosen/rejected
+    identical: int = 0  # kept pairs whose two sequences are the same tokens
+    # The prompt's tokens were not the start of prompt+response tokenized together: the
+    # response was tokenized on its own after them.
+    prompt_retokenized: int = 0
+    no_trainable: int = 0  # dropped: a side has no token to train on
+    no_trainable_tokens: int = 0
+    truncated: int = 0  # responses cut to fit long_len (--overlong truncate)
+    truncated_tokens: int = 0
+    truncate_dropped: int = 0  # not even one response token per side fits after the prompts
+    truncate_dropped_tokens: int = 0
+    bos_added: int = 0  # sequences given a BOS by --bos (a prompt that starts with it is kept)
+    eos_added: int = 0  # sequences given a trained EOS by --eos (not when they end with it)
+
+    def add(self, other: PreferenceStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+_NO_LOSS = -100
+
+
+def response_cap(budget: int, rc: int, rr: int) -> int:
+    """The largest cap ``b`` with ``min(rc, b) + min(rr, b) <= budget`` (``budget >= 2``):
+    both responses are cut to the same budget, and a shorter one keeps all of its tokens."""
+    if rc + rr <= budget:
+        return max(rc, rr)
+    short = min(rc, rr)
+    return budget // 2 if 2 * short >= budget else budget - short
+
+
+@dataclass
+class _Side:
+    ids: np.ndarray  # int32, prompt tokens first
+    mask: np.ndarray  # bool, True = trained
+    retokenized: bool = False  # the response was tokenized apart from the prompt
+
+
+def _joint(prompt_ids: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> _Side | None:
+    """Prompt+response tokenized together, when the prompt's own tokens start it; else None."""
+    n = len(prompt_ids)
+    if len(ids) < n or not np.array_equal(ids[:n], prompt_ids):
+        return None
+    mask = mask.copy()
+    mask[:n] = False  # the prompt is never trained, whatever a span touched
+    return _Side(ids, mask)
+
+
+class PreferenceEncoder:
+    """Pairs (``validate_pair``'s dicts) in; per pair one document (prompt+chosen tokens, then
+    prompt+rejected tokens), its labels and ``chosen_len`` out, the length policy applied.
+
+    A pair that cannot be used (template failure, no trained token, nothing fits) becomes an
+    empty document, so document ids stay positions in the input; the plan drops empty
+    documents and ``PreferenceStats`` counts them by reason.
+
+    ``bos``/``eos`` (``--bos``/``--eos``, None = add nothing) as in ``--format chat``, for each
+    sequence: BOS before it (part of the prompt, label -100) unless the prompt starts with it;
+    EOS after it, trained, unless the sequence already ends with it.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        *,
+        special_tokens: dict[str, str],
+        long_len: int,
+        overlong: str,
+        bos: int | None = None,
+        eos: int | None = None,
+        template_missing: str = "",
+    ) -> None:
+        """``template``: None when none was found and none was asked for; then pairs of
+        strings still work and a conversational pair fails with ``template_missing``."""
+        self.tokenizer = tokenizer
+        self.template = template
+        self.special_tokens = special_tokens
+        self.long_len = long_len
+        self.overlong = overlong
+        self.bos = bos
+        self.eos = eos
+        self.template_missing = template_missing
+
+    def __call__(
+        self, pairs: list[dict[str, Any]]
+    ) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, PreferenceStats, list[tuple[int, str]], np.ndarray
+    ]:
+        """``(ids, labels, lengths, stats, failures, chosen_lengths)``; ``failures`` lists
+        (index, reason) of pairs that could not be rendered (kept empty here; the caller
+        applies the bad-line policy)."""
+        stats = PreferenceStats(pairs=len(pairs))
+        failed: dict[int, str] = {}
+        texts = self._texts(pairs, failed, stats)
+        ok = [i for i in range(len(pairs)) if i not in failed]
+        rendered = [r for i in ok for r in texts[i]]
+        encoded = encode_rendered(self.tokenizer, rendered, "assistant")  # type: ignore[arg-type]
+        ids: list[np.ndarray] = [_EMPTY] * len(pairs)
+        labels: list[np.ndarray] = [_EMPTY] * len(pairs)
+        firsts = np.zeros(len(pairs), dtype=np.int64)
+        for k, i in enumerate(ok):
+            prompt, *sides = encoded[3 * k : 3 * k + 3]
+            built = []
+            for j, e in enumerate(sides):
+                side = _joint(prompt.ids, e.ids, e.mask)
+                if side is None:
+                    side = self._retokenized(prompt.ids, texts[i][0], texts[i][1 + j])
+                built.append(side)
+            stats.prompt_retokenized += any(side.retokenized for side in built)
+            pair = self._finish(len(prompt.ids), built, stats)
+            if pair is None:
+                continue
+            (c_ids, c_labels), (r_ids, r_labels) = pair
+            stats.identical += bool(np.array_equal(c_ids, r_ids))
+            ids[i] = np.concatenate([c_ids, r_ids])
+            labels[i] = np.concatenate([c_labels, r_labels])
+            firsts[i] = len(c_ids)
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        flat_ids = np.concatenate(ids).astype(np.int32) if ids else _EMPTY
+        flat_labels = np.concatenate(labels).astype(np.int32) if labels else _EMPTY
+        failures = sorted(failed.items())
+        return flat_ids, flat_labels, lengths, stats, failures, firsts
+
+    def _texts(
+        self, pairs: list[dict[str, Any]], failed: dict[int, str], stats: PreferenceStats
+    ) -> list[list[Rendered]]:
+        """Per pair: the prompt's text, then prompt+chosen and prompt+rejected with the
+        character spans to train (the responses' assistant turns; all of a string response)."""
+        out: list[list[Rendered]] = [[] for _ in pairs]
+        conv = [i for i, p in enumerate(pairs) if isinstance(p["chosen"], list)]
+        stats.conversational += len(conv)
+        stats.implicit_prompt += sum(bool(p.get("implicit")) for p in pairs)
+        for i, p in enumerate(pairs):
+            if isinstance(p["chosen"], str):
+                prompt = p["prompt"]
+                out[i] = [Rendered(prompt, [], None)]
+                for side in SIDES:
+                    text = prompt + p[side]
+                    out[i].append(Rendered(text, [(len(prompt), len(text))], None))
+        if not conv:
+            return out
+        if self.template is None:
+            for i in conv:
+                failed[i] = f"a conversational pair needs a chat template: {self.template_missing}"
+            return out
+
+        def fail(index: int, exc: Exception) -> None:
+            failed.setdefault(index, str(exc))
+
+        prompts = dict(
+            render_dialogues(
+                self.tokenizer,
+                self.template,
+                [pairs[i]["prompt"] for i in conv],
+                self.special_tokens,
+                now=RENDER_DATE,
+                on_error=lambda k, exc: fail(conv[k], exc),
+                add_generation_prompt=True,
+            )
+        )
+        fulls = dict(
+            render_dialogues(
+                self.tokenizer,
+                self.template,
+                [pairs[i]["prompt"] + pairs[i][side] for i in conv for side in SIDES],
+                self.special_tokens,
+                now=RENDER_DATE,
+                on_error=lambda k, exc: fail(conv[k // 2], exc),
+            )
+        )
+        for k, i in enumerate(conv):
+            if i in failed:
+                continue
+            prompt = prompts[k].text
+            out[i] = [Rendered(prompt, [], None)]
+            for j, side in enumerate(SIDES):
+                full = fulls[2 * k + j]
+                if not full.text.startswith(prompt):
+                    failed[i] = (
+                        f"the chat template's rendering of prompt + {side} does not start with "
+                        "its rendering of the prompt (with the generation prompt), so prompt "
+                        "and response cannot be told apart (TRL refuses this template too)"
+                    )
+                    break
+                # Only the response's assistant turns: a multi-turn prompt's earlier answers
+                # are context here, not something to prefer or reject.
+                spans = [
+                    (max(a, len(prompt)), b) for a, b in full.assistant_spans if b > len(prompt)
+                ]
+                out[i].append(Rendered(full.text, spans, None))
+        return out
+
+    def _retokenized(self, prompt_ids: np.ndarray, prompt: Rendered, full: Rendered) -> _Side:
+        """The prompt's tokens, then the response's text tokenized alone (its spans moved)."""
+        cut = len(prompt.text)
+        spans = [(a - cut, b - cut) for a, b in full.assistant_spans]
+        (response,) = encode_rendered(
+            self.tokenizer, [Rendered(full.text[cut:], spans, None)], "assistant"
+        )
+        return _Side(
+            np.concatenate([prompt_ids, response.ids]).astype(np.int32),
+            np.concatenate([np.zeros(len(prompt_ids), dtype=bool), response.mask]),
+            retokenized=True,
+        )
+
+    def _finish(
+        self, n_prompt: int, sides: list[_Side], stats: PreferenceStats
+    ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """Both sequences with BOS/EOS and labels, the length policy applied; None = dropped."""
+        add_bos = self.bos is not None and not (n_prompt and sides[0].ids[0] == self.bos)
+        seqs = []
+        for side in sides:
+            add_eos = self.eos is not None and not (len(side.ids) and side.ids[-1] == self.eos)
+            head = np.array([self.bos] if add_bos else [], dtype=np.int32)
+            tail = np.array([self.eos] if add_eos else [], dtype=np.int32)
+            ids = np.concatenate([head, side.ids, tail]).astype(np.int32)
+            labels = np.concatenate(
+                [
+                    np.full(len(head), _NO_LOSS, dtype=np.int32),
+                    np.where(side.mask, side.ids, _NO_LOSS).astype(np.int32),
+                    tail,
+                ]
+            )
+            seqs.append((ids, labels, add_eos))
+        total = sum(len(s[0]) for s in seqs)
+        if any(not (labels != _NO_LOSS).any() for _, labels, _ in seqs):
+            stats.no_trainable += 1
+            stats.no_trainable_tokens += total
+            return None
+        prompt_len = n_prompt + add_bos
+        if total > self.long_len and self.overlong == "truncate":
+            budget = self.long_len - 2 * prompt_len
+            responses = [len(ids) - prompt_len for ids, _, _ in seqs]
+            cap = response_cap(budget, *responses) if budget >= 2 else 0
+            cut = [
+                (ids[: prompt_len + cap], labels[: prompt_len + cap], e) for ids, labels, e in seqs
+            ]
+            if cap == 0 or any(not (labels[prompt_len:] != _NO_LOSS).any() for _, labels, _ in cut):
+                stats.truncate_dropped += 1
+                stats.truncate_dropped_tokens += total
+                return None
+            stats.truncated += 1
+            stats.truncated_tokens += total - sum(len(s[0]) for s in cut)
+            seqs = cut
+        stats.bos_added += 2 * add_bos
+        stats.eos_added += sum(e for _, _, e in seqs)
+        return [(ids, labels) for ids, labels, _ in seqs]
+
+
+def preference_record_batch(
+    batch: DocBatch,
+    ids: np.ndarray,
+    labels: np.ndarray,
+    lengths: np.ndarray,
+    chosen_lengths: np.ndarray,
+) -> pa.RecordBatch:
+    base = chat_record_batch(batch, ids, labels, lengths)
+    return pa.RecordBatch.from_arrays(
+        [*base.columns, to_arrow(chosen_lengths, pa.int32())], schema=PREFERENCE_SHARD_SCHEMA
+    )
+
+
+def tokenize_preference_batches(
+    batches: Iterator[DocBatch],
+    encoder: PreferenceEncoder,
+    stats: PreferenceStats,
+    on_failure: Callable[[DocBatch, int, str], None],
+    times: StageTimes | None = None,
+) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
+    """As ``encode.tokenize_chat_batches``, for pairs."""
+    times = times if times is not None else StageTimes()
+    for batch in batches:
+        t0 = time.perf_counter()
+        ids, labels, lengths, batch_stats, failures, firsts = encoder(batch.texts)
+        t1 = time.perf_counter()
+        for index, reason in failures:
+            on_failure(batch, index, reason)
+        stats.add(batch_stats)
+        record_batch = preference_record_batch(batch, ids, labels, lengths, firsts)
+        times.encode += t1 - t0
+        times.write += time.perf_counter() - t1
+        yield batch, record_batch
