@@ -616,6 +616,12 @@ def _choose_backend(
     all tasks make the same choice. (Ids are identical either way; the check is what makes
     that true rather than hoped.)
     """
+    if cfg.chat.is_preference:
+        return tok.chat, {
+            "requested": cfg.tokenize.backend,
+            "backend": "hf",
+            "fallback_reason": "preference pairs are tokenized with HF's offsets",
+        }
 
     @functools.cache
     def sample() -> list[str]:
