@@ -34,7 +34,7 @@ from packcli.shards import CHAT_SHARD_SCHEMA, SHARD_SCHEMA
 from packcli.tokenizer import SpecialStringCounter
 
 if TYPE_CHECKING:  # the chat module (jinja2, the sandbox) loads only for --format chat
-    from packcli.chat import ChatTemplate, EncodedDialogue
+    from packcli.chat import ChatTemplate, EncodedDialogue, Rendered
     from packcli.offsets import FastOffsets
 
 
@@ -303,26 +303,14 @@ class ChatEncoder:
     def rendered_texts(self, dialogues: list[Any]) -> list[str]:
         """The texts this encoder tokenizes for ``dialogues`` (those the template renders):
         the sample a fast backend is checked on."""
+        return [r.text for _, r in self.render(dialogues)[0]]
+
+    def render(self, dialogues: list[Any]) -> tuple[Rendering, list[tuple[int, str]]]:
+        """``(index, Rendered)`` of the dialogues the template renders, and ``(index,
+        reason)`` of those it refused (the caller applies the policy)."""
         from packcli.chat import render_dialogues
 
-        rendered = render_dialogues(
-            self.tokenizer,
-            self.template,
-            dialogues,
-            self.special_tokens,
-            now=RENDER_DATE,
-            on_error=lambda index, exc: None,
-        )
-        return [r.text for _, r in rendered]
-
-    def __call__(
-        self, dialogues: list[Any]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
-        """``(ids, labels, lengths, stats, failures)``; ``failures`` lists (index, reason) of
-        dialogues the template refused (kept empty here; the caller applies the policy)."""
         failures: list[tuple[int, str]] = []
-        from packcli.chat import encode_rendered, render_dialogues
-
         rendered = render_dialogues(
             self.tokenizer,
             self.template,
@@ -331,8 +319,35 @@ class ChatEncoder:
             now=RENDER_DATE,
             on_error=lambda index, exc: failures.append((index, str(exc))),
         )
+        return rendered, failures
+
+    def tokens(self, rendered: Rendering) -> list[Any] | None:
+        """Ids and offsets from the fast backend (None without one): Rust and a compiled
+        kernel, both without the GIL, so it can run while the next batch renders."""
+        if self.fast is None:
+            return None
+        return self.fast([r.text for _, r in rendered])
+
+    def __call__(
+        self, dialogues: list[Any]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
+        """``(ids, labels, lengths, stats, failures)``; ``failures`` lists (index, reason) of
+        dialogues the template refused (kept empty here; the caller applies the policy)."""
+        rendered, failures = self.render(dialogues)
+        return self.finish(dialogues, rendered, self.tokens(rendered), failures)
+
+    def finish(
+        self,
+        dialogues: list[Any],
+        rendered: Rendering,
+        tokens: list[Any] | None,
+        failures: list[tuple[int, str]],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
+        """``__call__`` after rendering and the fast backend's tokens: HF encodes what has
+        no tokens yet, then masks, length policy and separators."""
+        from packcli.chat import encode_rendered
+
         encoded: list[EncodedDialogue | None] = [None] * len(dialogues)
-        tokens = self.fast([r.text for _, r in rendered]) if self.fast is not None else None
         results = encode_rendered(
             self.tokenizer,
             [r for _, r in rendered],
@@ -427,6 +442,7 @@ class ChatEncoder:
 # Templates that print today's date see this fixed date, so reruns are byte-identical.
 RENDER_DATE = datetime(2025, 1, 1, tzinfo=UTC)
 _EMPTY = np.zeros(0, dtype=np.int32)
+Rendering = list[tuple[int, "Rendered"]]  # (index in the batch, rendered dialogue)
 
 
 def chat_record_batch(
@@ -449,9 +465,19 @@ def tokenize_chat_batches(
     template refused (raise, or quarantine and count); the dialogue stays an empty document.
     Rendering and tokenizing run in the caller's thread (``encode`` in ``times``)."""
     times = times if times is not None else StageTimes()
-    for batch in batches:
+    # With a fast backend, batch i's ids and offsets are made on a thread while batch i+1
+    # renders (Python); masks and lengths follow in this thread, in order.
+    pool = ThreadPoolExecutor(1, "packcli-chat") if encoder.fast is not None else None
+    pending: deque[tuple[DocBatch, Rendering, list[tuple[int, str]], Any]] = deque()
+
+    def finish() -> tuple[DocBatch, pa.RecordBatch]:
+        batch, rendered, failures, tokens = pending.popleft()
         t0 = time.perf_counter()
-        ids, labels, lengths, batch_stats, failures = encoder(batch.texts)
+        if isinstance(tokens, Future):
+            tokens = tokens.result()
+        ids, labels, lengths, batch_stats, failures = encoder.finish(
+            batch.texts, rendered, tokens, failures
+        )
         t1 = time.perf_counter()
         for index, reason in failures:
             on_failure(batch, index, reason)
@@ -459,4 +485,19 @@ def tokenize_chat_batches(
         record_batch = chat_record_batch(batch, ids, labels, lengths)
         times.encode += t1 - t0
         times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
-        yield batch, record_batch
+        return batch, record_batch
+
+    try:
+        for batch in batches:
+            t0 = time.perf_counter()
+            rendered, failures = encoder.render(batch.texts)
+            tokens = pool.submit(encoder.tokens, rendered) if pool is not None else None
+            pending.append((batch, rendered, failures, tokens))
+            times.encode += time.perf_counter() - t0
+            if len(pending) > 1:
+                yield finish()
+        while pending:
+            yield finish()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -22,6 +22,15 @@ per-document costs. With ``--memory`` it also runs the tokenize stage alone on t
 sizes 10x apart and prints the peak RSS of each. ``--check-ids`` only compares every
 document's ids from each installed fast backend with HF's.
 
+``--chat`` measures chat data the same way: the corpus holds dialogues (``--chat-from
+TEXT.jsonl`` makes ``--size-mb`` of them from real text: 1-4 turns, an optional system
+message, user turns cut to 800 characters), the tokenizer gets ChatML's two special tokens,
+(a)/(a') encode the rendered dialogues (rendered beforehand, untimed: what the tokenizer
+gets), and (b)/(c) run ``packcli pack --format chat``.
+
+    python scripts/bench_pipeline.py --chat-from /tmp/real150.jsonl --size-mb 100 \
+        --tokenizer /tmp/tok128k --repeats 1
+
     python scripts/make_real_corpus.py --out /tmp/real150.jsonl --size-mb 150
     python scripts/train_bench_tokenizer.py --corpus /tmp/real150.jsonl --out /tmp/tok128k
     python scripts/bench_pipeline.py --corpus /tmp/real150.jsonl --tokenizer /tmp/tok128k \
@@ -60,6 +69,58 @@ from packcli.tokenizer import load_tokenizer  # noqa: E402
 DEFAULT_TOKENIZER = ROOT / "packcli" / "assets" / "demo_tokenizer.json"
 
 
+CHAT_SPECIALS = ["<|im_start|>", "<|im_end|>"]
+
+
+def make_chat_corpus(text_corpus: Path, path: Path, size_mb: int, seed: int) -> None:
+    """Dialogues made of real text, so per-dialogue costs and text shapes are real."""
+    if path.exists():
+        return
+    rng = np.random.default_rng(seed)
+    limit = size_mb * 1_000_000
+    written = 0
+    with text_corpus.open("rb") as src, path.open("wb") as out:
+        texts = (t for t in (orjson.loads(line)["text"] for line in src) if len(t) < 8000)
+        while written < limit:
+            msgs = []
+            try:
+                if rng.random() < 0.3:
+                    msgs.append({"role": "system", "content": next(texts)[:300]})
+                for _ in range(int(rng.choice([1, 1, 2, 2, 3, 4]))):
+                    msgs.append({"role": "user", "content": next(texts)[:800]})
+                    msgs.append({"role": "assistant", "content": next(texts)})
+            except StopIteration:
+                break
+            line = orjson.dumps({"messages": msgs}) + b"\n"
+            out.write(line)
+            written += len(line)
+
+
+def chat_tokenizer(tokenizer: Path, work: Path) -> Path:
+    """``tokenizer`` with ChatML's turn markers as special tokens, as chat models have."""
+    from tokenizers import Tokenizer
+
+    folder = work / "chat-tokenizer"
+    folder.mkdir(parents=True, exist_ok=True)
+    source = tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer
+    tok = Tokenizer.from_file(str(source))
+    tok.add_special_tokens(CHAT_SPECIALS)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    return folder
+
+
+def rendered_dialogues(path: Path, tokenizer: Path, template: str) -> list[str]:
+    """The texts packcli's chat path tokenizes (rendered in its sandbox)."""
+    from packcli.chat import load_chat_template, render_dialogues
+    from packcli.encode import RENDER_DATE
+
+    tok = load_tokenizer(str(tokenizer)).tokenizer
+    dialogues = [orjson.loads(line)["messages"] for line in path.open("rb") if line.strip()]
+    chat = load_chat_template(str(tokenizer), template)
+    return [r.text for _, r in render_dialogues(tok, chat, dialogues, {}, now=RENDER_DATE)]
+
+
 def make_corpus(path: Path, size_mb: int, seed: int) -> None:
     if path.exists():
         return
@@ -73,15 +134,19 @@ def make_corpus(path: Path, size_mb: int, seed: int) -> None:
 
 
 def raw_tokenizer(
-    path: Path, tokenizer: Path, batch_size: int, backend: str
+    path: Path, tokenizer: Path, batch_size: int, backend: str, chat: str | None = None
 ) -> tuple[float, float, int, int]:
     """Wall seconds, CPU seconds, bytes and tokens of the backend's batched call over texts
     held in memory: HF ``encode_batch_fast`` or a fast backend, from the same file, with
-    packcli's default settings (special-token strings as text)."""
-    texts = [orjson.loads(line)["text"] for line in path.open("rb") if line.strip()]
+    packcli's default settings (special-token strings as text; for chat, the rendered
+    dialogues with the template's markers as special tokens)."""
+    if chat is not None:
+        texts = rendered_dialogues(path, tokenizer, chat)
+    else:
+        texts = [orjson.loads(line)["text"] for line in path.open("rb") if line.strip()]
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
     tok = load_tokenizer(str(tokenizer)).tokenizer
-    tok.encode_special_tokens = True
+    tok.encode_special_tokens = chat is None
     encode = HFEncoder(tok) if backend == "hf" else _MAKERS[backend](tok)
     t0, c0 = time.perf_counter(), time.process_time()
     tokens = 0
@@ -91,17 +156,18 @@ def raw_tokenizer(
 
 
 def packcli_pack(
-    path: Path, tokenizer: Path, out: Path, backend: str
+    path: Path, tokenizer: Path, out: Path, backend: str, chat: str | None = None
 ) -> tuple[float, float, RunResult]:
     if out.exists():
         shutil.rmtree(out)
-    cfg = build_config(
-        overrides={
-            "run": {"out": str(out)},
-            "read": {"inputs": (str(path),)},
-            "tokenize": {"tokenizer": str(tokenizer), "backend": backend},
-        }
-    )
+    overrides: dict = {
+        "run": {"out": str(out)},
+        "read": {"inputs": (str(path),)},
+        "tokenize": {"tokenizer": str(tokenizer), "backend": backend},
+    }
+    if chat is not None:
+        overrides["chat"] = {"format": "chat", "chat_template": chat}
+    cfg = build_config(overrides=overrides)
     t0, c0 = time.perf_counter(), time.process_time()
     result = run_pack(cfg, quiet=True)
     return time.perf_counter() - t0, time.process_time() - c0, result
@@ -203,6 +269,8 @@ def in_fresh_process(args: argparse.Namespace, arm: str, corpus: Path, work: Pat
     cmd = [sys.executable, __file__, "--child", arm, "--child-corpus", str(corpus)]
     cmd += ["--tokenizer", str(args.tokenizer), "--batch-size", str(args.batch_size)]
     cmd += ["--workdir", str(work)]
+    if args.chat:
+        cmd += ["--chat", "--chat-template", args.chat_template]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"{arm} failed:\n{res.stderr[-4000:]}")
@@ -218,11 +286,14 @@ def child(args: argparse.Namespace) -> None:
     if args.child.startswith("raw "):
         backend = args.child.removeprefix("raw ")
         batch = args.batch_size
-        wall, cpu_s, nbytes, tokens = raw_tokenizer(corpus, args.tokenizer, batch, backend)
+        chat = args.chat_template if args.chat else None
+        wall, cpu_s, nbytes, tokens = raw_tokenizer(corpus, args.tokenizer, batch, backend, chat)
         print(json.dumps({"wall": wall, "cpu": cpu_s, "bytes": nbytes, "tokens": tokens}))
         return
     backend = args.child.removeprefix("pack ")
-    wall, cpu_s, result = packcli_pack(corpus, args.tokenizer, args.workdir / "out", backend)
+    chat = args.chat_template if args.chat else None
+    out = args.workdir / "out"
+    wall, cpu_s, result = packcli_pack(corpus, args.tokenizer, out, backend, chat)
     status = Path("/proc/self/status")
     hwm = [ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")]
     print(
@@ -291,6 +362,9 @@ def main() -> None:
         help="also measure peak RSS with shards this small (0: only the default size)",
     )
     ap.add_argument("--memory-only", action="store_true", help="skip the throughput runs")
+    ap.add_argument("--chat", action="store_true", help="the corpus holds dialogues")
+    ap.add_argument("--chat-from", type=Path, default=None, help="make dialogues of this text")
+    ap.add_argument("--chat-template", default="chatml")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=20240917)
     args = ap.parse_args()
@@ -300,8 +374,14 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="packcli-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     corpus = args.corpus or work / f"corpus-{args.size_mb}mb.jsonl"
-    if args.corpus is None:
+    if args.chat_from is not None:
+        args.chat = True
+        corpus = args.corpus or work / f"chat-{args.size_mb}mb.jsonl"
+        make_chat_corpus(args.chat_from, corpus, args.size_mb, args.seed)
+    elif args.corpus is None:
         make_corpus(corpus, args.size_mb, args.seed)
+    if args.chat:
+        args.tokenizer = chat_tokenizer(args.tokenizer, work)
 
     if args.check_ids:
         check_ids(corpus, args.tokenizer, args.batch_size)
