@@ -551,7 +551,9 @@ class PackedLossMixin:
         # The loss below is already the step's mean: Trainer must not divide it by the
         # number of accumulation steps again.
         self.loss_is_scaled_for_ga = num_items_in_batch is not None
-        outputs = model(**model_inputs(inputs, labels=False), use_cache=False)
+        forward = model_inputs(inputs, labels=False)
+        forward["use_cache"] = False  # with a cache, position_ids do not separate documents
+        outputs = model(**forward)
         loss = packed_loss(outputs.logits, inputs, num_items_in_batch)
         args = self.args  # type: ignore[attr-defined]
         if args.average_tokens_across_devices and num_items_in_batch is not None:
