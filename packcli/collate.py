@@ -47,6 +47,23 @@ and no query row of the mask is fully blocked (such a row yields NaN with a bool
 instead, making every pad token its own one-token segment; both are exact for the real
 tokens.
 
+Preference rows (``packcli pack --format preference``) also carry ``seq_roles``, one int8 per
+segment (0 ordinary document, 1 a pair's prompt+chosen, 2 its prompt+rejected, right after the
+1). The collator passes them on with each segment's place in the batch (``seq_spans``), and
+``segment_logps`` / ``preference_pairs`` turn a forward pass into what DPO, IPO, ORPO and SimPO
+consume: one summed (or mean) log-probability per segment, and which segments pair up.
+``tests/test_preference_collate.py`` proves a DPO loss and its gradients from packed rows equal
+those from the pairs run alone.
+
+Loss normalisation: a model's own loss over a packed batch is the mean over the batch's trained
+tokens, which is what an unpacked run with HF ``Trainer`` or TRL computes too (both divide the
+summed loss by ``num_items_in_batch``, the trained tokens of the whole accumulated batch). A
+per-document mean ("sequence": every document weighs the same, whatever its length) cannot be
+had from the model's loss once documents share a row; ``loss_normalization`` adds per-token
+``loss_weights`` from which ``packed_loss`` computes either convention exactly, also over
+gradient accumulation (``count_loss_items``, ``PackedLossMixin`` for ``Trainer``);
+``tests/test_loss_norm.py`` proves both against unpacked computation.
+
 ``position_ids_from_lengths``, ``cu_seqlens_from_lengths`` and ``segment_ids_from_lengths``
 are the same conversions in numpy without torch, for other frameworks. torch is imported
 inside the functions that need it, so ``import packcli.collate`` works without it. Cost,
@@ -66,7 +83,11 @@ if TYPE_CHECKING:
 
 Mode = Literal["flash", "position_ids", "mask4d"]
 MODES: tuple[str, ...] = ("flash", "position_ids", "mask4d")
+LossNormalization = Literal["token", "sequence"]
+LOSS_NORMALIZATIONS: tuple[str, ...] = ("token", "sequence")
 IGNORE_INDEX = -100
+# seq_roles values, as packcli writes them (packcli.write.PREFERENCE_ROW_SCHEMA).
+ROLE_DOCUMENT, ROLE_CHOSEN, ROLE_REJECTED = 0, 1, 2
 
 
 def _lengths_array(seq_lengths: Any) -> np.ndarray:
@@ -153,6 +174,19 @@ class PackedCollator:
     length in ``flash`` mode); pass the row capacity for static shapes. ``return_seq_idx``
     adds ``seq_idx`` (int32, 0-based segment index per token, same shape as ``input_ids``;
     padding is one more segment) for kernels that take it (e.g. Mamba-2).
+
+    Rows with ``seq_roles`` (preference rows) add ``seq_roles`` (int64 ``[S]``, one per real
+    segment of the batch, in order; a row without the column counts as ordinary documents)
+    and ``seq_spans`` (int64 ``[S, 3]``: each segment's ``(row, start, end)`` in the batch's
+    layout), which ``segment_logps`` and ``preference_pairs`` read. Rows without the column
+    give exactly the batch they gave before.
+
+    ``loss_normalization`` (``"token"`` or ``"sequence"``) adds ``loss_weights`` (float32, the
+    shape of ``labels``): the weight of each token's loss, 0 where the label is -100, 1
+    (``"token"``) or 1 / (trained tokens of its segment) (``"sequence"``); ``packed_loss``
+    divides their weighted loss by ``num_items_in_batch`` = the sum of the weights over the
+    accumulated batch. These keys are not model inputs: pop them before ``model(**batch)``
+    (transformers would silently ignore them), see ``model_inputs``.
     """
 
     def __init__(
@@ -163,9 +197,15 @@ class PackedCollator:
         pad_to_multiple_of: int | None = None,
         return_seq_idx: bool = False,
         mask_dtype: torch.dtype | str = "float32",
+        loss_normalization: LossNormalization | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        if loss_normalization is not None and loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(
+                f"loss_normalization must be one of {', '.join(LOSS_NORMALIZATIONS)} or None; "
+                f"got {loss_normalization!r}"
+            )
         if not isinstance(pad_token_id, int | np.integer) or pad_token_id < 0:
             raise ValueError(f"pad_token_id must be a non-negative int, got {pad_token_id!r}")
         if pad_to_multiple_of is not None and (
@@ -179,20 +219,50 @@ class PackedCollator:
         self.pad_to_multiple_of = None if pad_to_multiple_of is None else int(pad_to_multiple_of)
         self.return_seq_idx = return_seq_idx
         self.mask_dtype = mask_dtype
+        self.loss_normalization: LossNormalization | None = loss_normalization
 
     def __repr__(self) -> str:
+        extra = (
+            ""
+            if self.loss_normalization is None
+            else f", loss_normalization={self.loss_normalization!r}"
+        )
         return (
             f"PackedCollator(mode={self.mode!r}, pad_token_id={self.pad_token_id}, "
-            f"pad_to_multiple_of={self.pad_to_multiple_of}, return_seq_idx={self.return_seq_idx})"
+            f"pad_to_multiple_of={self.pad_to_multiple_of}, return_seq_idx={self.return_seq_idx}"
+            f"{extra})"
         )
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(rows) == 0:
             raise ValueError("PackedCollator got an empty batch")
         parsed = [_parse_row(row, i) for i, row in enumerate(rows)]
-        if self.mode == "flash":
-            return self._flatten(parsed)
-        return self._pad(parsed)
+        batch = self._flatten(parsed) if self.mode == "flash" else self._pad(parsed)
+        if any(row.get("seq_roles") is not None for row in rows):
+            import torch
+
+            roles = [_parse_roles(row, i, parsed[i][2].size) for i, row in enumerate(rows)]
+            batch["seq_roles"] = torch.from_numpy(np.concatenate(roles))
+            batch["seq_spans"] = torch.from_numpy(self._spans([p[2] for p in parsed]))
+        if self.loss_normalization is not None:
+            batch["loss_weights"] = loss_weights(batch, self.loss_normalization)
+        return batch
+
+    def _spans(self, lengths: list[np.ndarray]) -> np.ndarray:
+        """(row, start, end) of every real segment in the batch layout, int64 ``[S, 3]``."""
+        spans = []
+        offset = 0
+        for r, row_lengths in enumerate(lengths):
+            cu = cu_seqlens_from_lengths(row_lengths).astype(np.int64)
+            if self.mode == "flash":  # one flattened row: segments continue the previous row's
+                part = np.stack(
+                    [np.zeros(row_lengths.size, np.int64), cu[:-1] + offset, cu[1:] + offset], 1
+                )
+                offset += int(cu[-1])
+            else:
+                part = np.stack([np.full(row_lengths.size, r, np.int64), cu[:-1], cu[1:]], 1)
+            spans.append(part)
+        return np.concatenate(spans).reshape(-1, 3)
 
     def _padded_length(self, n: int) -> int:
         m = self.pad_to_multiple_of
@@ -287,6 +357,24 @@ def block_causal_mask(
     return mask
 
 
+def _parse_roles(row: Mapping[str, Any], index: int, n_segments: int) -> np.ndarray:
+    """The row's ``seq_roles`` as int64, or all 0 (ordinary documents) when it has none."""
+    if row.get("seq_roles") is None:
+        return np.zeros(n_segments, dtype=np.int64)
+    roles = np.asarray(row["seq_roles"], dtype=np.int64)
+    if roles.shape != (n_segments,):
+        raise ValueError(
+            f"row {index}: seq_roles has {roles.size} entries but the row has {n_segments} "
+            "segments (one role per seq_lengths entry)"
+        )
+    if roles.size and (roles.min() < ROLE_DOCUMENT or roles.max() > ROLE_REJECTED):
+        raise ValueError(
+            f"row {index}: seq_roles must be 0 (document), 1 (chosen) or 2 (rejected), "
+            f"got {sorted(set(roles.tolist()))}"
+        )
+    return roles
+
+
 def _parse_row(row: Mapping[str, Any], index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(input_ids, labels, seq_lengths) of one row as int64 arrays, checked for agreement."""
     if "input_ids" not in row:
@@ -308,7 +396,8 @@ def _parse_row(row: Mapping[str, Any], index: int) -> tuple[np.ndarray, np.ndarr
     if int(lengths.sum()) != ids.size:
         raise ValueError(
             f"row {index}: seq_lengths sum to {int(lengths.sum())} but the row has "
-            f"{ids.size} input_ids"
+            f"{ids.size} input_ids; if a trainer cut the rows, turn its truncation off "
+            "(TRL: SFTConfig(max_length=None); its default 1024 cuts input_ids, not seq_lengths)"
         )
     if row.get("labels") is not None:
         labels = np.array(row["labels"], dtype=np.int64)
@@ -319,3 +408,268 @@ def _parse_row(row: Mapping[str, Any], index: int) -> tuple[np.ndarray, np.ndarr
     else:
         labels = ids.copy()
     return ids, labels, lengths
+
+
+# --- loss normalisation --------------------------------------------------------------------
+
+# Batch keys the collator adds that are not model inputs.
+NON_MODEL_KEYS: tuple[str, ...] = ("seq_roles", "seq_spans", "loss_weights")
+
+
+def model_inputs(batch: Mapping[str, Any], *, labels: bool = True) -> dict[str, Any]:
+    """The batch without the keys that are for the loss, not the model (``NON_MODEL_KEYS``;
+    also ``labels`` with ``labels=False``, when the caller computes the loss itself).
+
+    transformers models accept unknown keyword arguments and drop them without a word, so
+    ``model(**batch)`` would run, and ignore the weights: strip them here, use them in
+    ``packed_loss`` or ``segment_logps``.
+    """
+    drop = set(NON_MODEL_KEYS) | (set() if labels else {"labels"})
+    return {k: v for k, v in batch.items() if k not in drop}
+
+
+def loss_weights(batch: Mapping[str, Any], normalization: LossNormalization) -> torch.Tensor:
+    """Per-token loss weights (float32, the shape of ``labels``) for a collated batch.
+
+    ``"token"``: 1 on every trained token (label != -100), so ``sum(weights)`` is the number
+    of trained tokens and the weighted mean is the usual token mean. ``"sequence"``: 1 / n on
+    each of a segment's n trained tokens, so each segment (document) sums to 1 whatever its
+    length and ``sum(weights)`` is the number of trained documents.
+
+    Segments are read from ``position_ids`` (a new one at every 0), so this also works on
+    batches from other packed collators (TRL's padding-free batch: its padding tokens, all at
+    position 0, are one-token segments without loss). A document packcli split into pieces
+    counts as one segment per piece.
+    """
+    import torch
+
+    if normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(
+            f"normalization must be one of {', '.join(LOSS_NORMALIZATIONS)}; got {normalization!r}"
+        )
+    labels = batch["labels"]
+    trained = (labels != IGNORE_INDEX).to(torch.float32)
+    if normalization == "token":
+        return trained
+    starts = (batch["position_ids"] == 0).reshape(-1)
+    starts[0] = True  # a row's first token always opens a segment
+    segment = torch.cumsum(starts.to(torch.int64), 0) - 1
+    per_segment = torch.zeros(int(segment[-1]) + 1, dtype=torch.float32, device=labels.device)
+    per_segment.index_add_(0, segment, trained.reshape(-1))
+    return (trained.reshape(-1) / per_segment.clamp(min=1)[segment]).reshape(labels.shape)
+
+
+def packed_loss(
+    logits: torch.Tensor,
+    batch: Mapping[str, Any],
+    num_items_in_batch: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Weighted causal-LM loss of a batch with ``loss_weights``: ``sum(w * nll) / N``.
+
+    The logits at position t predict ``labels[t + 1]`` (the shift happens here, within each
+    row; the collator's -100 at every segment start keeps it within each document). ``N`` is
+    ``num_items_in_batch``, the sum of ``loss_weights`` over every micro-batch of the
+    optimizer step (``count_loss_items``; ``PackedLossMixin`` passes it in ``Trainer``), so
+    summing the micro-batches' losses gives the whole step's mean; without it, this batch's
+    own sum of weights.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if "loss_weights" not in batch:
+        raise ValueError(
+            "the batch has no loss_weights: make it with "
+            "PackedCollator(..., loss_normalization='token' or 'sequence')"
+        )
+    labels, weights = batch["labels"], batch["loss_weights"]
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}: pass the "
+            "logits of this batch"
+        )
+    targets = labels[..., 1:].to(logits.device)
+    nll = F.cross_entropy(
+        logits[..., :-1, :].reshape(-1, logits.shape[-1]).float(),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    total = (nll * weights[..., 1:].reshape(-1).to(nll.device)).sum()
+    denominator = weights.sum() if num_items_in_batch is None else num_items_in_batch
+    return total / torch.as_tensor(denominator, dtype=total.dtype, device=total.device)
+
+
+def count_loss_items(batches: Sequence[Mapping[str, Any]]) -> float:
+    """``num_items_in_batch`` for ``packed_loss``: the sum of ``loss_weights`` over the
+    micro-batches of one optimizer step (trained tokens for ``"token"``, trained documents
+    for ``"sequence"``). With several processes, sum it over them too and multiply each
+    process's loss by the number of processes (DDP averages gradients), as ``Trainer`` does.
+    """
+    return float(sum(float(b["loss_weights"].double().sum()) for b in batches))
+
+
+class PackedLossMixin:
+    """Put before ``transformers.Trainer`` (or TRL's ``SFTTrainer``) to train with
+    ``PackedCollator(loss_normalization=...)``: ``class PackedTrainer(PackedLossMixin,
+    Trainer)``.
+
+    Why: ``Trainer`` divides the summed loss by ``num_items_in_batch``, the trained tokens of
+    the accumulated batch, which is the ``"token"`` convention and is already exact for packed
+    rows with the plain ``Trainer``. A per-document mean needs the count of documents instead
+    and per-token weights the model's own loss does not take. This mixin counts
+    ``num_items_in_batch`` as the sum of ``loss_weights`` over the accumulated micro-batches
+    (summed across processes when ``average_tokens_across_devices``, as ``Trainer`` does) and
+    computes the loss with ``packed_loss``. Batches without ``loss_weights`` are left to the
+    base class.
+    """
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+        batch_samples, num_items = super().get_batch_samples(  # type: ignore[misc]
+            epoch_iterator, num_batches, device
+        )
+        if batch_samples and "loss_weights" in batch_samples[0]:
+            import torch
+
+            total = torch.tensor(count_loss_items(batch_samples), dtype=torch.float64)
+            args = self.args  # type: ignore[attr-defined]
+            if args.average_tokens_across_devices and args.world_size > 1:
+                total = self.accelerator.gather(total.to(device)).sum()  # type: ignore[attr-defined]
+            num_items = total.to(device)
+        return batch_samples, num_items
+
+    def compute_loss(
+        self,
+        model: Any,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        if "loss_weights" not in inputs:
+            return super().compute_loss(  # type: ignore[misc]
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        # The loss below is already the step's mean: Trainer must not divide it by the
+        # number of accumulation steps again.
+        self.loss_is_scaled_for_ga = num_items_in_batch is not None
+        forward = model_inputs(inputs, labels=False)
+        forward["use_cache"] = False  # with a cache, position_ids do not separate documents
+        outputs = model(**forward)
+        loss = packed_loss(outputs.logits, inputs, num_items_in_batch)
+        args = self.args  # type: ignore[attr-defined]
+        if args.average_tokens_across_devices and num_items_in_batch is not None:
+            # num_items_in_batch counts every process's items and DDP averages gradients.
+            tp = self.get_tp_size() if hasattr(self, "get_tp_size") else 1
+            loss = loss * (self.accelerator.num_processes // tp)  # type: ignore[attr-defined]
+        return (loss, outputs) if return_outputs else loss
+
+
+# --- preference pairs ----------------------------------------------------------------------
+
+
+def segment_logps(
+    logits: torch.Tensor, batch: Mapping[str, Any], *, average: bool = False
+) -> torch.Tensor:
+    """Per segment of the batch (``seq_spans`` order), the summed log-probability of its
+    trained tokens (label != -100), float32 ``[S]``; with ``average=True`` divided by their
+    number (SimPO, ORPO and TRL's IPO use the mean).
+
+    The logits at position t score ``labels[t + 1]``, shifted within each segment: the
+    collator's -100 at every segment start means no segment is scored on the previous one's
+    last token. For the policy keep the graph (it is differentiable); for a reference model
+    run it under ``torch.no_grad()``. Costs one float32 copy of the logits.
+    """
+    import torch
+
+    if "seq_spans" not in batch:
+        raise ValueError(
+            "the batch has no seq_spans: collate rows that have a seq_roles column "
+            "(packcli pack --format preference) with PackedCollator"
+        )
+    labels = batch["labels"].to(logits.device)
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}: pass the "
+            "logits of this batch"
+        )
+    spans = batch["seq_spans"].tolist()
+    targets = labels[..., 1:]
+    shifted = logits[..., :-1, :].float()
+    trained = targets != IGNORE_INDEX
+    picked = shifted.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    token_logps = picked - torch.logsumexp(shifted, dim=-1)
+    segment = torch.full(labels.shape, -1, dtype=torch.int64, device=logits.device)
+    for s, (r, a, b) in enumerate(spans):
+        segment[r, a:b] = s
+    segment = segment[..., 1:]  # the segment of the label each position predicts
+    keep = trained & (segment >= 0)
+    sums = torch.zeros(len(spans), dtype=torch.float32, device=logits.device)
+    sums = sums.index_add(0, segment[keep], token_logps[keep])
+    if not average:
+        return sums
+    counts = torch.zeros(len(spans), dtype=torch.float32, device=logits.device)
+    counts.index_add_(0, segment[keep], torch.ones_like(token_logps[keep]))
+    return sums / counts.clamp(min=1)
+
+
+def preference_pairs(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices into ``segment_logps``' output of each pair's chosen and rejected segment.
+
+    packcli writes a pair as two adjacent segments of one row, chosen (role 1) first; this
+    checks that layout, so a batch built some other way fails here instead of pairing the
+    wrong sequences. Ordinary documents (role 0) are left out (e.g. for an SFT term).
+    """
+    import torch
+
+    if "seq_roles" not in batch:
+        raise ValueError(
+            "the batch has no seq_roles: collate rows that have a seq_roles column "
+            "(packcli pack --format preference) with PackedCollator"
+        )
+    roles = batch["seq_roles"]
+    chosen = torch.nonzero(roles == ROLE_CHOSEN).flatten()
+    rejected = torch.nonzero(roles == ROLE_REJECTED).flatten()
+    if chosen.numel() != rejected.numel() or not torch.equal(rejected, chosen + 1):
+        raise ValueError(
+            f"seq_roles do not form pairs ({chosen.numel()} chosen, {rejected.numel()} "
+            "rejected): every chosen segment (1) must be followed by its rejected segment (2)"
+        )
+    spans = batch.get("seq_spans")
+    if spans is not None and chosen.numel():
+        split = spans[chosen, 0] != spans[rejected, 0]
+        if bool(split.any()):
+            raise ValueError("a chosen segment and its rejected segment are in different rows")
+    return chosen, rejected
+
+
+# --- TRL -----------------------------------------------------------------------------------
+
+
+def check_sft_config(args: Any, data_collator: Any = None) -> None:
+    """Raise if a TRL ``SFTConfig`` would silently train packcli rows wrongly.
+
+    TRL 1.16 traps, each checked by ``tests/test_trl.py``: ``max_length`` (default 1024) cuts
+    ``input_ids``/``labels`` of every longer row but not ``seq_lengths``; ``padding_free=False``
+    (the default) makes TRL's collator ignore ``seq_lengths``, so documents attend to each
+    other; ``packing=True`` packs each packcli row again as one document. The safe config is
+    ``SFTConfig(packing=False, padding_free=True, max_length=None)``, or any ``padding_free``
+    with ``data_collator=PackedCollator(...)``.
+    """
+    problems = []
+    if getattr(args, "packing", False):
+        problems.append(
+            "packing=True packs each packcli row again as one document, losing its "
+            "boundaries: pass packing=False"
+        )
+    max_length = getattr(args, "max_length", None)
+    if max_length is not None:
+        problems.append(
+            f"max_length={max_length} cuts input_ids of every longer row but not seq_lengths "
+            "(TRL's default is 1024): pass max_length=None, packcli rows already fit"
+        )
+    if not getattr(args, "padding_free", False) and not isinstance(data_collator, PackedCollator):
+        problems.append(
+            "padding_free=False makes TRL's collator ignore seq_lengths, so documents attend "
+            "to each other: pass padding_free=True (or data_collator=PackedCollator(...))"
+        )
+    if problems:
+        raise ValueError("SFTConfig for packcli rows: " + "; ".join(problems))

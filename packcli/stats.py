@@ -334,11 +334,16 @@ def render_plots_section(out: Path) -> str:
 
 
 def training_snippet(
-    dataset: str = "path/or/repo", config: str = "long", pad_token_id: int = 0
+    dataset: str = "path/or/repo",
+    config: str = "long",
+    pad_token_id: int = 0,
+    preference: bool = False,
 ) -> str:
-    """Markdown: how to train on the output with HF ``Trainer`` and ``PackedCollator``."""
+    """Markdown: how to train on the output with HF ``Trainer`` and ``PackedCollator``, with
+    TRL's ``SFTTrainer`` (the one config that keeps packcli rows intact), and for preference
+    outputs a DPO loss from ``segment_logps``."""
     batch = 1 if config == "long" else 8
-    return f"""## Training with it
+    text = f"""## Training with it
 
 ```python
 import datasets
@@ -361,7 +366,43 @@ Trainer(model=model, args=args, train_dataset=ds, data_collator=collator).train(
 `PackedCollator` restarts `position_ids` at every document and sets the label of each
 document's first token to -100, so no attention and no loss crosses a document boundary.
 With flash-attention use `mode="flash"` (varlen `cu_seq_lens`).
+
+With TRL (1.16) the rows need exactly this config: the default `max_length=1024` cuts longer
+rows (not their `seq_lengths`), `padding_free=False` ignores the boundaries, and
+`packing=True` packs each row again as one document; `check_sft_config` raises on each.
+
+```python
+from trl import SFTConfig, SFTTrainer
+
+from packcli.collate import check_sft_config
+
+args = SFTConfig("run", packing=False, padding_free=True, max_length=None)
+check_sft_config(args)
+SFTTrainer(model=model, args=args, train_dataset=ds).train()
+```
 """
+    if preference:
+        text += """
+Preference pairs: `seq_roles` marks each segment 0 (document), 1 (chosen) or 2 (rejected,
+right after its chosen). `segment_logps` gives each segment's summed log-probability,
+computed as if alone; `preference_pairs` pairs them up:
+
+```python
+import torch
+import torch.nn.functional as F
+
+from packcli.collate import model_inputs, preference_pairs, segment_logps
+
+batch = PackedCollator(mode="position_ids")([ds[0], ds[1]])
+chosen, rejected = preference_pairs(batch)
+logps = segment_logps(model(**model_inputs(batch), use_cache=False).logits, batch)
+with torch.no_grad():  # reference: a frozen copy of the starting model
+    ref = segment_logps(reference(**model_inputs(batch), use_cache=False).logits, batch)
+margin = (logps[chosen] - ref[chosen]) - (logps[rejected] - ref[rejected])
+loss = -F.logsigmoid(0.1 * margin).mean()  # DPO
+```
+"""
+    return text
 
 
 # -- command ---------------------------------------------------------------------------------

@@ -65,7 +65,9 @@ def test_numpy_helpers_import_without_torch() -> None:
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
         "import packcli.collate as c\n"
         "assert c.position_ids_from_lengths([2, 1]).tolist() == [0, 1, 0]\n"
-        "c.PackedCollator(mode='flash')\n"
+        "c.PackedCollator(mode='flash', loss_normalization='sequence')\n"
+        "class T(c.PackedLossMixin): pass\n"
+        "c.check_sft_config(type('A', (), {'padding_free': True, 'max_length': None})())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -253,6 +255,9 @@ def test_errors_say_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="remove_unused_columns=False"):
         collate([{"input_ids": [1, 2, 3]}])  # what Trainer hands over when it drops columns
     with pytest.raises(ValueError, match="sum to 4 but the row has 3"):
+        collate([{"input_ids": [1, 2, 3], "seq_lengths": [2, 2]}])
+    # ... and names the usual cause: a trainer's truncation (TRL cuts rows to 1024 by default).
+    with pytest.raises(ValueError, match=r"SFTConfig\(max_length=None\)"):
         collate([{"input_ids": [1, 2, 3], "seq_lengths": [2, 2]}])
     with pytest.raises(ValueError, match="must be positive"):
         collate([{"input_ids": [1, 2], "seq_lengths": [2, 0]}])

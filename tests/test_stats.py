@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -195,6 +196,30 @@ def test_training_snippet_is_valid_python_using_the_collator() -> None:
     assert 'PackedCollator(mode="position_ids", pad_token_id=7)' in text
     assert 'load_dataset("me/packed", "long"' in text
     assert "remove_unused_columns=False" in text
+
+
+@pytest.mark.parametrize("preference", [False, True])
+def test_training_snippet_blocks_compile_and_its_trl_config_passes_the_check(
+    preference: bool,
+) -> None:
+    """Every block compiles; the TRL config the card recommends is one check_sft_config
+    accepts (the card used to say nothing of TRL, whose defaults cut packcli rows)."""
+    text = training_snippet("me/packed", pad_token_id=7, preference=preference)
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == (3 if preference else 2)
+    for block in blocks:
+        compile(block, "snippet", "exec")
+    assert ("segment_logps" in text) is preference
+    assert training_snippet("me/packed", pad_token_id=7, preference=preference) == text
+    trl = pytest.importorskip("trl")
+    line = next(x for x in blocks[1].splitlines() if x.startswith("args = SFTConfig("))
+    # use_cpu: TRL's default bf16=True refuses a machine without a GPU otherwise.
+    on_cpu = functools.partial(trl.SFTConfig, use_cpu=True, report_to=[])
+    args = eval(line.removeprefix("args = "), {"SFTConfig": on_cpu})
+    from packcli.collate import check_sft_config
+
+    check_sft_config(args)
+    assert args.max_length is None and args.padding_free and not args.packing
 
 
 def test_card_holds_report_numbers_and_embeds_plots_after_stats(

@@ -391,15 +391,31 @@ def python_snippets(text: str) -> list[str]:
 
 
 def test_docs_snippets_run(
-    packed_dir: Path, vocab_size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    packed_dir: Path,
+    vocab_size: int,
+    toy_tokenizer_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every ```python block of docs/training.md runs, in order, in one namespace holding
-    `out` (a packcli output folder) and `model` (a causal LM on sdpa), as the guide says.
+    `out` (a packcli output folder), `pairs_out` (preference rows laid out like a packcli
+    output), `model` (a causal LM on sdpa) and `tokenizer`, as the guide says.
     A block whose first line is `# requires: NAME` is skipped when NAME is not installed."""
+    from preference_rows import write_preference_output
+    from transformers import PreTrainedTokenizerFast
+
     snippets = python_snippets(DOCS.read_text(encoding="utf-8"))
-    assert len(snippets) >= 6
+    assert len(snippets) >= 9
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"out": str(packed_dir), "model": build_model(vocab_size, "sdpa")}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(toy_tokenizer_path), eos_token="<|endoftext|>"
+    )
+    namespace: dict[str, Any] = {
+        "out": str(packed_dir),
+        "pairs_out": str(write_preference_output(tmp_path / "pairs", vocab_size)),
+        "model": build_model(vocab_size, "sdpa"),
+        "tokenizer": tokenizer,
+    }
     ran = 0
     for snippet in snippets:
         first = snippet.splitlines()[0]
@@ -409,7 +425,7 @@ def test_docs_snippets_run(
                 continue
         exec(compile(snippet, f"{DOCS.name}:snippet", "exec"), namespace)
         ran += 1
-    assert ran >= 4
+    assert ran >= 7
 
 
 def _missing(module: str) -> bool:
