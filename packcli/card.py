@@ -132,7 +132,7 @@ def render_card(
         )
     plots = render_plots_section(out) if out is not None else ""
     pad = run["tokenizer"].get("eos_id")
-    training = training_snippet(pad_token_id=pad if pad is not None else 0)
+    training = training_snippet(pad_token_id=pad if pad is not None else 0, preference=preference)
     tiers = report["tiers"]
     pol = report["policy"]
     rows = "\n".join(

@@ -1654,9 +1654,33 @@ def render_dialogues(
     variables. A dialogue the template rejects raises ``ChatFormatError`` with ``index`` set,
     or, given ``on_error``, is reported to it and left out (a skip policy).
     ``add_generation_prompt``: render prompts (preference pairs) as a model would see them."""
-    variables = dict(special_tokens or {})
+    return render_batch(
+        template,
+        dialogues,
+        special_tokens or {},
+        control_tokens_of(tokenizer),
+        limits=limits,
+        now=now,
+        on_error=on_error,
+        add_generation_prompt=add_generation_prompt,
+    )
+
+
+def render_batch(
+    template: ChatTemplate,
+    dialogues: Sequence[Sequence[Mapping[str, Any]]],
+    special_tokens: Mapping[str, str],
+    controls: Collection[str],
+    *,
+    limits: RenderLimits = DEFAULT_LIMITS,
+    now: datetime | None = None,
+    on_error: Callable[[int, ChatFormatError], None] | None = None,
+    add_generation_prompt: bool = False,
+) -> list[tuple[int, Rendered]]:
+    """``render_dialogues`` with the tokenizer's control tokens given: what a rendering
+    worker process runs (packcli/render_pool.py), without a tokenizer."""
+    variables = dict(special_tokens)
     bos, eos = variables.pop("bos_token", ""), variables.pop("eos_token", "")
-    controls = control_tokens_of(tokenizer)
     rendered = []
     for index, messages in enumerate(dialogues):
         try:

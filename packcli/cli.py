@@ -138,6 +138,13 @@ WorkDir = Annotated[
     str | None, typer.Option(help="Work folder for shards and plan [OUT/.packcli].")
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+TokensPerStep = Annotated[
+    int,
+    typer.Option(
+        help="Report: the step plan's target of tokens per optimizer step (rows a step, steps "
+        "an epoch, the unpacked batch size with the same documents a step)."
+    ),
+]
 OnBadLine = Annotated[
     str | None,
     typer.Option(help="Bad input lines: error (stop at file:line) or skip (quarantine) [error]."),
@@ -230,6 +237,12 @@ def _plan_section(
     }
 
 
+def _positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise ConfigError(f"{flag} must be >= 1, got {value}")
+    return value
+
+
 def _command() -> str:
     return "packcli " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
@@ -284,6 +297,7 @@ def pack(
     num_tasks: Annotated[
         int | None, typer.Option(help="Tokenize/write tasks [1 local; Ray: cluster CPUs].")
     ] = None,
+    tokens_per_step: TokensPerStep = 1 << 20,
     quiet: Quiet = False,
 ) -> None:
     """Read, tokenize, two-tier pack and write a Hugging Face dataset to OUT (all stages)."""
@@ -306,6 +320,7 @@ def pack(
         command=_command(),
         executor=Executor(executor, ray_address),
         num_tasks=num_tasks,
+        tokens_per_step=_positive(tokens_per_step, "--tokens-per-step"),
     )
     if json_out:
         typer.echo(json.dumps(result.report, indent=2))
@@ -436,6 +451,7 @@ def finalize(
     out: Out,
     work_dir: WorkDir = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    tokens_per_step: TokensPerStep = 1 << 20,
 ) -> None:
     """Stage 4 of 4: check all files are written; write the dataset card and packcli.json."""
     from packcli.lock import hold
@@ -445,7 +461,11 @@ def finalize(
     cfg = _config(None, run={"out": out, "work_dir": work_dir})
     check_output_folder(cfg.out_path, overwrite=False, work=cfg.work_path)
     with hold(cfg.out_path, cfg.work_path):
-        report = finalize_stage(cfg, command=_command())
+        report = finalize_stage(
+            cfg,
+            command=_command(),
+            tokens_per_step=_positive(tokens_per_step, "--tokens-per-step"),
+        )
     typer.echo(json.dumps(report, indent=2) if json_out else format_report(report))
 
 

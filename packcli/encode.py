@@ -36,6 +36,7 @@ from packcli.tokenizer import SpecialStringCounter
 if TYPE_CHECKING:  # the chat module (jinja2, the sandbox) loads only for --format chat
     from packcli.chat import ChatTemplate, EncodedDialogue, Rendered
     from packcli.offsets import FastOffsets
+    from packcli.render_pool import RenderPool
 
 
 def encode_texts(
@@ -321,6 +322,14 @@ class ChatEncoder:
         )
         return rendered, failures
 
+    def render_pool(self, workers: int) -> RenderPool:
+        """Worker processes that render as ``render`` does (packcli/render_pool.py)."""
+        from packcli.chat import control_tokens_of
+        from packcli.render_pool import RenderPool
+
+        controls = control_tokens_of(self.tokenizer)
+        return RenderPool(self.template, self.special_tokens, controls, RENDER_DATE, workers)
+
     def tokens(self, rendered: Rendering) -> list[Any] | None:
         """Ids and offsets from the fast backend (None without one): Rust and a compiled
         kernel, both without the GIL, so it can run while the next batch renders."""
@@ -460,10 +469,16 @@ def tokenize_chat_batches(
     stats: ChatStats,
     on_failure: Callable[[DocBatch, int, str], None],
     times: StageTimes | None = None,
+    renderers: RenderPool | None = None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
     """``on_failure(batch, index, reason)`` applies the bad-line policy to a dialogue the
     template refused (raise, or quarantine and count); the dialogue stays an empty document.
-    Rendering and tokenizing run in the caller's thread (``encode`` in ``times``)."""
+    Rendering and tokenizing run in the caller's thread (``encode`` in ``times``), or, given
+    ``renderers``, batches render on its worker processes, a few ahead, while this thread
+    tokenizes and masks the batches before them (same results, same order)."""
+    if renderers is not None:
+        yield from _pooled_chat_batches(batches, encoder, stats, on_failure, times, renderers)
+        return
     times = times if times is not None else StageTimes()
     # With a fast backend, batch i's ids and offsets are made on a thread while batch i+1
     # renders (Python); masks and lengths follow in this thread, in order.
@@ -475,14 +490,9 @@ def tokenize_chat_batches(
         t0 = time.perf_counter()
         if isinstance(tokens, Future):
             tokens = tokens.result()
-        ids, labels, lengths, batch_stats, failures = encoder.finish(
-            batch.texts, rendered, tokens, failures
-        )
+        result = encoder.finish(batch.texts, rendered, tokens, failures)
         t1 = time.perf_counter()
-        for index, reason in failures:
-            on_failure(batch, index, reason)
-        stats.add(batch_stats)
-        record_batch = chat_record_batch(batch, ids, labels, lengths)
+        record_batch = _chat_record(batch, result, stats, on_failure)
         times.encode += t1 - t0
         times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
         return batch, record_batch
@@ -501,3 +511,47 @@ def tokenize_chat_batches(
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _chat_record(
+    batch: DocBatch,
+    result: tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]],
+    stats: ChatStats,
+    on_failure: Callable[[DocBatch, int, str], None],
+) -> pa.RecordBatch:
+    ids, labels, lengths, batch_stats, failures = result
+    for index, reason in failures:
+        on_failure(batch, index, reason)
+    stats.add(batch_stats)
+    return chat_record_batch(batch, ids, labels, lengths)
+
+
+def _pooled_chat_batches(
+    batches: Iterator[DocBatch],
+    encoder: ChatEncoder,
+    stats: ChatStats,
+    on_failure: Callable[[DocBatch, int, str], None],
+    times: StageTimes | None,
+    renderers: RenderPool,
+) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
+    times = times if times is not None else StageTimes()
+    pending: deque[tuple[DocBatch, Future]] = deque()
+    ahead = 2 * renderers.workers  # every worker busy while this thread finishes one batch
+
+    def finish() -> tuple[DocBatch, pa.RecordBatch]:
+        batch, future = pending.popleft()
+        t0 = time.perf_counter()
+        rendered, failures = renderers.result(future)
+        result = encoder.finish(batch.texts, rendered, encoder.tokens(rendered), failures)
+        t1 = time.perf_counter()
+        record_batch = _chat_record(batch, result, stats, on_failure)
+        times.encode += t1 - t0
+        times.write += time.perf_counter() - t1
+        return batch, record_batch
+
+    for batch in batches:
+        pending.append((batch, renderers.submit(batch.texts)))
+        if len(pending) > ahead:
+            yield finish()
+    while pending:
+        yield finish()

@@ -32,6 +32,7 @@ finished output finished. ``pack`` holds locks on the output and work folders
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -92,7 +93,7 @@ from packcli.read import (
     split_spans,
     splittable,
 )
-from packcli.report import build_report
+from packcli.report import TOKENS_PER_STEP, build_report
 from packcli.shards import (
     CHAT_SHARD_SCHEMA,
     PREFERENCE_SHARD_SCHEMA,
@@ -469,11 +470,15 @@ def tokenize_task(
         encoder, backend = _choose_backend(cfg, tok, units, prepared.early)
         atomic_write_json(folder / "backend.json", backend)
     total = sum(units[k]["size"] for k in mine)
-    with _bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
+    renderers = _render_pool(cfg, encoder, sum(units[k]["size"] for k in pending))
+    with (
+        renderers or contextlib.nullcontext(),
+        _bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar,
+    ):
         progress = _TokenizeProgress(bar)
         for k in mine:
             if k in pending:
-                _tokenize_unit(cfg, units[k], encoder, tok, progress)
+                _tokenize_unit(cfg, units[k], encoder, tok, progress, renderers)
                 release_free_memory()
             else:
                 progress.update(units[k]["size"], 0)
@@ -484,6 +489,18 @@ def tokenize_task(
     if not pending:
         log.info("reusing tokenized shards for all %d input unit(s) of this task", len(mine))
     return not pending
+
+
+def _render_pool(cfg: RunConfig, encoder: Any, pending_bytes: int) -> Any:
+    """Worker processes for chat templates, when there is enough chat to render to repay
+    starting them (packcli/render_pool.py) and more than one core to render on."""
+    from packcli.render_pool import MIN_POOL_BYTES
+
+    if not isinstance(encoder, ChatEncoder) or cfg.chat.is_preference:
+        return None
+    if pending_bytes < MIN_POOL_BYTES or cfg.tokenize.threads < 2:
+        return None
+    return encoder.render_pool(cfg.tokenize.threads)
 
 
 @functools.cache
@@ -739,9 +756,10 @@ def _tokenize_unit(
     encoder: Any,
     tok: _Tokenizing,
     progress: _TokenizeProgress,
+    renderers: Any = None,
 ) -> None:
     """Tokenize one input unit (a file or a byte span of one) that is not complete yet,
-    resuming after its finished shards."""
+    resuming after its finished shards. ``renderers``: chat rendering workers, or None."""
     folder = cfg.work_path / "tokens" / "files" / unit["key"]
     success = folder / SUCCESS
     done_shards = _resumable_shards(folder, unit["fingerprint"])
@@ -802,7 +820,9 @@ def _tokenize_unit(
                 batches, preference, pref_stats, template_failed, times
             )
         elif isinstance(encoder, ChatEncoder):
-            tokenized = tokenize_chat_batches(batches, encoder, chat_stats, template_failed, times)
+            tokenized = tokenize_chat_batches(
+                batches, encoder, chat_stats, template_failed, times, renderers
+            )
         else:
             tokenized = tokenize_batches(
                 batches,
@@ -1200,8 +1220,15 @@ def write_stage(
 # --------------------------------------------------------------------------- finalize
 
 
-def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = None) -> dict:
-    """Check every output file is written, remove strays, write the card and the marker."""
+def finalize_stage(
+    cfg: RunConfig,
+    *,
+    command: str = "",
+    plan: Plan | None = None,
+    tokens_per_step: int = TOKENS_PER_STEP,
+) -> dict:
+    """Check every output file is written, remove strays, write the card and the marker.
+    ``tokens_per_step``: the report's step-plan target (not a setting of the data)."""
     out = _require_out(cfg)
     shards = collect_tokens(cfg)
     if plan is None:
@@ -1257,6 +1284,7 @@ def finalize_stage(cfg: RunConfig, *, command: str = "", plan: Plan | None = Non
             "line": shards.value("line", largest),
         },
         preference=shards.success.get("preference"),
+        tokens_per_step=tokens_per_step,
     )
     if "preference" in shards.success:
         _count_pair_segments(report, plan, shards)
@@ -1355,6 +1383,7 @@ def run_pack(
     command: str = "",
     executor: Executor | None = None,
     num_tasks: int | None = None,
+    tokens_per_step: int = TOKENS_PER_STEP,
 ) -> RunResult:
     """The whole job from one command: tokenize and write as ``num_tasks`` tasks each on the
     executor (one in-process task by default), plan and finalize in this process.
@@ -1366,7 +1395,9 @@ def run_pack(
     prepared = prepare_tokenize(cfg)
     claim_output(cfg)
     with hold(out, cfg.work_path):
-        return _run_locked(cfg, prepared, quiet, command, executor or Executor("local"), num_tasks)
+        return _run_locked(
+            cfg, prepared, quiet, command, executor or Executor("local"), num_tasks, tokens_per_step
+        )
 
 
 def _run_locked(
@@ -1376,6 +1407,7 @@ def _run_locked(
     command: str,
     executor: Executor,
     num_tasks: int | None,
+    tokens_per_step: int = TOKENS_PER_STEP,
 ) -> RunResult:
     n = num_tasks or executor.default_tasks()
     timings: dict[str, float] = {}
@@ -1395,7 +1427,7 @@ def _run_locked(
     else:
         executor.map(write_stage, (cfg,), n, quiet=quiet)
     timings["write"] = time.perf_counter() - t0
-    report = finalize_stage(cfg, command=command, plan=plan)
+    report = finalize_stage(cfg, command=command, plan=plan, tokens_per_step=tokens_per_step)
     return RunResult(
         report=report,
         timings=timings,

@@ -11,7 +11,32 @@ from typing import Any
 
 import numpy as np
 
-from packcli.plan import Plan, tier_summary
+from packcli.plan import Plan, RowLayout, tier_summary
+from packcli.steps import plan_steps
+
+# The default target of real tokens per optimizer step for the report's step plan
+# (``--tokens-per-step``): ~1M is a common pretraining/SFT step; any other target is one
+# ``packcli.steps.plan_steps`` call away.
+TOKENS_PER_STEP = 1 << 20
+
+
+def training_hints(layout: RowLayout, tokens_per_step: int) -> dict[str, Any] | None:
+    """Samples per row and the step plan of one config: what a batch size written for
+    unpacked training becomes on these rows (None for a config without rows)."""
+    if layout.num_rows == 0:
+        return None
+    docs = np.diff(layout.row_offsets)
+    p = plan_steps(docs.tolist(), layout.row_tokens.tolist(), tokens_per_step=tokens_per_step)
+    return {
+        "samples_per_row": round(p.samples_per_row, 4),
+        "tokens_per_row": round(p.tokens_per_row, 1),
+        "tokens_per_step": tokens_per_step,
+        "rows_per_step": p.rows_per_step,
+        "steps_per_epoch": p.steps_per_epoch,
+        "documents_per_step": round(p.documents_per_step, 2),
+        "unpacked_batch_size": p.unpacked_batch_size,
+        "unpacked_steps_per_epoch": p.unpacked_steps_per_epoch,
+    }
 
 
 def build_report(
@@ -25,9 +50,11 @@ def build_report(
     chat: dict[str, Any] | None = None,
     tokenizer: dict[str, Any] | None = None,
     preference: dict[str, Any] | None = None,
+    tokens_per_step: int = TOKENS_PER_STEP,
 ) -> dict[str, Any]:
     """``preference``: the preference path's counts (``PreferenceStats``); the report gets a
-    ``preference`` section only then, so other reports keep their bytes."""
+    ``preference`` section only then, so other reports keep their bytes.
+    ``tokens_per_step``: the target of the ``training`` section's step plan."""
     lengths = np.asarray(lengths, dtype=np.int64)
     stats = plan.stats
     largest = int(lengths.argmax()) if lengths.size else -1
@@ -74,6 +101,13 @@ def build_report(
         "chat": chat,
         # Tokenizer-file settings packcli turned off, and special-token strings in documents.
         "tokenizer": tokenizer,
+        # Per config: documents (pairs, for preference data) per row, and the rows per step,
+        # steps per epoch and unpacked batch size (same documents per step) at the target.
+        "training": {
+            name: training_hints(layout, tokens_per_step)
+            for name, layout in (("short", plan.short), ("long", plan.long))
+            if layout is not None
+        },
     }
     if preference is not None:
         # Each pair is one document of the plan (two segments in the output).
@@ -117,6 +151,14 @@ def format_report(report: dict[str, Any]) -> str:
         f"dropped   {_n(pol['dropped_docs'])} documents ({_n(pol['dropped_tokens'])} tokens), "
         f"{_n(pol['empty_docs'])} empty",
     ]
+    for name, hint in (report.get("training") or {}).items():
+        if hint:
+            lines.append(
+                f"training  {name}: {hint['samples_per_row']:,.2f} documents a row; at "
+                f"{_n(hint['tokens_per_step'])} tokens a step, {_n(hint['rows_per_step'])} rows "
+                f"a step, {_n(hint['steps_per_epoch'])} steps an epoch (unpacked: batch size "
+                f"{_n(hint['unpacked_batch_size'])} for the same documents a step)"
+            )
     rejected = inp.get("rejected") or {}
     if rejected:
         reasons = ", ".join(f"{k} {v:,}" for k, v in rejected.items())

@@ -308,3 +308,60 @@ def test_chat_encoder_truncates_with_room_for_the_separators(chat_tok: Path) -> 
     assert ids == [bos, *full.ids.tolist(), eos] and labels[-1] == -100
     ids, labels = encode(len(full.ids) + 2, "all")
     assert labels == [-100, *full.ids.tolist(), eos]
+
+
+def test_rendering_on_worker_processes_gives_the_same_bytes(
+    chat_tok: Path, corpus: tuple[Path, list], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large chat inputs render on spawned workers (packcli/render_pool.py): same Parquet
+    bytes and report as rendering in the task's process; a template failure on a worker is
+    still a `file:line` error or a quarantined line, and a hostile template's error still
+    stops the run with its message."""
+    from packcli import render_pool
+    from packcli.chat import load_chat_template
+
+    path, _ = corpus
+    invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "one", *ARGS, "--num-proc", "2")
+    monkeypatch.setattr(render_pool, "MIN_POOL_BYTES", 0)
+    started: list[int] = []
+    real_init = render_pool.RenderPool.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        started.append(args[-1] if args else kwargs["workers"])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(render_pool.RenderPool, "__init__", init)
+    code, output = invoke(
+        "pack", path, "-t", chat_tok, "-o", tmp_path / "pool", *ARGS, "--num-proc", "2",
+        "--batch-size", "16",
+    )  # fmt: skip
+    assert code == 0, output
+    assert started == [2]
+    parquet = sorted((tmp_path / "one").rglob("*.parquet"))
+    assert parquet and all(
+        p.read_bytes() == (tmp_path / "pool" / p.relative_to(tmp_path / "one")).read_bytes()
+        for p in parquet
+    )
+    one = json.loads((tmp_path / "one" / "packcli.json").read_text())["report"]
+    pool = json.loads((tmp_path / "pool" / "packcli.json").read_text())["report"]
+    assert one == pool
+    chatml = load_chat_template(None, "chatml").text
+    picky = tmp_path / "picky.jinja"
+    picky.write_text(
+        "{% if messages | length > 4 %}{{ raise_exception('at most two exchanges') }}{% endif %}"
+        + chatml
+    )
+    args = ["--format", "chat", "--chat-template", picky, "--short-len", "128", "--long-len", "512"]
+    args += ["--num-proc", "2", "-q"]
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "e", *args)
+    assert code == 1 and "at most two exchanges" in output and f"{path}:" in output
+    out = tmp_path / "s"
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", out, *args, "--on-bad-line", "skip")
+    assert code == 0, output
+    rejected = json.loads((out / "packcli.json").read_text())["report"]["input"]["rejected"]
+    assert rejected["template_error"] > 0
+    hostile = tmp_path / "hostile.jinja"
+    hostile.write_text("{% for i in range(10**9) %}{{ i }}{% endfor %}")
+    args[args.index(picky)] = hostile
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "h", *args)
+    assert code == 1 and "chat template" in output

@@ -483,3 +483,36 @@ def test_a_different_plan_under_the_same_settings_rewrites_the_files(
     monkeypatch.undo()
     code, output = invoke("verify", out)
     assert code == 0 and "all invariants hold" in output, output
+
+
+def test_report_states_the_step_plan_of_the_rows_written(
+    corpus_dir: Path, toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """Samples per row and the step plan come from the rows actually written: recomputed
+    here from the Parquet files (segments and tokens of every row) for the asked target."""
+    from packcli.steps import plan_steps
+
+    out = tmp_path / "out"
+    code, output = invoke(
+        "pack", str(corpus_dir / "a.jsonl"), "-t", toy_tokenizer_path, "-o", out, *SMALL,
+        "--tokens-per-step", 3000,
+    )  # fmt: skip
+    assert code == 0, output
+    training = json.loads((out / "packcli.json").read_text())["report"]["training"]
+    for name in ("short", "long"):
+        table = pq.read_table(sorted((out / "data" / name).glob("*.parquet")))
+        docs = [len(s) for s in table.column("seq_lengths").to_pylist()]
+        tokens = table.column("num_tokens").to_pylist()
+        want = plan_steps(docs, tokens, tokens_per_step=3000)
+        got = training[name]
+        assert got["samples_per_row"] == round(want.samples_per_row, 4)
+        assert got["rows_per_step"] == want.rows_per_step
+        assert got["steps_per_epoch"] == want.steps_per_epoch
+        assert got["unpacked_batch_size"] == want.unpacked_batch_size
+        assert got["tokens_per_step"] == 3000
+        assert f"training  {name}: {want.samples_per_row:,.2f} documents a row" in output
+    code, output = invoke(
+        "pack", str(corpus_dir / "a.jsonl"), "-t", toy_tokenizer_path, "-o", tmp_path / "x",
+        *SMALL, "--tokens-per-step", 0,
+    )  # fmt: skip
+    assert code == 1 and "--tokens-per-step must be >= 1" in output

@@ -221,6 +221,12 @@ def test_every_form_packs_as_adjacent_pairs_with_trl_labels(
     code, output = invoke("verify", out)
     assert code == 0, output
     assert "input documents encoded again match" in output
+    card = (out / "README.md").read_text()
+    assert "segment_logps" in card and "preference_pairs" in card  # the DPO snippet
+    training = report["training"]["long"]  # pairs per row: a pair is one planned document
+    assert training["samples_per_row"] * report["tiers"]["long"]["rows"] == pytest.approx(
+        len(records), abs=1e-3 * len(records)
+    )
 
 
 def test_runs_are_byte_identical(
