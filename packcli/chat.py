@@ -1548,24 +1548,6 @@ def _mask(n_tokens: int, turns: np.ndarray, train_on: str) -> np.ndarray:
     return mask
 
 
-def _token_turns(offsets: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
-    """Token range of each span: the tokens that share at least one character with it."""
-    if not spans or len(offsets) == 0:
-        return np.zeros((0, 2), dtype=np.int64)
-    starts, ends = offsets[:, 0], offsets[:, 1]
-    bounds = np.asarray(spans, dtype=np.int64)
-    if np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1]):
-        first = np.searchsorted(ends, bounds[:, 0], side="right")  # first token ending after a
-        last = np.searchsorted(starts, bounds[:, 1], side="left")  # tokens starting before b
-    else:  # offsets out of order (unusual normalizers): test every token
-        first, last = np.empty(len(spans), np.int64), np.empty(len(spans), np.int64)
-        for i, (a, b) in enumerate(bounds):
-            hit = np.flatnonzero((starts < b) & (ends > a))
-            first[i], last[i] = (hit[0], hit[-1] + 1) if len(hit) else (0, 0)
-    turns = np.stack([first, last], axis=1)
-    return turns[turns[:, 1] > turns[:, 0]]
-
-
 def _check_train_on(train_on: str) -> None:
     if train_on not in TRAIN_ON:
         raise ConfigError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
@@ -1593,11 +1575,13 @@ def encode_rendered(
                 np.asarray(enc.ids, dtype=np.int32),
                 np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2),
             )
-    out = []
-    for r, (ids, offsets) in zip(rendered, known, strict=True):  # type: ignore[misc]
-        turns = _token_turns(offsets, r.assistant_spans)
-        out.append(EncodedDialogue(ids, _mask(len(ids), turns, train_on), turns, train_on))
-    return out
+    from packcli.offsets import token_turns
+
+    spans = token_turns([t[1] for t in known], [r.assistant_spans for r in rendered])  # type: ignore[index]
+    return [
+        EncodedDialogue(ids, _mask(len(ids), turns, train_on), turns, train_on)
+        for (ids, _), turns in zip(known, spans, strict=True)  # type: ignore[misc]
+    ]
 
 
 def control_tokens_of(tokenizer: Tokenizer) -> tuple[str, ...]:

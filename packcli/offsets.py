@@ -299,3 +299,93 @@ def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str])
         record["derived"] += 1
         record["tokens"] += len(w_ids)
     return record
+
+
+def token_turns(
+    offsets: Sequence[np.ndarray], spans: Sequence[Sequence[tuple[int, int]]]
+) -> list[np.ndarray]:
+    """Per text, the token range ``[first, last)`` of each character span: the tokens that
+    share at least one character with it (spans no token touches are left out), as an
+    int64 ``(k, 2)`` array. One compiled call for a whole batch of dialogues (it was a
+    dozen numpy calls per dialogue, a third of the chat path's time)."""
+    n = len(offsets)
+    counts = np.fromiter((len(o) for o in offsets), np.int64, count=n)
+    n_spans = np.fromiter((len(s) for s in spans), np.int64, count=n)
+    tok_bounds = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=tok_bounds[1:])
+    span_bounds = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(n_spans, out=span_bounds[1:])
+    flat = (
+        np.concatenate([np.asarray(o, np.int64).reshape(-1, 2) for o in offsets])
+        if tok_bounds[-1]
+        else np.zeros((0, 2), np.int64)
+    )
+    bounds = np.array([b for s in spans for b in s], dtype=np.int64).reshape(-1, 2)
+    first = np.zeros(len(bounds), dtype=np.int64)
+    last = np.zeros(len(bounds), dtype=np.int64)
+    run = jit.pick(_span_tokens, int(tok_bounds[-1]) // 20 + len(bounds))
+    run(
+        np.ascontiguousarray(flat[:, 0]), np.ascontiguousarray(flat[:, 1]), tok_bounds,
+        np.ascontiguousarray(bounds[:, 0]), np.ascontiguousarray(bounds[:, 1]), span_bounds,
+        first, last,
+    )  # fmt: skip
+    turns = np.stack([first, last], axis=1)
+    return [t[t[:, 1] > t[:, 0]] for t in np.split(turns, span_bounds[1:-1])] if n else []
+
+
+@jit.kernel(nogil=True)
+def _span_tokens(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    tok_bounds: np.ndarray,
+    span_a: np.ndarray,
+    span_b: np.ndarray,
+    span_bounds: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+) -> None:
+    """For each text's spans, the first token ending after the span's start and the end of
+    the tokens starting before its end (binary searches when the text's offsets never go
+    back, else every token is tested); ``first == last`` when no token touches it."""
+    for d in range(len(tok_bounds) - 1):
+        t0 = tok_bounds[d]
+        t1 = tok_bounds[d + 1]
+        if t1 == t0:
+            continue
+        monotone = True
+        for i in range(t0 + 1, t1):
+            if starts[i] < starts[i - 1] or ends[i] < ends[i - 1]:
+                monotone = False
+                break
+        for k in range(span_bounds[d], span_bounds[d + 1]):
+            a = span_a[k]
+            b = span_b[k]
+            if monotone:
+                lo, hi = t0, t1
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if ends[mid] <= a:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                f = lo
+                lo, hi = t0, t1
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if starts[mid] < b:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                first[k] = f - t0
+                last[k] = lo - t0
+            else:
+                f = -1
+                e = -1
+                for i in range(t0, t1):
+                    if starts[i] < b and ends[i] > a:
+                        if f < 0:
+                            f = i
+                        e = i + 1
+                if f >= 0:
+                    first[k] = f - t0
+                    last[k] = e - t0

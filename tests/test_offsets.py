@@ -263,3 +263,37 @@ def test_fast_offsets_check_records_what_it_compared(shapes: dict[str, Tokenizer
     record = check_offsets(FastOffsets(FastokensEncoder(tok), table), tok, texts)
     assert record["mismatch"] is None
     assert record["derived"] == len(texts) and record["tokens"] > len(texts)
+
+
+@pytest.mark.parametrize("mode", ["python", "numba"])
+def test_token_turns_are_the_tokens_sharing_a_character(mode: str) -> None:
+    """Each span's token range is exactly the tokens that share a character with it, for
+    offsets that only go forward (binary search) and offsets that go back (every token)."""
+    from packcli.offsets import token_turns
+
+    rng = random.Random(0)
+    for _ in range(200):
+        offsets, spans = [], []
+        for _ in range(rng.randint(1, 5)):
+            pos, rows = 0, []
+            for _ in range(rng.randint(0, 25)):
+                a = pos + rng.randint(0, 2)
+                b = a + rng.randint(0, 4)
+                rows.append((a, b))
+                pos = b if rng.random() < 0.9 else max(0, a - 3)
+            offsets.append(np.array(rows, dtype=np.int64).reshape(-1, 2))
+            spans.append(
+                [
+                    (a, a + rng.randint(0, 9))
+                    for a in sorted(rng.randint(0, pos + 3) for _ in range(3))
+                ]
+            )
+        with jit.forced(mode):
+            got = token_turns(offsets, spans)
+        for o, s, g in zip(offsets, spans, got, strict=True):
+            want = []
+            for a, b in s:
+                hit = [i for i, (x, y) in enumerate(o.tolist()) if x < b and y > a]
+                if hit:
+                    want.append([hit[0], hit[-1] + 1])
+            assert g.tolist() == want
