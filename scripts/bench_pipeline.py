@@ -23,10 +23,10 @@ sizes 10x apart and prints the peak RSS of each. ``--check-ids`` only compares e
 document's ids from each installed fast backend with HF's.
 
 ``--chat`` measures chat data the same way: the corpus holds dialogues (``--chat-from
-TEXT.jsonl`` makes ``--size-mb`` of them from real text: 1-4 turns, an optional system
-message, user turns cut to 800 characters), the tokenizer gets ChatML's two special tokens,
-(a)/(a') encode the rendered dialogues (rendered beforehand, untimed: what the tokenizer
-gets), and (b)/(c) run ``packcli pack --format chat``.
+TEXT.jsonl`` makes ``--size-mb`` of them from real text drawn at random: 1-4 turns, an
+optional system message, user turns cut to 800 characters), the tokenizer gets ChatML's
+two special tokens, (a)/(a') encode the rendered dialogues (rendered beforehand, untimed:
+what the tokenizer gets), and (b)/(c) run ``packcli pack --format chat``.
 
     python scripts/bench_pipeline.py --chat-from /tmp/real150.jsonl --size-mb 100 \
         --tokenizer /tmp/tok128k --repeats 1
@@ -79,18 +79,16 @@ def make_chat_corpus(text_corpus: Path, path: Path, size_mb: int, seed: int) -> 
     rng = np.random.default_rng(seed)
     limit = size_mb * 1_000_000
     written = 0
-    with text_corpus.open("rb") as src, path.open("wb") as out:
-        texts = (t for t in (orjson.loads(line)["text"] for line in src) if len(t) < 8000)
-        while written < limit:
+    with text_corpus.open("rb") as src:
+        pool = [t for t in (orjson.loads(line)["text"] for line in src) if 0 < len(t) < 8000]
+    with path.open("wb") as out:
+        while written < limit:  # texts drawn at random: a corpus of any size
             msgs = []
-            try:
-                if rng.random() < 0.3:
-                    msgs.append({"role": "system", "content": next(texts)[:300]})
-                for _ in range(int(rng.choice([1, 1, 2, 2, 3, 4]))):
-                    msgs.append({"role": "user", "content": next(texts)[:800]})
-                    msgs.append({"role": "assistant", "content": next(texts)})
-            except StopIteration:
-                break
+            if rng.random() < 0.3:
+                msgs.append({"role": "system", "content": pool[rng.integers(len(pool))][:300]})
+            for _ in range(int(rng.choice([1, 1, 2, 2, 3, 4]))):
+                msgs.append({"role": "user", "content": pool[rng.integers(len(pool))][:800]})
+                msgs.append({"role": "assistant", "content": pool[rng.integers(len(pool))]})
             line = orjson.dumps({"messages": msgs}) + b"\n"
             out.write(line)
             written += len(line)
