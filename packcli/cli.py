@@ -79,7 +79,11 @@ def _special(value: str | None) -> str | int | None:
 
 # Options shared by several commands, declared once.
 Inputs = Annotated[
-    list[str], typer.Argument(help="jsonl / jsonl.gz / jsonl.zst files, folders or globs.")
+    list[str],
+    typer.Argument(
+        help="jsonl / jsonl.gz / jsonl.zst, Parquet or Arrow files, folders (also "
+        "save_to_disk ones) or globs; hf-dataset:OWNER/NAME[@REV][/PATH] for a Hub dataset."
+    ),
 ]
 Out = Annotated[str, typer.Option("--out", "-o", help="Output dataset folder.")]
 TokenizerOpt = Annotated[
@@ -89,7 +93,9 @@ TokenizerOpt = Annotated[
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config; flags override it.")
 ]
-TextField = Annotated[str | None, typer.Option(help="JSON field holding the text [text].")]
+TextField = Annotated[
+    str | None, typer.Option(help="JSON field (Parquet/Arrow: column) holding the text [text].")
+]
 Eos = Annotated[
     str | None,
     typer.Option(help="EOS appended to every document: token, id, auto or none [auto]."),
@@ -142,6 +148,13 @@ OnBadLine = Annotated[
     str | None,
     typer.Option(help="Bad input lines: error (stop at file:line) or skip (quarantine) [error]."),
 ]
+InputFormat = Annotated[
+    str | None,
+    typer.Option(
+        help="auto (by file name; save_to_disk folders), jsonl, parquet, arrow, hf-disk or "
+        "hub (every input is a Hub dataset id) [auto]."
+    ),
+]
 SplitBytes = Annotated[
     int | None,
     typer.Option(
@@ -153,7 +166,7 @@ Format = Annotated[
     str | None, typer.Option("--format", help="text (pretraining) or chat (SFT dialogues) [text].")
 ]
 MessagesField = Annotated[
-    str | None, typer.Option(help="Chat: JSON field holding the messages [messages].")
+    str | None, typer.Option(help="Chat: JSON field (column) holding the messages [messages].")
 ]
 ChatTemplateOpt = Annotated[
     str | None,
@@ -189,6 +202,7 @@ def _tokenize_sections(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "batch_size": flags["batch_size"],
             "on_bad_line": flags["on_bad_line"],
             "split_bytes": flags["split_bytes"],
+            "input_format": flags["input_format"],
         },
         "chat": {
             "format": flags["format_"],
@@ -259,6 +273,7 @@ def pack(
     special_in_text: SpecialInText = None,
     on_bad_line: OnBadLine = None,
     split_bytes: SplitBytes = None,
+    input_format: InputFormat = None,
     format_: Format = None,
     messages_field: MessagesField = None,
     chat_template: ChatTemplateOpt = None,
@@ -342,6 +357,7 @@ def tokenize(
     special_in_text: SpecialInText = None,
     on_bad_line: OnBadLine = None,
     split_bytes: SplitBytes = None,
+    input_format: InputFormat = None,
     format_: Format = None,
     messages_field: MessagesField = None,
     chat_template: ChatTemplateOpt = None,
