@@ -249,7 +249,9 @@ def _command() -> str:
         "  packcli pack 'corpus/*.jsonl.zst' --tokenizer path/to/tokenizer.json --out out/\n\n"
         "  packcli pack data/ --tokenizer meta-llama/Llama-3.1-8B --out out/ --overlong drop\n\n"
         "  packcli pack a.jsonl b.jsonl.gz -t tok/ -o out/ --config configs/pretrain.yaml "
-        "--short-len 2048 --long-len 32768"
+        "--short-len 2048 --long-len 32768\n\n"
+        "  packcli pack 'shards/*.parquet' -t tok/ -o out/ --text-field content\n\n"
+        "  packcli pack hf-dataset:HuggingFaceFW/fineweb-edu/sample/10BT -t tok/ -o out/"
     )
 )
 @_errors_to_exit

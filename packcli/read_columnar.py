@@ -25,9 +25,11 @@ Why it looks the way it does:
 * **One place opens files** (``open_input``), so other filesystems (fsspec URLs) can slot
   in there.
 
-Cost: a Parquet text column converts to Python strings at ~1 GB/s (``to_pylist``); the
-per-row checks are the jsonl reader's two type checks, so reading stays far below
-tokenizing.
+Cost: the per-row checks are the jsonl reader's type checks, and ``to_pylist`` makes the
+Python strings the tokenizer takes anyway. Measured on this project's 2-core box (CPU
+seconds, best of 3): 40,000 documents, 106 MB of text, read as jsonl in 0.36 s and as
+Parquet (40 MB, snappy, pyarrow's defaults) in 0.46 s (~230 MB/s), far above tokenizing
+(~10 MB/s with the fast path).
 """
 
 from __future__ import annotations
@@ -144,24 +146,20 @@ class _Table:
         return list(zip(rows, map(operator.sub, ends, [0, *ends[:-1]]), strict=True))
 
     def _batches(self, start: int, stop: int | None) -> Iterator[pa.RecordBatch]:
+        """Record batches ``start..stop-1`` (to the end when ``stop`` is None)."""
         if self._is_file:
             stop = self._ipc.num_record_batches if stop is None else stop
             for i in range(start, stop):
                 yield self._ipc.get_batch(i)
             return
-        # A stream can only be walked: batches before ``start`` are read and dropped (views
-        # of the mapped file, so only their headers are touched when uncompressed).
+        # A stream can only be walked from its start: batches before ``start`` are read and
+        # dropped (views of the mapped file: only their headers are touched, uncompressed).
         self._source.seek(0)
-        reader = pa.ipc.open_stream(self._source)
-        for i, batch in enumerate(reader):
+        for i, batch in enumerate(pa.ipc.open_stream(self._source)):
             if stop is not None and i >= stop:
                 return
             if i >= start:
                 yield batch
-            else:
-                self.rows_skipped += batch.num_rows
-
-    rows_skipped = 0
 
     def extent(self, groups: tuple[int, int] | None) -> tuple[int, int] | None:
         """(rows, on-disk bytes) of a group range (None: the file) when known without reading
@@ -194,16 +192,9 @@ class _Table:
         if self._is_file:
             before = sum(self._ipc.get_batch(i).num_rows for i in range(start))
             return before, (b.column(column) for b in self._batches(start, stop))
-        self.rows_skipped = 0
-        arrays = (b.column(column) for b in self._batches(start, stop))
-        first = next(arrays, None)  # skips the batches before ``start``, counting their rows
-        return self.rows_skipped, _chain(first, arrays)
-
-
-def _chain(first: pa.Array | None, rest: Iterator[pa.Array]) -> Iterator[pa.Array]:
-    if first is not None:
-        yield first
-        yield from rest
+        batches = self._batches(0, stop)
+        before = sum(b.num_rows for b in itertools.islice(batches, start))
+        return before, (b.column(column) for b in batches)
 
 
 def group_ranges(groups: Sequence[tuple[int, int]], split_bytes: int) -> list[tuple[int, int]]:

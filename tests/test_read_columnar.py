@@ -377,6 +377,7 @@ def test_hub_dataset_from_the_offline_cache(
     files = {f"data/p{i}.parquet": (parquet / f"p{i}.parquet").read_bytes() for i in range(2)}
     files["README.md"] = b"---\nlicense: mit\n---\n"
     files["other/notes.parquet"] = files["data/p0.parquet"]
+    files.update({f"json/p{i}.jsonl": (jsonl / f"p{i}.jsonl").read_bytes() for i in range(2)})
     cache = tmp_path / "hub"
     commit = _hub_cache(cache, "packcli/tiny", files)
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # conftest: never the network
@@ -396,6 +397,10 @@ def test_hub_dataset_from_the_offline_cache(
     out2 = tmp_path / "hub-out2"
     invoke_ok("pack", "packcli/tiny@main/data", "--input-format", "hub", "-o", out2, *args)
     assert data_hashes(out2) == data_hashes(out)
+    # jsonl files of a Hub dataset: read by their names, not their blobs' (no suffix).
+    out3 = tmp_path / "hub-jsonl"
+    invoke_ok("pack", "hf-dataset:packcli/tiny/json", "-o", out3, *args)
+    assert data_hashes(out3) == data_hashes(out)
     code, output = invoke("pack", "hf-dataset:packcli/absent", "-o", tmp_path / "o3", *args)
     assert code == 1 and output.startswith("error: Hub dataset 'packcli/absent': ")
 
@@ -445,3 +450,36 @@ def test_killed_run_over_row_group_units_resumes_to_identical_output(
     assert again.returncode == 0, again.stderr
     report = json.loads((out / "packcli.json").read_text())["report"]
     assert report["input"]["documents"] == 399
+
+
+@pytest.mark.usefixtures("tiny_units")
+def test_bad_dialogues_name_the_files_row(tmp_path: Path) -> None:
+    """A malformed dialogue (``bad_record``) and one the template refuses (``template_error``,
+    found while tokenizing, after reading) both name the file's own row, in a later unit."""
+    from packcli.chat import load_chat_template
+
+    tok = _chat_tokenizer(tmp_path / "tok")
+    template = tmp_path / "picky.jinja"
+    template.write_text(
+        "{% if messages | length > 2 %}{{ raise_exception('at most one exchange') }}{% endif %}"
+        + load_chat_template(None, "chatml").text
+    )
+    one = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    rows: list[Any] = [one] * 20
+    rows[9] = one * 2  # the template refuses it
+    rows[14] = [{"role": "robot", "content": "beep"}]  # not a dialogue
+    path = tmp_path / "in" / "c.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"messages": rows}), path, row_group_size=4)
+    args = ["pack", path, "-t", tok, "--format", "chat", "--chat-template", template, "-q"]
+    args += ["--short-len", "64", "--long-len", "256", "--split-bytes", 1]
+    code, output = invoke(*args, "-o", tmp_path / "e")
+    assert code == 1 and f"{path}: row 9: " in output and "at most one exchange" in output
+    out = tmp_path / "s"
+    invoke_ok(*args, "-o", out, "--on-bad-line", "skip")
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["reason"]) for r in rejected] == [
+        (9, "template_error"),
+        (14, "bad_record"),
+    ]
+    assert "unknown role 'robot'" in rejected[1]["detail"]
