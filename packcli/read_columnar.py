@@ -3,10 +3,11 @@ datasets, read into the same ``DocBatch`` stream as jsonl (``packcli/read.py``).
 
 Why it looks the way it does:
 
-* **Streamed by row group, one column.** A Parquet file is read with
-  ``ParquetFile.iter_batches`` over the text (or messages) column only, so memory holds one
-  Arrow batch of that column, never the file; an Arrow IPC file is memory-mapped, so its
-  batches are zero-copy views and untouched columns are never paged in.
+* **Streamed, one column.** A Parquet file is read with ``ParquetFile.iter_batches`` over
+  the text (or messages) column only, through a 1 MiB buffer without pre-buffering, so
+  memory holds one page and one batch of documents, never a row group, let alone the file;
+  an Arrow IPC file is memory-mapped, so its batches are zero-copy views and untouched
+  columns are never paged in.
 * **A unit of work is a row-group range.** A file larger than ``--split-bytes`` is cut into
   ranges of consecutive row groups (Arrow: record batches) of at most that many on-disk bytes
   (a single larger group is a range of its own), so one huge file spreads over tokenize tasks
@@ -65,6 +66,7 @@ from packcli.read import (
 logger = logging.getLogger(__name__)
 
 _ARROW_FILE_MAGIC = b"ARROW1"
+_PARQUET_BUFFER = 1 << 20  # bytes of a column chunk read at a time
 _REVISION_WITH_SLASH = re.compile(r"refs/convert/parquet|refs/pr/\d+")
 
 
@@ -95,7 +97,13 @@ class _Table:
             if fmt == "parquet":
                 import pyarrow.parquet as pq
 
-                self._parquet = pq.ParquetFile(self._source)
+                # pyarrow's defaults read every requested column chunk whole, and with
+                # pre_buffer all of them at once: 158 MB held for a 158 MB column, one row
+                # group or forty. Streaming each chunk through a small buffer holds one
+                # page and one batch (measured: 8 MB) at ~8% more CPU.
+                self._parquet = pq.ParquetFile(
+                    self._source, pre_buffer=False, buffer_size=_PARQUET_BUFFER
+                )
                 self.schema = self._parquet.schema_arrow
             else:
                 self._is_file = self._source.read(6) == _ARROW_FILE_MAGIC

@@ -260,6 +260,21 @@ def test_reader_counts_rows_and_batches_like_jsonl(tmp_path: Path) -> None:
     assert (info.value.line, info.value.reason) == (33, "not_string")
 
 
+def test_parquet_is_streamed_not_loaded(tmp_path: Path) -> None:
+    """One row group of 48 MB of text (uncompressed): reading it holds about a page and a
+    batch (8 MB measured), not the column chunk (pyarrow's defaults hold all of it)."""
+    path = tmp_path / "big.parquet"
+    texts = [f"{i:08d} " + "x" * 3000 for i in range(16000)]
+    pq.write_table(pa.table({"text": texts}), path, compression="none", row_group_size=10**6)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 1
+    peak = n = 0
+    for batch in iter_columnar([path], "parquet", "text", 256):
+        peak = max(peak, pa.total_allocated_bytes())
+        assert batch.texts[0] == texts[n]
+        n += len(batch.texts)
+    assert n == len(texts) and peak < 12 << 20
+
+
 @pytest.mark.parametrize("kind", ["parquet", "arrow-file", "arrow-stream"])
 def test_missing_column_lists_the_columns(
     kind: str, toy_tokenizer_path: Path, tmp_path: Path
