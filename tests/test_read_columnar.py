@@ -498,3 +498,11 @@ def test_bad_dialogues_name_the_files_row(tmp_path: Path) -> None:
         (14, "bad_record"),
     ]
     assert "unknown role 'robot'" in rejected[1]["detail"]
+
+
+def test_unknown_input_format_is_refused() -> None:
+    from packcli.config import ReadConfig
+    from packcli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"read\.input_format must be one of auto, jsonl"):
+        ReadConfig(input_format="csv")
