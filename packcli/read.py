@@ -480,8 +480,16 @@ def resolve_inputs(
 
 
 def _is_saved_dataset(folder: Path) -> bool:
-    """A ``datasets`` ``save_to_disk`` folder (a Dataset, or a DatasetDict to refuse)."""
-    return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
+    """A ``datasets`` ``save_to_disk`` folder (a Dataset, or a DatasetDict to refuse): by its
+    ``state.json`` (``_data_files``) or ``dataset_dict.json`` (``splits``), so a corpus
+    folder that merely holds a file of either name is searched as usual."""
+    for name, key in (("state.json", "_data_files"), ("dataset_dict.json", "splits")):
+        try:
+            if key in json.loads((folder / name).read_text(encoding="utf-8")):
+                return True
+        except (OSError, ValueError, TypeError):
+            continue
+    return False
 
 
 # --------------------------------------------------------------------------- opening files

@@ -324,9 +324,12 @@ def test_resolve_formats_and_saved_datasets(tmp_path: Path) -> None:
     import datasets
 
     (tmp_path / "mix").mkdir()
+    (tmp_path / "j").mkdir()
     write_jsonl(tmp_path / "mix" / "a.jsonl", [{"text": "x"}])
+    write_jsonl(tmp_path / "j" / "a.jsonl", [{"text": "x"}])
     pq.write_table(pa.table({"text": ["y"]}), tmp_path / "mix" / "b.parquet")
     (tmp_path / "mix" / "c.bin").write_bytes(b"")
+    (tmp_path / "mix" / "state.json").write_text('{"step": 3}')  # not a saved dataset
     names = lambda paths: [p.name for p in paths]  # noqa: E731
     assert names(resolve_inputs([str(tmp_path / "mix")])) == ["a.jsonl", "b.parquet"]
     assert names(resolve_inputs([str(tmp_path / "mix")], input_format="parquet")) == ["b.parquet"]
@@ -347,8 +350,10 @@ def test_resolve_formats_and_saved_datasets(tmp_path: Path) -> None:
     want = [f["filename"] for f in state["_data_files"]]
     assert names(resolve_inputs([str(saved)])) == want
     assert names(resolve_inputs([str(saved)], input_format="hf-disk")) == want
-    with pytest.raises(InputError, match=r"no state\.json"):
+    with pytest.raises(InputError, match=r"mix/state\.json: not a datasets state\.json"):
         resolve_inputs([str(tmp_path / "mix")], input_format="hf-disk")
+    with pytest.raises(InputError, match=r"not a datasets save_to_disk folder \(no state\.json"):
+        resolve_inputs([str(tmp_path / "j")], input_format="hf-disk")
     dd = tmp_path / "dd"
     datasets.DatasetDict(
         {
