@@ -79,7 +79,11 @@ def _special(value: str | None) -> str | int | None:
 
 # Options shared by several commands, declared once.
 Inputs = Annotated[
-    list[str], typer.Argument(help="jsonl / jsonl.gz / jsonl.zst files, folders or globs.")
+    list[str],
+    typer.Argument(
+        help="jsonl / jsonl.gz / jsonl.zst, Parquet or Arrow files, folders (also "
+        "save_to_disk ones) or globs; hf-dataset:OWNER/NAME[@REV][/PATH] for a Hub dataset."
+    ),
 ]
 Out = Annotated[str, typer.Option("--out", "-o", help="Output dataset folder.")]
 TokenizerOpt = Annotated[
@@ -89,7 +93,9 @@ TokenizerOpt = Annotated[
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config; flags override it.")
 ]
-TextField = Annotated[str | None, typer.Option(help="JSON field holding the text [text].")]
+TextField = Annotated[
+    str | None, typer.Option(help="JSON field (Parquet/Arrow: column) holding the text [text].")
+]
 Eos = Annotated[
     str | None,
     typer.Option(help="EOS appended to every document: token, id, auto or none [auto]."),
@@ -149,6 +155,13 @@ OnBadLine = Annotated[
     str | None,
     typer.Option(help="Bad input lines: error (stop at file:line) or skip (quarantine) [error]."),
 ]
+InputFormat = Annotated[
+    str | None,
+    typer.Option(
+        help="auto (by file name; save_to_disk folders), jsonl, parquet, arrow, hf-disk or "
+        "hub (every input is a Hub dataset id) [auto]."
+    ),
+]
 SplitBytes = Annotated[
     int | None,
     typer.Option(
@@ -165,7 +178,7 @@ Format = Annotated[
     ),
 ]
 MessagesField = Annotated[
-    str | None, typer.Option(help="Chat: JSON field holding the messages [messages].")
+    str | None, typer.Option(help="Chat: JSON field (column) holding the messages [messages].")
 ]
 ChatTemplateOpt = Annotated[
     str | None,
@@ -201,6 +214,7 @@ def _tokenize_sections(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "batch_size": flags["batch_size"],
             "on_bad_line": flags["on_bad_line"],
             "split_bytes": flags["split_bytes"],
+            "input_format": flags["input_format"],
         },
         "chat": {
             "format": flags["format_"],
@@ -253,7 +267,9 @@ def _command() -> str:
         "  packcli pack 'corpus/*.jsonl.zst' --tokenizer path/to/tokenizer.json --out out/\n\n"
         "  packcli pack data/ --tokenizer meta-llama/Llama-3.1-8B --out out/ --overlong drop\n\n"
         "  packcli pack a.jsonl b.jsonl.gz -t tok/ -o out/ --config configs/pretrain.yaml "
-        "--short-len 2048 --long-len 32768"
+        "--short-len 2048 --long-len 32768\n\n"
+        "  packcli pack 'shards/*.parquet' -t tok/ -o out/ --text-field content\n\n"
+        "  packcli pack hf-dataset:HuggingFaceFW/fineweb-edu/sample/10BT -t tok/ -o out/"
     )
 )
 @_errors_to_exit
@@ -277,6 +293,7 @@ def pack(
     special_in_text: SpecialInText = None,
     on_bad_line: OnBadLine = None,
     split_bytes: SplitBytes = None,
+    input_format: InputFormat = None,
     format_: Format = None,
     messages_field: MessagesField = None,
     chat_template: ChatTemplateOpt = None,
@@ -362,6 +379,7 @@ def tokenize(
     special_in_text: SpecialInText = None,
     on_bad_line: OnBadLine = None,
     split_bytes: SplitBytes = None,
+    input_format: InputFormat = None,
     format_: Format = None,
     messages_field: MessagesField = None,
     chat_template: ChatTemplateOpt = None,

@@ -22,6 +22,8 @@ import yaml
 from packcli.errors import ConfigError
 
 OVERLONG_POLICIES = ("split", "truncate", "drop")
+# Mirrors packcli.read.INPUT_FORMATS (not imported: the config loads without the readers).
+INPUT_FORMATS = ("auto", "jsonl", "parquet", "arrow", "hf-disk", "hub")
 PLAN_ALGORITHMS = ("bfd", "ffd", "wrapped")
 # Smaller byte spans only add per-unit overhead (a folder, records, threads): --split-bytes 1
 # made 280k units of a 280 KB file (12 minutes, 3.3 GB of work folder).
@@ -45,8 +47,16 @@ class ReadConfig:
     # Uncompressed files larger than this are tokenized as byte spans of this size, each its
     # own unit of work (so tasks can share one huge file); 0 = never split. Output unchanged.
     split_bytes: int = 1 << 30
+    # auto | jsonl | parquet | arrow | hf-disk | hub (packcli/read_columnar.py). Parquet and
+    # Arrow files larger than split_bytes are split into row-group ranges the same way.
+    input_format: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.input_format not in INPUT_FORMATS:
+            raise ConfigError(
+                f"read.input_format must be one of {', '.join(INPUT_FORMATS)}, "
+                f"got {self.input_format!r}"
+            )
         if self.on_bad_line not in ("error", "skip"):
             raise ConfigError(f"read.on_bad_line must be error or skip, got {self.on_bad_line!r}")
         object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))

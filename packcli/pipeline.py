@@ -87,11 +87,13 @@ from packcli.read import (
     ReadStats,
     RejectSink,
     count_newlines,
+    file_format,
     iter_batches,
     resolve_inputs,
     shift_reject_lines,
     split_spans,
     splittable,
+    suffix_format,
 )
 from packcli.report import TOKENS_PER_STEP, build_report
 from packcli.shards import (
@@ -382,7 +384,14 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
         os.environ["RAYON_NUM_THREADS"] = str(cfg.tokenize.num_proc)
         os.environ["FASTOKENS_BPE_THREADS"] = str(cfg.tokenize.num_proc)
     # Never read back what packcli writes (rejected.jsonl, work files) as input.
-    paths = resolve_inputs(cfg.read.inputs, exclude=(cfg.out_path, cfg.work_path))
+    paths = resolve_inputs(
+        cfg.read.inputs, exclude=(cfg.out_path, cfg.work_path), input_format=cfg.read.input_format
+    )
+    formats = [file_format(p, cfg.read.input_format) or "jsonl" for p in paths]
+    if any(f != "jsonl" for f in formats):  # a column missing from a file: refused up front
+        from packcli.read_columnar import check_columns
+
+        check_columns(paths, formats, *input_column(cfg))
     early = None
     if not (cfg.work_path / "tokens" / SUCCESS).is_file():
         # A fresh (or interrupted) tokenize stage: the fast backend will be wanted, so it
@@ -432,7 +441,9 @@ def tokenize_task(
     prepared = prepared or prepare_tokenize(cfg)
     tok = prepared.tok
     stage_fp = _fingerprint(tok.settings)
-    files, units = _input_units(prepared.paths, cfg.read.split_bytes, stage_fp)
+    files, units = _input_units(
+        prepared.paths, cfg.read.split_bytes, stage_fp, cfg.read.input_format
+    )
     claim_output(cfg)
     folder = cfg.work_path / "tokens"
     folder.mkdir(parents=True, exist_ok=True)
@@ -552,6 +563,8 @@ def _group_unit(members: list[tuple[int, dict[str, Any]]], stage_fp: str) -> dic
         "key": _file_key("\n".join(paths)),
     }
     files = [entry for _, entry in members]
+    if "format" in files[0]:  # every member has the same format
+        unit["format"] = files[0]["format"]
     unit["fingerprint"] = _fingerprint({"stage": stage_fp, "files": files, "key": unit["key"]})
     return unit
 
@@ -561,13 +574,15 @@ def _unit_paths(unit: dict[str, Any]) -> list[str]:
 
 
 def _input_units(
-    paths: list[Path], split_bytes: int, stage_fp: str
+    paths: list[Path], split_bytes: int, stage_fp: str, input_format: str = "auto"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The input files, and the units of tokenize work: each file, each byte span of an
     uncompressed file larger than ``split_bytes`` (so one huge file still spreads over
-    tasks), or a group of consecutive small files. Units are in input order; document ids
-    and line numbers are assigned from their counts later, so how files are split or
-    grouped never changes the output."""
+    tasks), each range of row groups of such a Parquet/Arrow file, or a group of
+    consecutive small files of one format. Units are in input order; document ids and line
+    numbers are assigned from their counts later, so how files are split or grouped never
+    changes the output. A jsonl file's records are as they always were (so its shards are
+    reused across versions); others add their ``format``."""
     files: list[dict[str, Any]] = []
     units: list[dict[str, Any]] = []
     group: list[tuple[int, dict[str, Any]]] = []
@@ -584,12 +599,24 @@ def _input_units(
 
     for index, p in enumerate(paths):
         st = p.stat()
-        path = str(p.resolve())
-        entry = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        fmt = file_format(p, input_format) or "jsonl"
+        path = str(_identity(p))
+        entry: dict[str, Any] = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if fmt != "jsonl":
+            entry["format"] = fmt
         files.append(entry)
-        spans = split_spans(st.st_size, split_bytes) if splittable(p) else None
+        if fmt == "jsonl":
+            spans = split_spans(st.st_size, split_bytes) if splittable(p) else None
+        else:
+            from packcli.read_columnar import split_groups
+
+            spans = split_groups(p, fmt, st.st_size, split_bytes)
         if spans is None and st.st_size < GROUP_BYTES:
-            if group and (_starts_group(path, st.st_size) or group_bytes + st.st_size > GROUP_CAP):
+            if group and (
+                _starts_group(path, st.st_size)
+                or group_bytes + st.st_size > GROUP_CAP
+                or group[0][1].get("format") != entry.get("format")
+            ):
                 close_group()
             group.append((index, entry))
             group_bytes += st.st_size
@@ -600,14 +627,38 @@ def _input_units(
     return files, units
 
 
+def _identity(p: Path) -> Path:
+    """The path recorded for an input: resolved (one file, one identity), unless resolving
+    loses what its name says it is: a content-addressed store (the Hugging Face cache's
+    ``blobs/<sha256>``, which a Hub dataset's files link to) keeps the link's name."""
+    resolved = p.resolve()
+    return resolved if suffix_format(resolved) == suffix_format(p) else Path(os.path.abspath(p))
+
+
 def _file_units(
-    index: int, entry: dict[str, Any], spans: list[tuple[int, int]] | None, stage_fp: str
+    index: int, entry: dict[str, Any], spans: list[Any] | None, stage_fp: str
 ) -> list[dict[str, Any]]:
-    """The units of one file: the whole file, or each of its byte spans."""
+    """The units of one file: the whole file, each of its byte spans (jsonl) or each of
+    its row-group ranges (Parquet/Arrow: ``((start, stop), bytes)``)."""
     units = []
     path = entry["path"]
+    if "format" in entry:
+        for groups, nbytes in spans or [(None, entry["size"])]:
+            unit: dict[str, Any] = {
+                "file_index": index,
+                "path": path,
+                "span": None,
+                "format": entry["format"],
+                "row_groups": list(groups) if groups else None,
+                "size": nbytes,
+                "key": _file_key(path if groups is None else f"{path}#rg{groups[0]}-{groups[1]}"),
+            }
+            keyed = {k: v for k, v in unit.items() if k != "file_index"}
+            unit["fingerprint"] = _fingerprint({"stage": stage_fp, **entry, **keyed})
+            units.append(unit)
+        return units
     for span in spans or [None]:
-        unit: dict[str, Any] = {
+        unit = {
             "file_index": index,
             "path": path,
             "span": list(span) if span else None,
@@ -644,14 +695,12 @@ def _choose_backend(
     def sample() -> list[str]:
         if not units:
             return []
-        batches = iter_batches(
-            [Path(units[0]["path"])],
-            cfg.read.text_field,
+        batches = read_unit(
+            cfg,
+            {**units[0], "paths": [units[0]["path"]]},  # the first file's documents
             SAMPLE_DOCS,
-            on_bad_line=cfg.read.on_bad_line,
-            span=_span(units[0]),
-            verify_streams=False,  # a sample: not worth decompressing the whole file first
-            validate=record_validator(cfg),
+            ReadStats(),
+            sample=True,
         )
         first = next(iter(batches), None)
         if first is None:
@@ -736,6 +785,58 @@ def _span(unit: dict[str, Any]) -> tuple[int, int] | None:
     return tuple(unit["span"]) if unit["span"] else None  # type: ignore[return-value]
 
 
+def input_column(cfg: RunConfig) -> tuple[str, str]:
+    """The field (Parquet/Arrow: column) documents are read from, and its option."""
+    if cfg.chat.is_chat:
+        return cfg.chat.messages_field, "--messages-field"
+    return cfg.read.text_field, "--text-field"
+
+
+def read_unit(
+    cfg: RunConfig,
+    unit: dict[str, Any],
+    batch_size: int,
+    stats: ReadStats,
+    rejects: RejectSink | None = None,
+    *,
+    sample: bool = False,
+) -> Iterator[DocBatch]:
+    """The documents of one unit of tokenize work, by its format. ``sample``: a quick look
+    at the first documents (a compressed jsonl stream is not verified first)."""
+    paths = [Path(p) for p in _unit_paths(unit)]
+    fmt = unit.get("format", "jsonl")
+    if fmt == "jsonl":
+        return iter_batches(
+            paths,
+            cfg.read.text_field,
+            batch_size,
+            stats,
+            on_bad_line=cfg.read.on_bad_line,
+            rejects=rejects,
+            validate=record_validator(cfg),  # chat: the sample is rendered dialogues
+            span=_span(unit),
+            batch_bytes=0 if sample else cfg.read.batch_bytes,
+            verify_streams=not sample,
+        )
+    from packcli.read_columnar import iter_columnar
+
+    column, option = input_column(cfg)
+    groups = unit.get("row_groups")
+    return iter_columnar(
+        paths,
+        fmt,
+        column,
+        batch_size,
+        stats,
+        on_bad_line=cfg.read.on_bad_line,
+        rejects=rejects,
+        validate=record_validator(cfg),
+        groups=tuple(groups) if groups else None,
+        batch_bytes=0 if sample else cfg.read.batch_bytes,
+        option=option,
+    )
+
+
 def record_validator(cfg: RunConfig) -> Any:
     """What ``iter_batches`` checks each line with: the text field (None) or, for chat, the
     messages (the chat module loads only then)."""
@@ -790,23 +891,16 @@ def _tokenize_unit(
         RejectSink(folder / REJECTED) as sink,
         ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, schema) as writer,
     ):
-        source = iter_batches(
-            [Path(p) for p in _unit_paths(unit)],
-            cfg.read.text_field,
-            cfg.read.batch_size,
-            stats,
-            on_bad_line=cfg.read.on_bad_line,
-            rejects=sink,
-            validate=record_validator(cfg),
-            span=_span(unit),
-            batch_bytes=cfg.read.batch_bytes,
-        )
+        source = read_unit(cfg, unit, cfg.read.batch_size, stats, sink)
         batches = prefetch(_skip_documents(source, resume_doc, unit["file_index"]), times=times)
 
         def template_failed(batch: DocBatch, index: int, reason: str) -> None:
             line = int(batch.line[index])
             doc_path = _unit_paths(unit)[int(batch.file_index[index]) - unit["file_index"]]
             if not skip:
+                if "format" in unit:  # a row of a Parquet/Arrow file (range)
+                    row = line + stats.rows_before
+                    raise InputError(f"{doc_path}: row {row}: {reason}")
                 line += count_newlines(doc_path, stats.first_line_byte)  # a file line
                 raise InputError(f"{doc_path}:{line}: {reason}")
             stats.rejected["template_error"] = stats.rejected.get("template_error", 0) + 1
@@ -946,6 +1040,8 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
         if done.get("fingerprint") != unit["fingerprint"]:
             more = len(_unit_paths(unit)) - 1
             where = f" bytes {unit['span']}" if unit["span"] else ""
+            if unit.get("row_groups"):
+                where = f" row groups {unit['row_groups']}"
             missing.append(unit["path"] + where + (f" and {more} more file(s)" if more else ""))
             continue
         first_line = lines_before[unit["file_index"]]
@@ -1280,8 +1376,9 @@ def finalize_stage(
         chat=shards.success.get("chat"),
         tokenizer=tokenizer_report(shards.success),
         largest_provenance={
-            "file": shards.success["files"][shards.value("file_index", largest)]["path"],
-            "line": shards.value("line", largest),
+            "file": (entry := shards.success["files"][shards.value("file_index", largest)])["path"],
+            # A row (0-based) of a Parquet/Arrow file, a line (1-based) of a jsonl file.
+            ("row" if "format" in entry else "line"): shards.value("line", largest),
         },
         preference=shards.success.get("preference"),
         tokens_per_step=tokens_per_step,

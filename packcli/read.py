@@ -119,7 +119,22 @@ from packcli.errors import InputError
 logger = logging.getLogger(__name__)
 
 SUPPORTED_SUFFIXES: tuple[str, ...] = (".jsonl", ".jsonl.gz", ".jsonl.zst")
-"""Input file name endings the reader accepts (matched case-insensitively)."""
+"""jsonl file name endings the reader accepts (matched case-insensitively)."""
+
+FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "jsonl": SUPPORTED_SUFFIXES,
+    "parquet": (".parquet",),
+    # Arrow IPC, file or stream format (``.arrows``; ``datasets`` writes streams as .arrow).
+    "arrow": (".arrow", ".arrows", ".feather", ".ipc"),
+}
+"""File formats by name ending: found in folders and globs, and read as that format."""
+
+HUB_PREFIX = "hf-dataset:"
+"""An input spec naming a Hub dataset: ``hf-dataset:OWNER/NAME[@REVISION][/PATH]``."""
+
+INPUT_FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "arrow", "hf-disk", "hub")
+"""Values of ``--input-format``: ``auto`` decides per file by its name (and per folder: a
+``save_to_disk`` folder is read as one); the others force it (``packcli/read_columnar.py``)."""
 
 BAD_LINE_POLICIES: tuple[str, ...] = ("error", "skip")
 """Values of ``iter_batches(on_bad_line=...)``."""
@@ -151,13 +166,14 @@ class DocBatch:
     """A batch of documents in global input order.
 
     ``texts[i]`` has global id ``doc_id_start + i`` and comes from line ``line[i]`` (1-based) of
-    ``paths[file_index[i]]``. A batch may span several files.
+    ``paths[file_index[i]]`` (a Parquet/Arrow file: its row, 0-based). A batch may span
+    several files.
     """
 
     texts: list[str]
     doc_id_start: int
     file_index: np.ndarray  # int32, per doc: index into the resolved path list
-    line: np.ndarray  # int64, per doc: 1-based line number in its file
+    line: np.ndarray  # int64, per doc: 1-based line number in its file (columnar: 0-based row)
     progress_bytes: int  # cumulative on-disk bytes of all inputs consumed so far
 
 
@@ -178,6 +194,8 @@ class ReadStats:
     # With ``span``: the byte offset of the span's first line (the start of the first line
     # that begins inside the span); ``count_newlines(path, first_line_byte)`` lines precede it.
     first_line_byte: int = 0
+    # Columnar inputs with a row-group range: the rows of the file before it.
+    rows_before: int = 0
 
 
 class BadLineError(InputError):
@@ -295,6 +313,18 @@ def _compression(path: Path | str) -> str | None:
     return None
 
 
+def suffix_format(path: Path | str) -> str | None:
+    """``"jsonl"``, ``"parquet"`` or ``"arrow"`` from the file name, or ``None``."""
+    name = os.fspath(path).lower()
+    return next((f for f, ends in FORMAT_SUFFIXES.items() if name.endswith(ends)), None)
+
+
+def file_format(path: Path | str, input_format: str = "auto") -> str | None:
+    """How a resolved input file is read: as the forced columnar format whatever its name
+    (``--input-format parquet|arrow``), else by its name (jsonl's says its compression)."""
+    return input_format if input_format in ("parquet", "arrow") else suffix_format(path)
+
+
 def splittable(path: Path | str) -> bool:
     """Whether byte ranges of ``path`` can be read on their own (uncompressed jsonl only:
     gzip and zstd streams cannot be entered mid-way)."""
@@ -321,29 +351,48 @@ def count_newlines(path: Path | str, end: int) -> int:
     return count
 
 
-def _suffix_list() -> str:
-    return ", ".join(SUPPORTED_SUFFIXES)
+def _suffix_list(formats: Sequence[str] = ("jsonl",)) -> str:
+    return ", ".join(s for f in formats for s in FORMAT_SUFFIXES[f])
 
 
-def _files_under(directory: Path) -> list[Path]:
-    return [p for p in directory.rglob("*") if _compression(p) is not None and p.is_file()]
+def _wanted_formats(input_format: str) -> tuple[str, ...]:
+    """File formats that folders and globs yield under ``input_format``."""
+    if input_format in ("jsonl", "parquet", "arrow"):
+        return (input_format,)
+    return ("arrow",) if input_format == "hf-disk" else tuple(FORMAT_SUFFIXES)
 
 
-def resolve_inputs(specs: Sequence[str], exclude: Sequence[Path | str] = ()) -> list[Path]:
+def _files_under(directory: Path, wanted: Sequence[str] = ("jsonl",)) -> list[Path]:
+    return [p for p in directory.rglob("*") if suffix_format(p) in wanted and p.is_file()]
+
+
+def resolve_inputs(
+    specs: Sequence[str], exclude: Sequence[Path | str] = (), input_format: str = "auto"
+) -> list[Path]:
     """Expand input specs into a deduplicated list of files sorted by path string.
 
-    Each spec is a file (which must end in one of ``SUPPORTED_SUFFIXES``), a directory (searched
-    recursively for supported files) or a glob pattern (``**`` allowed; matched directories are
-    searched recursively, matched files with other suffixes are ignored). Files reached through
-    several specs are kept once (compared by resolved path). Raises ``InputError`` for a spec
-    that matches nothing usable, or when no input files are left.
+    Each spec is a file (whose name must end in a suffix of ``FORMAT_SUFFIXES``, unless
+    ``input_format`` forces parquet or arrow), a directory (searched recursively for
+    supported files; a ``datasets`` ``save_to_disk`` folder gives its data files in the
+    order of its ``state.json``), a glob pattern (``**`` allowed; matched directories are
+    searched recursively, matched files with other suffixes are ignored) or a Hub dataset
+    (``hf-dataset:OWNER/NAME[@REVISION][/PATH]``, or any spec with ``input_format="hub"``),
+    downloaded into the Hugging Face cache first. ``input_format`` other than ``auto``
+    keeps only files of that format. Files reached through several specs are kept once
+    (compared by resolved path). Raises ``InputError`` for a spec that matches nothing
+    usable, or when no input files are left.
 
     ``exclude`` names folders packcli writes (the output and work folders): what is under them
     (``rejected.jsonl``, work files) is its own output, so a folder or glob that reaches them
     skips them (else an ``--out`` inside the input folder feeds each run's quarantine to the
     next), and a spec that names a file or folder inside one is refused.
     """
-    found: dict[Path, Path] = {}  # resolved path -> absolute path shown to the user
+    if input_format not in INPUT_FORMATS:
+        raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
+    wanted = _wanted_formats(input_format)
+    suffixes = _suffix_list(wanted)
+    # resolved path -> (absolute path shown to the user, sort key)
+    found: dict[Path, tuple[Path, tuple[str, int]]] = {}
     fences = [Path(p).resolve() for p in exclude]
     fenced_out = 0  # files skipped because they are under an excluded folder
 
@@ -366,39 +415,56 @@ def resolve_inputs(specs: Sequence[str], exclude: Sequence[Path | str] = ()) -> 
             add(p)
         return len(kept)
 
-    def add(path: Path) -> None:
+    def add(path: Path, order: tuple[str, int] | None = None) -> None:
         shown = Path(os.path.abspath(path))
         key = path.resolve()
-        if key not in found or str(shown) < str(found[key]):
-            found[key] = shown
+        old = found.get(key)
+        if old is None or str(shown) < str(old[0]):
+            # A save_to_disk folder's files sort as its state.json lists them, together
+            # where the folder's name sorts.
+            found[key] = (shown, order or (old[1] if old else (str(shown), -1)))
 
     skipped_note = " (files under the output and work folders are not inputs)"
     for spec in specs:
+        if input_format == "hub" or spec.startswith(HUB_PREFIX):
+            from packcli.read_columnar import hub_local_spec
+
+            spec = hub_local_spec(spec, wanted)
         path = Path(spec)
         if path.is_file():
-            if _compression(path) is None:
+            if input_format == "hf-disk" or (
+                input_format not in ("parquet", "arrow") and suffix_format(path) not in wanted
+            ):
                 raise InputError(
-                    f"unsupported input file {spec!r}: supported suffixes are {_suffix_list()}"
+                    f"unsupported input file {spec!r}: supported suffixes are {suffixes}"
+                    + (" (or pass --input-format parquet|arrow)" if input_format == "auto" else "")
                 )
             refuse_inside(spec, path)
             add(path)
         elif path.is_dir():
             refuse_inside(spec, path)
-            files = _files_under(path)
+            if input_format == "hf-disk" or (input_format == "auto" and _is_saved_dataset(path)):
+                from packcli.read_columnar import hf_disk_files
+
+                shown = os.path.abspath(path) + os.sep
+                for i, member in enumerate(hf_disk_files(path)):
+                    add(member, (shown, i))
+                continue
+            files = _files_under(path, wanted)
             if not add_found(files):
                 note = skipped_note if files else ""
-                raise InputError(f"no {_suffix_list()} files found under directory {spec!r}{note}")
+                raise InputError(f"no {suffixes} files found under directory {spec!r}{note}")
         elif _GLOB_MAGIC.intersection(spec):
             files = []
             for match in glob.glob(spec, recursive=True):
                 mpath = Path(match)
                 if mpath.is_dir():
-                    files.extend(_files_under(mpath))
-                elif _compression(mpath) is not None and mpath.is_file():
+                    files.extend(_files_under(mpath, wanted))
+                elif suffix_format(mpath) in wanted and mpath.is_file():
                     files.append(mpath)
             if not add_found(files):
                 note = skipped_note if files else ""
-                raise InputError(f"glob pattern {spec!r} matched no {_suffix_list()} files{note}")
+                raise InputError(f"glob pattern {spec!r} matched no {suffixes} files{note}")
         elif path.exists():
             raise InputError(f"input {spec!r} is not a regular file or directory")
         else:
@@ -408,9 +474,22 @@ def resolve_inputs(specs: Sequence[str], exclude: Sequence[Path | str] = ()) -> 
         raise InputError("no input files given")
     if fenced_out:
         logger.info("not reading %d file(s) under the output or work folder", fenced_out)
-    result = sorted(found.values(), key=str)
+    result = [shown for shown, _ in sorted(found.values(), key=lambda v: v[1])]
     logger.debug("resolved %d input spec(s) to %d file(s)", len(specs), len(result))
     return result
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    """A ``datasets`` ``save_to_disk`` folder (a Dataset, or a DatasetDict to refuse): by its
+    ``state.json`` (``_data_files``) or ``dataset_dict.json`` (``splits``), so a corpus
+    folder that merely holds a file of either name is searched as usual."""
+    for name, key in (("state.json", "_data_files"), ("dataset_dict.json", "splits")):
+        try:
+            if key in json.loads((folder / name).read_text(encoding="utf-8")):
+                return True
+        except (OSError, ValueError, TypeError):
+            continue
+    return False
 
 
 # --------------------------------------------------------------------------- opening files

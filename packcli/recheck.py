@@ -23,7 +23,7 @@ import numpy as np
 from packcli.backends import HFEncoder
 from packcli.encode import assemble
 from packcli.errors import PackcliError, VerifyError
-from packcli.read import iter_batches
+from packcli.read import ReadStats, iter_batches
 
 log = logging.getLogger(__name__)
 
@@ -42,23 +42,29 @@ def _unchanged(entry: dict[str, Any]) -> bool:
     return st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
 
 
-def _sample(cfg: Any, path: Path, largest_line: int | None) -> list[tuple[int, int, Any]]:
+def _sample(
+    cfg: Any, path: Path, largest_line: int | None, fmt: str = "jsonl"
+) -> list[tuple[int, int, Any]]:
     """(doc id, line, text or dialogue) of the first documents of ``path`` and of the
-    document at ``largest_line`` (which may be further in)."""
-    from packcli.pipeline import record_validator
+    document at ``largest_line`` (which may be further in; a row for Parquet/Arrow)."""
+    from packcli.pipeline import read_unit, record_validator
 
     picked: list[tuple[int, int, Any]] = []
-    batches = iter_batches(
-        [path],
-        cfg.read.text_field,
-        cfg.read.batch_size,
-        on_bad_line=cfg.read.on_bad_line,
-        rejects=None,
-        validate=record_validator(cfg),
-        # The run verified this file's compressed stream and it is unchanged since (a
-        # damaged one is skipped above): no need to decompress all of it first.
-        verify_streams=False,
-    )
+    if fmt != "jsonl":
+        unit = {"path": str(path), "span": None, "format": fmt}
+        batches = read_unit(cfg, unit, cfg.read.batch_size, ReadStats())
+    else:
+        batches = iter_batches(
+            [path],
+            cfg.read.text_field,
+            cfg.read.batch_size,
+            on_bad_line=cfg.read.on_bad_line,
+            rejects=None,
+            validate=record_validator(cfg),
+            # The run verified this file's compressed stream and it is unchanged since (a
+            # damaged one is skipped above): no need to decompress all of it first.
+            verify_streams=False,
+        )
     for batch in batches:
         for k, text in enumerate(batch.texts):
             doc, line = batch.doc_id_start + k, int(batch.line[k])
@@ -123,8 +129,10 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     if inputs[0]["path"] in damaged:
         return {"skipped": f"input {inputs[0]['path']} had a damaged compressed stream"}
     largest = report.get("largest_document", {})
-    largest_line = largest.get("line") if largest.get("file") == inputs[0]["path"] else None
-    sample = _sample(cfg, Path(inputs[0]["path"]), largest_line)
+    fmt = inputs[0].get("format", "jsonl")
+    where = "line" if fmt == "jsonl" else "row"
+    largest_line = largest.get(where) if largest.get("file") == inputs[0]["path"] else None
+    sample = _sample(cfg, Path(inputs[0]["path"]), largest_line, fmt)
     if not sample:
         return {"checked": 0}
     items = [s[2] for s in sample]
@@ -152,8 +160,9 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
         )
         expected = sorted((p.size, int(segment_hashes(p, np.array([p.size]))[0])) for p in want)
         if found != expected:
+            at = f":{line}" if fmt == "jsonl" else f": row {line}"
             raise VerifyError(
-                f"{inputs[0]['path']}:{line}: document {doc} encoded again from the input "
+                f"{inputs[0]['path']}{at}: document {doc} encoded again from the input "
                 f"({int(n)} tokens) differs from the output ({sum(x[0] for x in found)} tokens "
                 "in the long config): the tokenize stage changed it (a tokenizer setting or "
                 "backend); run `packcli pack` again"

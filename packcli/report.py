@@ -215,6 +215,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
     big = report["largest_document"]
     if big["doc_id"] >= 0:
-        where = f" at {big['file']}:{big['line']}" if "file" in big else ""
+        where = f" at {big['file']}:{big['line']}" if "line" in big else ""
+        if "row" in big:  # a Parquet/Arrow file: rows count from 0
+            where = f" at {big['file']} row {big['row']}"
         lines.append(f"largest   doc {big['doc_id']}: {_n(big['tokens'])} tokens{where}")
     return "\n".join(lines)

@@ -1,0 +1,477 @@
+"""Columnar inputs: Parquet files, Arrow IPC files, ``datasets.save_to_disk`` folders and Hub
+datasets, read into the same ``DocBatch`` stream as jsonl (``packcli/read.py``).
+
+Why it looks the way it does:
+
+* **Streamed, one column.** A Parquet file is read with ``ParquetFile.iter_batches`` over
+  the text (or messages) column only, through a 1 MiB buffer without pre-buffering, so
+  memory holds one page and one batch of documents, never a row group, let alone the file;
+  an Arrow IPC file is memory-mapped, so its batches are zero-copy views and untouched
+  columns are never paged in.
+* **A unit of work is a row-group range.** A file larger than ``--split-bytes`` is cut into
+  ranges of consecutive row groups (Arrow: record batches) of at most that many on-disk bytes
+  (a single larger group is a range of its own), so one huge file spreads over tokenize tasks
+  as byte spans of a jsonl file do. Parquet's footer gives the row counts and sizes for free;
+  an IPC file has to be walked once for them (zero-copy when it is uncompressed, as
+  ``datasets`` writes it), and only when it is large enough to be split.
+* **Provenance is ``file:row``.** A document's ``line`` (in the shards, the report and
+  ``rejected.jsonl``) is its row number in the file, counted from 0 as ``datasets``
+  (``ds[row]``), pandas and pyarrow index rows; messages say ``row``. Where jsonl counts
+  lines from 1, a row is an index, so a user can look it up as it is printed.
+* **Bad input keeps jsonl's policy.** A file without the column is an ``InputError`` naming
+  the file and the columns it has (checked for every file before anything is written); a
+  null, empty or non-string value (chat: a malformed dialogue) is a bad record under
+  ``--on-bad-line`` with the jsonl reason keys (``not_string``, ``empty_text``,
+  ``bad_record``); ``rejected.jsonl`` then holds the row's value as JSON.
+* **One place opens files** (``open_input``), so other filesystems (fsspec URLs) can slot
+  in there.
+
+Cost: the per-row checks are the jsonl reader's type checks, and ``to_pylist`` makes the
+Python strings the tokenizer takes anyway. Measured on this project's 2-core box (CPU
+seconds, best of 3): 40,000 documents, 106 MB of text, read as jsonl in 0.36 s and as
+Parquet (40 MB, snappy, pyarrow's defaults) in 0.46 s (~230 MB/s), far above tokenizing
+(~10 MB/s with the fast path).
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import logging
+import operator
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from packcli.errors import InputError
+from packcli.read import (
+    BAD_LINE_POLICIES,
+    FORMAT_SUFFIXES,
+    HUB_PREFIX,
+    BadLineError,
+    DocBatch,
+    ReadStats,
+    RejectSink,
+    _check_document,
+    _make_batch,
+)
+
+logger = logging.getLogger(__name__)
+
+_ARROW_FILE_MAGIC = b"ARROW1"
+_PARQUET_BUFFER = 1 << 20  # bytes of a column chunk read at a time
+_REVISION_WITH_SLASH = re.compile(r"refs/convert/parquet|refs/pr/\d+")
+
+
+def open_input(path: Path | str, *, memory_map: bool = False) -> pa.NativeFile:
+    """The one place a columnar input is opened (a local file today; an fsspec URL later).
+
+    Arrow IPC is memory-mapped (batches become zero-copy views); Parquet is read with plain
+    reads, so its pages do not stay mapped after they are decoded.
+    """
+    try:
+        return pa.memory_map(os.fspath(path), "r") if memory_map else pa.OSFile(os.fspath(path))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- one file
+
+
+class _Table:
+    """A Parquet or Arrow IPC file as groups of rows (row groups; record batches)."""
+
+    def __init__(self, path: Path, fmt: str) -> None:
+        self.path = path
+        self.fmt = fmt
+        self._source = open_input(path, memory_map=fmt == "arrow")
+        try:
+            self.size = self._source.size()
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                # pyarrow's defaults read every requested column chunk whole, and with
+                # pre_buffer all of them at once: 158 MB held for a 158 MB column, one row
+                # group or forty. Streaming each chunk through a small buffer holds one
+                # page and one batch (measured: 8 MB) at ~8% more CPU.
+                self._parquet = pq.ParquetFile(
+                    self._source, pre_buffer=False, buffer_size=_PARQUET_BUFFER
+                )
+                self.schema = self._parquet.schema_arrow
+            else:
+                self._is_file = self._source.read(6) == _ARROW_FILE_MAGIC
+                self._source.seek(0)
+                self._ipc: Any = (
+                    pa.ipc.open_file(self._source)
+                    if self._is_file
+                    else pa.ipc.open_stream(self._source)
+                )
+                self.schema = self._ipc.schema
+        except (pa.ArrowException, OSError) as exc:
+            self.close()
+            kind = "Parquet" if fmt == "parquet" else "Arrow IPC"
+            raise InputError(f"{path}: not a readable {kind} file: {exc}") from exc
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __enter__(self) -> _Table:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def require(self, column: str, option: str) -> None:
+        """The column must exist: else one line naming the file and the columns it has."""
+        names = self.schema.names
+        if column not in names:
+            raise InputError(
+                f"{self.path}: no column {column!r} (its columns: {', '.join(names) or 'none'}); "
+                f"pass {option} COLUMN"
+            )
+
+    def groups(self) -> list[tuple[int, int]]:
+        """(rows, on-disk bytes) of every row group (Arrow: record batch), in file order."""
+        if self.fmt == "parquet":
+            meta = self._parquet.metadata
+            groups = []
+            for i in range(meta.num_row_groups):
+                rg = meta.row_group(i)
+                nbytes = sum(rg.column(j).total_compressed_size for j in range(rg.num_columns))
+                groups.append((rg.num_rows, nbytes))
+            return groups
+        # An IPC file keeps no per-batch sizes: share the file's bytes out by rows.
+        rows = [batch.num_rows for batch in self._batches(0, None)]
+        total = max(sum(rows), 1)
+        ends = [self.size * done // total for done in itertools.accumulate(rows)]
+        return list(zip(rows, map(operator.sub, ends, [0, *ends[:-1]]), strict=True))
+
+    def _batches(self, start: int, stop: int | None) -> Iterator[pa.RecordBatch]:
+        """Record batches ``start..stop-1`` (to the end when ``stop`` is None)."""
+        if self._is_file:
+            stop = self._ipc.num_record_batches if stop is None else stop
+            for i in range(start, stop):
+                yield self._ipc.get_batch(i)
+            return
+        # A stream can only be walked from its start: batches before ``start`` are read and
+        # dropped (views of the mapped file: only their headers are touched, uncompressed).
+        self._source.seek(0)
+        for i, batch in enumerate(pa.ipc.open_stream(self._source)):
+            if stop is not None and i >= stop:
+                return
+            if i >= start:
+                yield batch
+
+    def extent(self, groups: tuple[int, int] | None) -> tuple[int, int] | None:
+        """(rows, on-disk bytes) of a group range (None: the file) when known without reading
+        it: from a Parquet footer; an IPC file only as a whole (for progress alone)."""
+        if self.fmt == "parquet":
+            meta = self._parquet.metadata
+            if groups is None:
+                return meta.num_rows, self.size
+            picked = [meta.row_group(i) for i in range(*groups)]
+            nbytes = sum(
+                rg.column(j).total_compressed_size for rg in picked for j in range(rg.num_columns)
+            )
+            return sum(rg.num_rows for rg in picked), nbytes
+        return None if groups is not None else (0, self.size)
+
+    def read(
+        self, column: str, groups: tuple[int, int] | None, rows: int
+    ) -> tuple[int, Iterator[pa.Array]]:
+        """Rows before group range ``groups`` (all groups when None), and the column's
+        arrays over that range."""
+        start, stop = groups if groups is not None else (0, None)
+        if self.fmt == "parquet":
+            meta = self._parquet.metadata
+            stop = meta.num_row_groups if stop is None else stop
+            before = sum(meta.row_group(i).num_rows for i in range(start))
+            batches = self._parquet.iter_batches(
+                batch_size=rows, row_groups=range(start, stop), columns=[column], use_threads=False
+            )
+            return before, (b.column(0) for b in batches)
+        if self._is_file:
+            before = sum(self._ipc.get_batch(i).num_rows for i in range(start))
+            return before, (b.column(column) for b in self._batches(start, stop))
+        batches = self._batches(0, stop)
+        before = sum(b.num_rows for b in itertools.islice(batches, start))
+        return before, (b.column(column) for b in batches)
+
+
+def group_ranges(groups: Sequence[tuple[int, int]], split_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive row-group ranges ``[start, stop)`` of at most ``split_bytes`` on-disk bytes
+    each (a larger group alone), covering every group once."""
+    ranges: list[tuple[int, int]] = []
+    start = size = 0
+    for i, (_, nbytes) in enumerate(groups):
+        if i > start and size + nbytes > split_bytes:
+            ranges.append((start, i))
+            start, size = i, 0
+        size += nbytes
+    if start < len(groups) or not groups:
+        ranges.append((start, len(groups)))
+    return ranges
+
+
+def split_groups(
+    path: Path, fmt: str, size: int, split_bytes: int
+) -> list[tuple[tuple[int, int], int]] | None:
+    """A file's units of work as ((first group, end group), on-disk bytes), or ``None``
+    (read it whole) when it is not larger than ``split_bytes`` or splitting is off."""
+    if split_bytes <= 0 or size <= split_bytes:
+        return None
+    with _Table(path, fmt) as table:
+        groups = table.groups()
+    ranges = group_ranges(groups, split_bytes)
+    if len(ranges) < 2:
+        return None
+    sizes = [sum(nbytes for _, nbytes in groups[a:b]) for a, b in ranges]
+    sizes[-1] += size - sum(sizes)  # headers and footer: the units' bytes add up to the file
+    return list(zip(ranges, sizes, strict=True))
+
+
+def check_columns(paths: Sequence[Path], formats: Sequence[str], column: str, option: str) -> None:
+    """Every columnar input must have ``column``: checked before anything is written, from
+    each file's schema alone (a Parquet footer, an IPC header)."""
+    for path, fmt in zip(paths, formats, strict=True):
+        if fmt != "jsonl":
+            with _Table(path, fmt) as table:
+                table.require(column, option)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _row_bytes(array: pa.Array) -> list[int]:
+    """Bytes of each row's value, for ``batch_bytes``: exact for strings, the array's
+    average otherwise (dialogues: only a bound on the batch's memory needs it)."""
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        import pyarrow.compute as pc
+
+        return pc.binary_length(array).fill_null(0).to_pylist()
+    return [array.nbytes // max(len(array), 1)] * len(array)
+
+
+def _raw(column: str, value: Any) -> bytes:
+    """A rejected row's value as JSON (``rejected.jsonl``'s ``raw_b64``)."""
+    try:
+        return orjson.dumps({column: value}, default=str)
+    except TypeError:
+        return json.dumps({column: repr(value)}).encode()
+
+
+def iter_columnar(
+    paths: Sequence[Path],
+    fmt: str,
+    column: str,
+    batch_size: int = 1024,
+    stats: ReadStats | None = None,
+    *,
+    on_bad_line: str = "error",
+    rejects: RejectSink | None = None,
+    validate: Callable[[Any], Any] | None = None,
+    groups: tuple[int, int] | None = None,
+    batch_bytes: int = 0,
+    option: str = "--text-field",
+) -> Iterator[DocBatch]:
+    """Stream the documents of Parquet or Arrow IPC files, as ``read.iter_batches`` does for
+    jsonl: same batches, same ``stats`` and the same bad-record policy, with a row (0-based)
+    where jsonl has a line.
+
+    A document is a row whose ``column`` holds a non-empty string; with ``validate`` (chat)
+    the row's value goes through it as ``{column: value}`` and a ``ValueError`` is a
+    ``bad_record``. ``groups=(start, stop)`` reads only those row groups (Arrow: record
+    batches) of a single file: rows in batches, ``stats`` and ``rejects`` then count from
+    the range's first row (``stats.rows_before`` says how many come before it), and errors
+    still name the file's own row.
+    """
+    if groups is not None and len(paths) != 1:
+        raise ValueError("groups needs exactly one file")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if on_bad_line not in BAD_LINE_POLICIES:
+        raise ValueError(f"on_bad_line must be one of {BAD_LINE_POLICIES}, got {on_bad_line!r}")
+    skip = on_bad_line == "skip"
+    stats = stats if stats is not None else ReadStats()
+    rejected = stats.rejected
+
+    texts: list[Any] = []
+    text_bytes = 0
+    rows: list[int] = []
+    segments: list[tuple[int, int]] = []
+    next_id = 0
+    # On-disk bytes of the files (ranges) read to the end, where known (an IPC range: not
+    # until the caller counts the whole unit).
+    done_bytes = 0
+
+    def full() -> bool:
+        return len(texts) == batch_size or bool(batch_bytes and text_bytes >= batch_bytes)
+
+    for file_index, path in enumerate(paths):
+        with _Table(path, fmt) as table:
+            table.require(column, option)
+            # Parquet is decoded batch_size rows at a time: memory holds one batch of
+            # documents (and the row group's pages of this column), as the jsonl reader does.
+            before, arrays = table.read(column, groups, batch_size)
+            stats.rows_before = before
+            extent = table.extent(groups)
+            segments.append((len(texts), file_index))
+            row = 0  # rows of this file (range) read so far
+            counted = 0  # rows already added to stats.lines
+            nbytes = 0  # value bytes not yet added to stats.bytes_read
+            try:
+                for array in arrays:
+                    for value, size in zip(array.to_pylist(), _row_bytes(array), strict=True):
+                        here = row
+                        row += 1
+                        nbytes += size
+                        verdict: Any = None  # (reason, message) of a bad record
+                        if validate is None:
+                            text = value
+                            if type(text) is not str or not text:
+                                verdict = _check_document({column: value}, column)
+                        else:
+                            try:
+                                text = validate({column: value})
+                            except ValueError as exc:  # the reason, e.g. a malformed dialogue
+                                verdict = ("bad_record", str(exc))
+                        if verdict is not None:
+                            reason, message = verdict
+                            if not skip:
+                                at = before + here
+                                raise BadLineError(
+                                    str(path), at, reason, f"{path}: row {at}: {message}"
+                                )
+                            rejected[reason] = rejected.get(reason, 0) + 1
+                            if rejects is not None:
+                                rejects.add(str(path), here, reason, _raw(column, value), message)
+                            continue
+                        if full():
+                            # Flushed once another document arrives, as the jsonl reader does.
+                            stats.documents = next_id + len(texts)
+                            stats.lines += row - counted
+                            stats.bytes_read += nbytes
+                            counted, nbytes = row, 0
+                            progress = done_bytes
+                            if extent and extent[0]:
+                                progress += extent[1] * row // extent[0]
+                            yield _make_batch(texts, rows, segments, next_id, progress)
+                            next_id += len(texts)
+                            texts, rows, segments, text_bytes = [], [], [(0, file_index)], 0
+                        texts.append(text)
+                        rows.append(here)
+                        text_bytes += size
+            except (pa.ArrowException, OSError) as exc:
+                raise InputError(f"{path}: read error after row {before + row}: {exc}") from exc
+            done_bytes += extent[1] if extent else 0
+        stats.files += 1
+        stats.lines += row - counted
+        stats.bytes_read += nbytes
+        stats.documents = next_id + len(texts)
+        if full():
+            yield _make_batch(texts, rows, segments, next_id, done_bytes)
+            next_id += len(texts)
+            texts, rows, segments, text_bytes = [], [], [], 0
+    if texts:
+        yield _make_batch(texts, rows, segments, next_id, done_bytes)
+
+
+# --------------------------------------------------------------------------- dataset folders
+
+
+def hf_disk_files(folder: Path) -> list[Path]:
+    """The data files of a ``datasets`` ``save_to_disk`` folder, in the order its
+    ``state.json`` lists them (the dataset's row order)."""
+    state_path = folder / "state.json"
+    if not state_path.is_file():
+        splits = _dataset_dict_splits(folder)
+        if splits is not None:
+            first = splits[0] if splits else "train"
+            raise InputError(
+                f"{folder} is a saved DatasetDict (splits: {', '.join(splits) or 'none'}): "
+                f"give one split's folder, e.g. {folder / first}"
+            )
+        raise InputError(f"{folder} is not a datasets save_to_disk folder (no state.json)")
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{state_path}: not a datasets state.json ({exc})") from exc
+    files = [folder / name for name in names]
+    for f in files:
+        if not f.is_file():
+            raise InputError(f"{state_path} lists {f.name}, which is missing")
+    if not files:
+        raise InputError(f"{folder}: the saved dataset has no data files")
+    return files
+
+
+def _dataset_dict_splits(folder: Path) -> list[str] | None:
+    path = folder / "dataset_dict.json"
+    if not path.is_file():
+        return None
+    try:
+        return [str(s) for s in json.loads(path.read_text(encoding="utf-8"))["splits"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+# --------------------------------------------------------------------------- Hub datasets
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    repo_id: str
+    revision: str | None
+    path: str  # inside the repo: a file, a folder or a glob; "" for the whole repo
+
+
+def parse_hub_spec(spec: str) -> HubSpec:
+    """``[hf-dataset:]OWNER/NAME[@REVISION][/PATH]`` (the layout of ``hf://datasets/`` paths;
+    a revision may be ``refs/convert/parquet`` or ``refs/pr/N``)."""
+    body = spec.removeprefix(HUB_PREFIX)
+    owner, _, rest = body.partition("/")
+    name, at, rest = re.match(r"([^/@]*)(@?)(.*)", rest).groups()  # type: ignore[union-attr]
+    revision = None
+    if at:
+        special = _REVISION_WITH_SLASH.match(rest)
+        cut = special.end() if special else (rest.find("/") if "/" in rest else len(rest))
+        revision, rest = rest[:cut], rest[cut:]
+    if not owner or not name or (at and not revision) or (rest and not rest.startswith("/")):
+        raise InputError(
+            f"Hub dataset {spec!r}: expected {HUB_PREFIX}OWNER/NAME[@REVISION][/PATH], e.g. "
+            f"{HUB_PREFIX}HuggingFaceFW/fineweb-edu/sample/10BT"
+        )
+    return HubSpec(f"{owner}/{name}", revision, rest.strip("/"))
+
+
+def hub_local_spec(spec: str, formats: Sequence[str]) -> str:
+    """Download the Hub dataset's data files of ``formats`` (under its path) into the
+    Hugging Face cache with ``huggingface_hub.snapshot_download``, as its users do (resumed,
+    shared with ``datasets``, offline from the cache with ``HF_HUB_OFFLINE=1``, credentials
+    from the usual token), and return the local file, folder or glob to read."""
+    from huggingface_hub import snapshot_download
+
+    hub = parse_hub_spec(spec)
+    suffixes = [s for fmt in formats for s in FORMAT_SUFFIXES[fmt]]
+    if hub.path and glob.has_magic(hub.path):
+        patterns = [hub.path]
+    else:
+        prefix = f"{hub.path}/" if hub.path else ""
+        patterns = [f"{prefix}*{s}" for s in suffixes] + ([hub.path] if hub.path else [])
+    logger.info("fetching %s (%s) from the Hub", hub.repo_id, ", ".join(patterns))
+    try:
+        folder = snapshot_download(
+            hub.repo_id, repo_type="dataset", revision=hub.revision, allow_patterns=patterns
+        )
+    except (OSError, ValueError) as exc:  # not found, gated, offline without a cache...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"Hub dataset {hub.repo_id!r}: {first}") from exc
+    return os.path.join(folder, hub.path) if hub.path else folder
