@@ -1548,6 +1548,27 @@ def _mask(n_tokens: int, turns: np.ndarray, train_on: str) -> np.ndarray:
     return mask
 
 
+def _masks(lengths: list[int], turns: list[np.ndarray], train_on: str) -> list[np.ndarray]:
+    """``_mask`` of each dialogue of a batch, as views of one array (a few numpy calls per
+    batch instead of per dialogue)."""
+    if not lengths:
+        return []
+    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    if train_on == "all":
+        flat = np.ones(int(bounds[-1]), dtype=bool)
+    else:
+        chosen = [t[-1:] for t in turns] if train_on == "last" else turns
+        counts = np.fromiter((len(t) for t in chosen), np.int64, count=len(chosen))
+        ranges = np.concatenate(chosen) if counts.sum() else np.zeros((0, 2), np.int64)
+        base = np.repeat(bounds[:-1], counts)
+        delta = np.zeros(int(bounds[-1]) + 1, dtype=np.int64)
+        np.add.at(delta, ranges[:, 0] + base, 1)
+        np.add.at(delta, ranges[:, 1] + base, -1)
+        flat = np.cumsum(delta[:-1]) > 0
+    return np.split(flat, bounds[1:-1])
+
+
 def _check_train_on(train_on: str) -> None:
     if train_on not in TRAIN_ON:
         raise ConfigError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
@@ -1578,9 +1599,10 @@ def encode_rendered(
     from packcli.offsets import token_turns
 
     spans = token_turns([t[1] for t in known], [r.assistant_spans for r in rendered])  # type: ignore[index]
+    masks = _masks([len(t[0]) for t in known], spans, train_on)  # type: ignore[index]
     return [
-        EncodedDialogue(ids, _mask(len(ids), turns, train_on), turns, train_on)
-        for (ids, _), turns in zip(known, spans, strict=True)  # type: ignore[misc]
+        EncodedDialogue(ids, mask, turns, train_on)
+        for (ids, _), turns, mask in zip(known, spans, masks, strict=True)  # type: ignore[misc]
     ]
 
 

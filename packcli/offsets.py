@@ -329,8 +329,12 @@ def token_turns(
         np.ascontiguousarray(bounds[:, 0]), np.ascontiguousarray(bounds[:, 1]), span_bounds,
         first, last,
     )  # fmt: skip
-    turns = np.stack([first, last], axis=1)
-    return [t[t[:, 1] > t[:, 0]] for t in np.split(turns, span_bounds[1:-1])] if n else []
+    if n == 0:
+        return []
+    touched = last > first
+    turns = np.stack([first[touched], last[touched]], axis=1)
+    per_text = np.bincount(np.repeat(np.arange(n), n_spans)[touched], minlength=n)
+    return np.split(turns, np.cumsum(per_text)[:-1])
 
 
 @jit.kernel(nogil=True)

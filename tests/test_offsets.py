@@ -297,3 +297,29 @@ def test_token_turns_are_the_tokens_sharing_a_character(mode: str) -> None:
                 if hit:
                     want.append([hit[0], hit[-1] + 1])
             assert g.tolist() == want
+
+
+def test_batch_masks_equal_one_dialogue_at_a_time() -> None:
+    """The chat path's masks for a batch (one array, views per dialogue) equal building each
+    dialogue's on its own, for every --train-on, with empty dialogues and turnless ones."""
+    from packcli.chat import _mask, _masks
+
+    rng = random.Random(1)
+    for _ in range(300):
+        lengths = [rng.randint(0, 30) for _ in range(rng.randint(1, 6))]
+        turns = []
+        for n in lengths:
+            pos, rows = 0, []
+            for _ in range(rng.randint(0, 4)):
+                a = rng.randint(pos, n)
+                b = rng.randint(a, n)
+                if b > a:
+                    rows.append((a, b))
+                    pos = b
+            turns.append(np.array(rows, dtype=np.int64).reshape(-1, 2))
+        for train_on in ("assistant", "last", "all"):
+            got = _masks(lengths, turns, train_on)
+            assert len(got) == len(lengths)
+            for n, t, g in zip(lengths, turns, got, strict=True):
+                assert np.array_equal(g, _mask(n, t, train_on))
+    assert _masks([], [], "assistant") == []
