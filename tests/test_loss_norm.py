@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_models import tiny_llama
+from transformers import LlamaForCausalLM
 
 from packcli.collate import (
     PackedCollator,
@@ -137,20 +138,7 @@ def micro_batches(documents: list[Document]) -> list[list[dict[str, Any]]]:
 
 
 def build_model(impl: str = "sdpa") -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.2,
-    )
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
-    model.set_attn_implementation(impl)
-    return model
+    return tiny_llama(VOCAB, impl, max_positions=128)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_models import tiny_llama
+from transformers import LlamaForCausalLM
 
 from packcli.collate import (
     PackedCollator,
@@ -181,20 +182,7 @@ def packed() -> tuple[list[dict[str, Any]], list[Sequence], list[int]]:
 
 
 def build_model(impl: str, seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.2,  # logits of order 1-5: tolerances are tight, controls clear
-    )
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
-    model.set_attn_implementation(impl)
-    return model
+    return tiny_llama(VOCAB, impl, seed=seed, max_positions=128)
 
 
 @pytest.fixture(scope="module")

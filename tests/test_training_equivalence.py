@@ -32,8 +32,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from corpora import write_corpus
+from tiny_models import tiny_llama
 from tokenizers import Tokenizer
-from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+from transformers import AttentionInterface, LlamaForCausalLM
 from typer.testing import CliRunner
 
 from packcli.cli import app
@@ -96,22 +97,7 @@ def vocab_size(toy_tokenizer_path: Path) -> int:
 
 
 def build_model(vocab_size: int, impl: str) -> LlamaForCausalLM:
-    """Tiny Llama, same weights for every impl (seeded). initializer_range 0.2 (not 0.02)
-    gives logits of order 1-5, so 1e-4 is a tight tolerance and the controls differ clearly."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-    )
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
-    model.set_attn_implementation(impl)
-    return model
+    return tiny_llama(vocab_size, impl)
 
 
 @pytest.fixture(scope="module")

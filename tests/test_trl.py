@@ -23,7 +23,8 @@ import pytest
 import torch
 from clirun import invoke_ok
 from corpora import write_corpus
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny_models import tiny_llama
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from packcli.collate import PackedCollator, check_sft_config
 
@@ -72,20 +73,9 @@ def tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=ROW,
-    )
-    model = LlamaForCausalLM(config).to(torch.float32)
-    model.set_attn_implementation("sdpa")
-    return model
+def trl_llama(vocab_size: int) -> LlamaForCausalLM:
+    """What TRL trains: the default 0.02 initialisation, in training mode."""
+    return tiny_llama(vocab_size, max_positions=ROW, initializer_range=0.02, train=True)
 
 
 def sft_config(tmp_path: Path, **kwargs: Any) -> Any:
@@ -115,7 +105,7 @@ def test_recommended_config_trains_on_packcli_rows_with_packed_collator_batches(
         logging_steps=1,
     )
     check_sft_config(args)  # the recommended config passes packcli's check
-    model = tiny_llama(len(tokenizer))
+    model = trl_llama(len(tokenizer))
     before = model.model.embed_tokens.weight.detach().clone()
     trainer = trl.SFTTrainer(
         model=model, args=args, train_dataset=short_rows, processing_class=tokenizer
@@ -162,7 +152,7 @@ def test_padding_free_without_max_length_none_raises(
     assert args.max_length == 1024  # TRL's default
     with pytest.raises(ValueError, match="max_length"):
         trl.SFTTrainer(
-            model=tiny_llama(len(tokenizer)), args=args, train_dataset=rows,
+            model=trl_llama(len(tokenizer)), args=args, train_dataset=rows,
             processing_class=tokenizer,
         )  # fmt: skip
     with pytest.raises(ValueError, match="max_length=1024 cuts"):
@@ -175,7 +165,7 @@ def test_default_config_cuts_rows_and_ignores_boundaries(
     args = sft_config(tmp_path, per_device_train_batch_size=2)
     assert (args.packing, args.padding_free, args.max_length) == (False, False, 1024)
     trainer = trl.SFTTrainer(
-        model=tiny_llama(len(tokenizer)), args=args, train_dataset=rows, processing_class=tokenizer
+        model=trl_llama(len(tokenizer)), args=args, train_dataset=rows, processing_class=tokenizer
     )
     prepared = trainer.train_dataset
     kept = sum(len(ids) for ids in prepared["input_ids"])
@@ -202,7 +192,7 @@ def test_packing_true_packs_each_row_again_as_one_document(
 ) -> None:
     args = sft_config(tmp_path, packing=True, max_length=ROW)
     trainer = trl.SFTTrainer(
-        model=tiny_llama(len(tokenizer)), args=args, train_dataset=rows, processing_class=tokenizer
+        model=trl_llama(len(tokenizer)), args=args, train_dataset=rows, processing_class=tokenizer
     )
     repacked = [n for lengths in trainer.train_dataset["seq_lengths"] for n in lengths]
     # TRL's documents are packcli's whole rows: their boundaries are gone.
