@@ -68,3 +68,30 @@ def mixed_lengths(n: int, seed: int = 0) -> list[int]:
         else:
             counts.append(int(rng.lognormvariate(2.5, 0.9)) + 1)
     return counts
+
+
+CHAT_WORDS = ["the", "of", "answer", "question", "tool", "packing", "token", "東京", "🙂", "naïve"]
+CHAT_WORDS += ["weather", "is", "sunny"]
+IM_END = "<|im_end|>"
+
+
+def chatml_tokenizer(folder: Path) -> Path:
+    """A small byte-level BPE with ChatML's markers as special tokens (and a config naming
+    ``<|im_end|>`` as EOS), saved in ``folder``: the chat and preference tests' tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>", "<|im_start|>", IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [" ".join(CHAT_WORDS)] * 50 + ["user\nassistant\nsystem\n"] * 20
+    tok.train_from_iterator(corpus, trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": IM_END}))
+    return folder

@@ -13,13 +13,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from corpora import CHAT_WORDS as WORDS
+from corpora import IM_END, chatml_tokenizer
+from tokenizers import Tokenizer
 
 from packcli.shards import sha256_file
-
-IM_END = "<|im_end|>"
-WORDS = ["the", "of", "answer", "question", "tool", "packing", "token", "東京", "🙂", "naïve"]
-WORDS += ["weather", "is", "sunny"]
 
 
 def dialogue(rng: random.Random, turns: int, words: int = 8) -> list[dict[str, str]]:
@@ -34,20 +32,7 @@ def dialogue(rng: random.Random, turns: int, words: int = 8) -> list[dict[str, s
 
 @pytest.fixture(scope="module")
 def chat_tok(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("chat_tok")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=500,
-        special_tokens=["<|endoftext|>", "<|im_start|>", IM_END],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([" ".join(WORDS)] * 50 + ["user\nassistant\nsystem\n"] * 20, trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": IM_END}))
-    return folder
+    return chatml_tokenizer(tmp_path_factory.mktemp("chat_tok"))
 
 
 @pytest.fixture(scope="module")

@@ -13,37 +13,23 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from corpora import CHAT_WORDS as WORDS
+from corpora import IM_END, chatml_tokenizer
+from tokenizers import Tokenizer
 
 from packcli.chat import ChatFormatError, load_chat_template
 from packcli.preference import response_cap, validate_pair
 from packcli.shards import sha256_file
 from packcli.write import pair_segments
 
-IM_END = "<|im_end|>"
 EOT = "<|endoftext|>"
-WORDS = ["the", "of", "answer", "question", "tool", "packing", "token", "東京", "🙂", "naïve"]
-WORDS += ["weather", "is", "sunny"]
 ARGS = ["--format", "preference", "--chat-template", "chatml", "--short-len", "128"]
 ARGS += ["--long-len", "512", "-q"]
 
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("pref_tok")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=500,
-        special_tokens=[EOT, "<|im_start|>", IM_END],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([" ".join(WORDS)] * 50 + ["user\nassistant\nsystem\n"] * 20, trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": IM_END}))
-    return folder
+    return chatml_tokenizer(tmp_path_factory.mktemp("tok_dir"))
 
 
 @pytest.fixture(scope="module")
