@@ -301,3 +301,61 @@ def test_negative_control_without_boundaries_differs(
     assert abs(loss.item() - want_loss.item()) > 100 * LOGP_RTOL * abs(want_loss.item())
     assert relative(grads(policy, loss), want_grads) > MARGIN
     assert math.isfinite(loss.item())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_real_preference_output_trains_like_its_pairs_alone(
+    mode: str, toy_tokenizer_path: Any, tmp_path: Any
+) -> None:
+    """The proof on a real ``packcli pack --format preference`` output (not hand-made rows):
+    every segment's log-prob from the packed rows equals that sequence alone, pairs are
+    found, and the DPO loss equals the unpacked one."""
+    import json
+
+    import datasets
+    from clirun import invoke_ok
+    from corpora import random_text
+    from tokenizers import Tokenizer
+
+    rng = random.Random(4)
+    corpus = tmp_path / "pairs.jsonl"
+    with open(corpus, "w", encoding="utf-8") as fh:
+        for _ in range(30):
+            pair = {
+                "prompt": random_text(rng, rng.randint(3, 15)),
+                "chosen": " " + random_text(rng, rng.randint(2, 20)),
+                "rejected": " " + random_text(rng, rng.randint(2, 20)),
+            }
+            fh.write(json.dumps(pair) + "\n")
+    out = tmp_path / "out"
+    invoke_ok(
+        "pack", corpus, "-t", toy_tokenizer_path, "-o", out, "--format", "preference",
+        "--short-len", "96", "--long-len", "256", "-q",
+    )  # fmt: skip
+    rows = list(datasets.load_dataset(str(out), "long", split="train"))
+    vocab = Tokenizer.from_file(str(toy_tokenizer_path)).get_vocab_size()
+    policy = tiny_llama(vocab, "sdpa", seed=1, max_positions=256)
+    reference = tiny_llama(vocab, "sdpa", seed=2, max_positions=256)
+    sequences, roles = [], []
+    for row in rows:
+        start = 0
+        for n, role in zip(row["seq_lengths"], row["seq_roles"], strict=True):
+            sequences.append(
+                (row["input_ids"][start : start + n], row["labels"][start : start + n])
+            )
+            roles.append(role)
+            start += n
+    assert roles.count(1) == roles.count(2) == 30
+    batch = PackedCollator(mode=mode)(rows)
+    chosen, rejected = preference_pairs(batch)
+    with torch.no_grad():
+        want = torch.stack([alone_logp(policy, s) for s in sequences])
+        want_ref = torch.stack([alone_logp(reference, s) for s in sequences])
+        got = segment_logps(policy(**model_inputs(batch), use_cache=False).logits, batch)
+        ref = segment_logps(reference(**model_inputs(batch), use_cache=False).logits, batch)
+    assert torch.allclose(got, want, rtol=LOGP_RTOL, atol=0)
+    want_chosen = torch.tensor([i for i, r in enumerate(roles) if r == 1])
+    assert torch.equal(chosen, want_chosen) and torch.equal(rejected, want_chosen + 1)
+    loss = dpo_loss(got, ref, chosen, rejected)
+    want_loss = dpo_loss(want, want_ref, want_chosen, want_chosen + 1)
+    assert abs(loss.item() - want_loss.item()) <= LOGP_RTOL * abs(want_loss.item())

@@ -21,7 +21,9 @@ The end also runs HF ``Trainer`` with the collator and executes every python sni
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,8 @@ import datasets
 import pytest
 import torch
 import torch.nn.functional as F
-from corpora import write_corpus
+from clirun import invoke_ok
+from corpora import random_text, write_corpus
 from tiny_models import tiny_llama
 from tokenizers import Tokenizer
 from transformers import AttentionInterface, LlamaForCausalLM
@@ -387,7 +390,6 @@ def test_docs_snippets_run(
     `out` (a packcli output folder), `pairs_out` (preference rows laid out like a packcli
     output), `model` (a causal LM on sdpa) and `tokenizer`, as the guide says.
     A block whose first line is `# requires: NAME` is skipped when NAME is not installed."""
-    from preference_rows import write_preference_output
     from transformers import PreTrainedTokenizerFast
 
     snippets = python_snippets(DOCS.read_text(encoding="utf-8"))
@@ -398,7 +400,7 @@ def test_docs_snippets_run(
     )
     namespace: dict[str, Any] = {
         "out": str(packed_dir),
-        "pairs_out": str(write_preference_output(tmp_path / "pairs", vocab_size)),
+        "pairs_out": str(_preference_output(tmp_path, toy_tokenizer_path)),
         "model": build_model(vocab_size, "sdpa"),
         "tokenizer": tokenizer,
     }
@@ -412,6 +414,26 @@ def test_docs_snippets_run(
         exec(compile(snippet, f"{DOCS.name}:snippet", "exec"), namespace)
         ran += 1
     assert ran >= 7
+
+
+def _preference_output(tmp_path: Path, tokenizer: Path) -> Path:
+    """A real ``packcli pack --format preference`` output of string pairs."""
+    rng = random.Random(3)
+    corpus = tmp_path / "pairs.jsonl"
+    with open(corpus, "w", encoding="utf-8") as fh:
+        for _ in range(40):
+            pair = {
+                "prompt": random_text(rng, rng.randint(3, 20)),
+                "chosen": " " + random_text(rng, rng.randint(2, 30)),
+                "rejected": " " + random_text(rng, rng.randint(2, 30)),
+            }
+            fh.write(json.dumps(pair) + "\n")
+    out = tmp_path / "pairs"
+    invoke_ok(
+        "pack", corpus, "-t", tokenizer, "-o", out, "--format", "preference",
+        "--short-len", "128", "--long-len", "512", "-q",
+    )  # fmt: skip
+    return out
 
 
 def _missing(module: str) -> bool:
