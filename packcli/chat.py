@@ -389,6 +389,7 @@ class _Meter:
     """
 
     __slots__ = (
+        "budget_dependent",
         "deadline",
         "emitted",
         "generation",
@@ -416,6 +417,9 @@ class _Meter:
         self.now = now
         self.emitted = 0  # characters the top-level render has yielded so far
         self.generation: list[Span] = []
+        # Set when a check passed on a partial measure that the budgets cut short: larger
+        # budgets could then change the outcome (see _Renderer.marked).
+        self.budget_dependent = False
 
     def tick(self, n: int = 1) -> None:
         self.steps_left -= n
@@ -679,7 +683,11 @@ def _str_size(meter: _Meter, args: list) -> int:
     """Characters of the filtered value as a string (containers: their ``str`` estimate)."""
     if not args or isinstance(args[0], str):
         return len(_text(args))
-    return _deep_size(args[0], meter.value_limit, max(meter.steps_left, 0))[0]
+    limit, max_visits = meter.value_limit, max(meter.steps_left, 0)
+    size, visited = _deep_size(args[0], limit, max_visits)
+    if size > limit or visited > max_visits:  # cut short: an estimate the budgets shaped
+        meter.budget_dependent = True
+    return size
 
 
 def _check_escape(meter: _Meter, args: list, kwargs: dict) -> None:
@@ -1114,6 +1122,7 @@ def _is_generation(node: nodes.Node) -> bool:
 class _Compiled:
     template: jinja2.Template
     has_generation: bool
+    deterministic: bool  # same variables, same output (no ``random`` filter)
 
 
 @lru_cache(maxsize=64)
@@ -1138,12 +1147,13 @@ def _compile(text: str, source: str) -> _Compiled:
                 "set/filter/call block or a recursive loop; put it at the top level"
             )
     has_generation = any(_is_generation(node) for node in tree.find_all(nodes.CallBlock))
+    deterministic = all(node.name != "random" for node in tree.find_all(nodes.Filter))
     guarded = _Guard(_ENV).visit(tree)
     try:
         template = _ENV.from_string(guarded)
     except TemplateError as exc:  # pragma: no cover - the parse above catches syntax errors
         raise ChatTemplateError(f"chat template ({source}) does not compile: {exc}") from None
-    return _Compiled(template, has_generation)
+    return _Compiled(template, has_generation, deterministic)
 
 
 def _input_chars(messages: Sequence[Mapping[str, Any]], variables: Mapping[str, Any]) -> int:
@@ -1163,21 +1173,16 @@ def _run(
 ) -> tuple[str, list[Span]]:
     compiled = _compile(template.text, template.source)
     parent = dict(compiled.template.globals, **context)  # what jinja's generate() passes
-    return _run_compiled(compiled, template.source, parent, input_chars, limits, now)
+    return _run_compiled(compiled, template.source, parent, _Meter(limits, input_chars, now))
 
 
 def _run_compiled(
-    compiled: _Compiled,
-    source: str,
-    parent: dict[str, Any],
-    input_chars: int,
-    limits: RenderLimits,
-    now: datetime | None,
+    compiled: _Compiled, source: str, parent: dict[str, Any], meter: _Meter
 ) -> tuple[str, list[Span]]:
-    """Render with ``parent`` (the template's globals and the variables, merged): jinja's
-    ``generate`` less its per-call copies, and its traceback rewriting, which only changes
-    tracebacks that are turned into messages here anyway."""
-    meter = _Meter(limits, input_chars, now)
+    """Render with ``parent`` (the template's globals and the variables, merged) under
+    ``meter``: jinja's ``generate`` less its per-call copies, and its traceback rewriting,
+    which only changes tracebacks that are turned into messages here anyway."""
+    input_chars = meter.input_chars
     token = _METER.set(meter)
     try:
         template = compiled.template
@@ -1583,10 +1588,7 @@ def _located_spans(
             else m
             for i, m in enumerate(messages)
         ]
-        try:
-            marked, _ = renderer.run(sentinels, input_chars)
-        except ChatFormatError:  # the template refused the sentinels (it checks contents)
-            marked = None
+        marked = renderer.marked(sentinels, input_chars)
         if marked is not None:
             regions = _content_regions(text, marked, mark, messages)
     if regions is not None:
@@ -1609,6 +1611,24 @@ class Rendered:
     text: str
     assistant_spans: list[Span]  # trained character span of each assistant turn, in order
     generation_spans: list[Span] | None  # the template's {% generation %} blocks, or None
+
+
+_MAX_SHAPES = 1024  # sentinel renderings kept per batch
+
+
+def _shape(messages: Sequence[Mapping[str, Any]]) -> tuple | None:
+    """All the template sees of sentinel messages, as a key; None unless every message is
+    a dict of strings (what other values do inside a template is not worth predicting)."""
+    shape = []
+    for message in messages:
+        if type(message) is not dict:
+            return None
+        items = tuple(message.items())
+        for key, value in items:
+            if type(key) is not str or type(value) is not str:  # exact: Markup behaves apart
+                return None
+        shape.append(items)
+    return tuple(shape)
 
 
 class _Renderer:
@@ -1641,15 +1661,51 @@ class _Renderer:
         self.control_tokens = control_tokens
         self.limits, self.now = limits, now
         self._markers: TurnMarkers | None = None
+        # Sentinel renderings by dialogue shape (see ``marked``); none where the output could
+        # change between two renders of the same variables (the clock, ``random``) or budgets
+        # could shrink as dialogues grow.
+        growing = min(limits.steps_per_char, limits.work_per_char, limits.output_per_char) >= 0
+        shareable = now is not None and self.compiled.deterministic and growing
+        self._marked: dict[tuple, tuple[int, str | None]] | None = {} if shareable else None
 
     def run(
-        self, messages: Sequence[Mapping[str, Any]], input_chars: int
+        self, messages: Sequence[Mapping[str, Any]], input_chars: int, meter: _Meter | None = None
     ) -> tuple[str, list[Span]]:
         parent = self.parent.copy()
         parent["messages"] = messages
-        return _run_compiled(
-            self.compiled, self.template.source, parent, input_chars, self.limits, self.now
-        )
+        if meter is None:
+            meter = _Meter(self.limits, input_chars, self.now)
+        return _run_compiled(self.compiled, self.template.source, parent, meter)
+
+    def marked(self, sentinels: list[Mapping[str, Any]], input_chars: int) -> str | None:
+        """The sentinel rendering of a dialogue (None: the template refused the sentinels).
+
+        It depends on the messages' roles and other fields but not on their contents, so
+        dialogues of the same shape share it: in a batch there are a few shapes, and this
+        halves the cost of a template without generation tags. Budgets are what could tell
+        two such dialogues apart, and they only grow with the input: a rendering made under
+        the budgets of ``n`` input characters (and none of whose checks passed on a measure
+        the budgets cut short) is what a dialogue of ``n`` or more characters would render,
+        or be refused, identically. A smaller dialogue renders its own.
+        """
+        cache = self._marked
+        shape = _shape(sentinels) if cache is not None else None
+        if shape is not None:
+            known = cache.get(shape)  # type: ignore[union-attr]
+            if known is not None and known[0] <= input_chars:
+                return known[1]
+        meter = _Meter(self.limits, input_chars, self.now)
+        try:
+            marked: str | None = self.run(sentinels, input_chars, meter)[0]
+        except ChatFormatError:  # the template refused the sentinels (it checks contents)
+            marked = None
+        if shape is not None and not meter.budget_dependent:
+            known = cache.get(shape)  # type: ignore[union-attr]
+            if (known is None and len(cache) < _MAX_SHAPES) or (  # type: ignore[arg-type]
+                known is not None and input_chars < known[0]
+            ):
+                cache[shape] = (input_chars, marked)  # type: ignore[index]
+        return marked
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> Rendered:
         input_chars = _input_chars(messages, {}) + self.variable_chars
