@@ -127,7 +127,59 @@ def run_once(module: ModuleType, name: str, batch: list[Any]) -> tuple[float, li
     template = module.load_chat_template(None, where)
     started = time.perf_counter()
     rendered = module.render_batch(template, batch, specials, controls, now=NOW)
-    return time.perf_counter() - started, rendered
+    return time.perf_counter() - started, [
+        (i, r.text, r.assistant_spans, r.generation_spans) for i, r in rendered
+    ]
+
+
+def run_hf(name: str, batch: list[Any]) -> tuple[float, list[str]]:
+    """transformers' own rendering (text only: no sandbox budgets, and no assistant spans
+    for templates without generation tags), dialogue by dialogue as a dataset map does."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    where, specials, _ = TEMPLATES[name]
+    text = chat.load_chat_template(None, where).text
+    started = time.perf_counter()
+    texts = [
+        render_jinja_template(conversations=[m], chat_template=text, **specials)[0][0]
+        for m in batch
+    ]
+    return time.perf_counter() - started, texts
+
+
+def budgets(module: ModuleType, name: str, messages: list[Any]) -> list[int | None]:
+    """The smallest steps, work and output budgets that render ``messages`` (bisection)."""
+    where, specials, controls = TEMPLATES[name]
+    template = module.load_chat_template(None, where)
+    huge = {"steps": 10**9, "work": 10**9, "output": 10**9}
+    found: list[int | None] = []
+    for field in huge:
+
+        def fits(value: int, field: str = field) -> bool:
+            limits = dict(huge, steps_per_char=0, work_per_char=0, output_per_char=0)
+            limits[field] = value
+            try:
+                module.render_batch(
+                    template,
+                    [messages],
+                    specials,
+                    controls,
+                    limits=module.RenderLimits(**limits),
+                    now=NOW,
+                )
+            except module.ChatTemplateError:
+                return False
+            return True
+
+        low, high = 0, 1 << 26
+        if not fits(high):
+            found.append(None)
+            continue
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if fits(middle) else (middle + 1, high)
+        found.append(low)
+    return found
 
 
 def main() -> None:
@@ -138,6 +190,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--against", default=BEFORE, help="git revision of the 'before' chat.py")
     ap.add_argument("--templates", nargs="*", default=list(TEMPLATES))
+    ap.add_argument(
+        "--budgets",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also check, on N dialogues, that the smallest budgets that render each one are "
+        "the same as before (the meter counts every step and character as it did)",
+    )
     args = ap.parse_args()
 
     batch = dialogues(args.source, args.dialogues, args.seed)
@@ -149,24 +209,37 @@ def main() -> None:
         f"on average; median of {args.runs} runs; before = packcli/chat.py at {args.against}"
     )
     before = load_before(args.against)
-    print("| template | before us/dialogue | now us/dialogue | speed-up |\n|---|---|---|---|")
+    print(
+        "| template | HF text only us/dialogue | before us/dialogue | now us/dialogue "
+        "| now vs before | now vs HF |\n|---|---|---|---|---|---|"
+    )
     for name in args.templates:
-        times: dict[str, list[float]] = {"before": [], "now": []}
+        times: dict[str, list[float]] = {"hf": [], "before": [], "now": []}
         for k in range(args.runs + 1):  # the first round warms caches (compile, markers)
+            seconds, texts = run_hf(name, batch)
+            times["hf"].append(seconds)
             for label, module in (("before", before), ("now", chat)):
-                seconds, rendered = run_once(module, name, batch)
-                if k == 0:
-                    outputs = [
-                        (i, r.text, r.assistant_spans, r.generation_spans) for i, r in rendered
-                    ]
-                    if label == "before":
-                        expected = outputs
-                    elif outputs != expected:
-                        raise SystemExit(f"{name}: the renderings differ from {args.against}'s")
-                else:
-                    times[label].append(seconds)
-        old, new = (1e6 * statistics.median(times[x]) / len(batch) for x in ("before", "now"))
-        print(f"| {name} | {old:.0f} | {new:.0f} | {old / new:.2f}x |")
+                seconds, outputs = run_once(module, name, batch)
+                times[label].append(seconds)
+                if k == 0 and label == "before":
+                    expected = outputs
+                    if [text for _, text, _, _ in outputs] != texts:
+                        raise SystemExit(f"{name}: the texts differ from transformers'")
+                elif k == 0 and outputs != expected:
+                    raise SystemExit(f"{name}: the renderings differ from {args.against}'s")
+        hf, old, new = (
+            1e6 * statistics.median(times[x][1:]) / len(batch) for x in ("hf", "before", "now")
+        )
+        print(f"| {name} | {hf:.0f} | {old:.0f} | {new:.0f} | {old / new:.2f}x | {hf / new:.2f}x |")
+    for name in args.templates if args.budgets else ():
+        for messages in batch[: args.budgets]:
+            old_budgets, new_budgets = (
+                budgets(before, name, messages),
+                budgets(chat, name, messages),
+            )
+            if old_budgets != new_budgets:
+                raise SystemExit(f"{name}: budgets {new_budgets} != {old_budgets} before")
+        print(f"{name}: smallest steps/work/output budgets as before on {args.budgets} dialogues")
 
 
 if __name__ == "__main__":
