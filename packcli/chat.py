@@ -1690,12 +1690,12 @@ class _Renderer:
         """The sentinel rendering of a dialogue (None: the template refused the sentinels).
 
         It depends on the messages' roles and other fields but not on their contents, so
-        dialogues of the same shape share it: in a batch there are a few shapes, and this
-        halves the cost of a template without generation tags. Budgets are what could tell
-        two such dialogues apart, and they only grow with the input: a rendering made under
-        the budgets of ``n`` input characters (and none of whose checks passed on a measure
-        the budgets cut short) is what a dialogue of ``n`` or more characters would render,
-        or be refused, identically. A smaller dialogue renders its own.
+        dialogues of the same shape share it: a batch holds a few shapes, so most dialogues
+        of a template without generation tags render once instead of twice. Budgets are what
+        could tell two such dialogues apart, and they only grow with the input: a rendering
+        made under the budgets of ``n`` input characters (and none of whose checks passed on
+        a measure the budgets cut short) is what a dialogue of ``n`` or more characters would
+        render, or be refused, identically. A smaller dialogue renders its own.
         """
         cache = self._marked
         shape = _shape(sentinels) if cache is not None else None
@@ -1939,7 +1939,7 @@ def render_batch(
     rendered: list[tuple[int, Rendered]] = []
     if not dialogues:
         return rendered
-    renderer = _Renderer(  # once for the batch: the per-dialogue setup is most of a render
+    renderer = _Renderer(  # once for the batch, not once per dialogue
         template,
         add_generation_prompt=add_generation_prompt,
         bos_token=bos,
