@@ -1,6 +1,6 @@
 """Chat templates rendered on worker processes.
 
-Why: rendering a dialogue in the sandbox is Python (~120 us a dialogue on the 2-core dev
+Why: rendering a dialogue in the sandbox is Python (~85-200 us a dialogue on the 2-core dev
 machine) and holds the GIL; with a fast backend it is most of the chat path's time, so one
 process renders at a fraction of what the tokenizer takes. Workers render batches of
 dialogues while this process tokenizes, masks and writes the batches before them.
