@@ -122,7 +122,8 @@ BatchSize = Annotated[int | None, typer.Option(help="Documents per tokenizer bat
 NumProc = Annotated[
     int | None,
     typer.Option(
-        help="Threads per process for tokenizing and for writing output files (0 = all cores) [0]."
+        help="Threads per process for tokenizing and for writing output files, and chat "
+        "template rendering workers (0 = all cores) [0]."
     ),
 ]
 Backend = Annotated[
