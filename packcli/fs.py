@@ -511,7 +511,9 @@ def upload_output(out: Path, work: Path, url: str, *, threads: int = 8) -> dict[
 def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = False) -> list[str]:
     """Copy a remote output's ``packcli.json`` and the files it lists (with ``card`` its
     README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns them relative.
-    Each local copy gets the remote modification time where the store gives one."""
+    ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them: plots on
+    the store are always the current output's (``upload_output`` puts only fresh ones and
+    deletes the others)."""
     from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR
 
     fs, prefix = locate(url)
@@ -522,7 +524,7 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
                 f"{redact(url)}: no {MARKER}, so the output is missing or incomplete"
             )
         wanted = [MARKER]
-        _fetch(fs, prefix, dest, MARKER, remote[MARKER])
+        _fetch(fs, prefix, dest, MARKER)
         try:
             meta = json.loads((dest / MARKER).read_text(encoding="utf-8"))
             listed = [f"data/{n}/{f['file']}" for n in CONFIG_NAMES for f in meta["files"][n]]
@@ -536,7 +538,7 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
             )
         for rel in listed:
             if rel in remote:  # a missing file is for verify / push to name
-                _fetch(fs, prefix, dest, rel, remote[rel])
+                _fetch(fs, prefix, dest, rel)
                 wanted.append(rel)
     except PackcliError:
         raise
@@ -545,13 +547,10 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
     return wanted
 
 
-def _fetch(fs: Any, prefix: str, dest: Path, rel: str, file_info: dict[str, Any]) -> None:
+def _fetch(fs: Any, prefix: str, dest: Path, rel: str) -> None:
     target = dest / rel
     target.parent.mkdir(parents=True, exist_ok=True)
     fs.get_file(_join(prefix, rel), str(target))
-    when = file_info.get("LastModified") or file_info.get("updated") or file_info.get("mtime")
-    if hasattr(when, "timestamp"):
-        os.utime(target, (when.timestamp(), when.timestamp()))
 
 
 def reword(text: str, local: Path, url: str) -> str:

@@ -28,6 +28,10 @@ can get wrong is resolved before the first file is touched, and ``packcli.json``
 only just before something it vouches for changes, so a failed or all-reused rerun leaves a
 finished output finished. ``pack`` holds locks on the output and work folders
 (``packcli/lock.py``).
+
+A URL ``--out`` (``s3://...``) is made in a local staging folder (``RunConfig.out_path``)
+exactly as a local output, and ``finalize`` then uploads it file by file, ``packcli.json``
+last (``packcli/fs.py``); the remote prefix obeys the same ownership rule as a folder.
 """
 
 from __future__ import annotations

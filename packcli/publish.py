@@ -56,7 +56,8 @@ PUSH_EPILOG = (
     "Examples:\n\n"
     "  packcli push out/ user/my-packed-corpus --dry-run\n\n"
     "  packcli push out/ user/my-packed-corpus --private\n\n"
-    "  packcli push out/ org/corpus --revision v2"
+    "  packcli push out/ org/corpus --revision v2\n\n"
+    "  packcli push s3://bucket/packed/ user/my-packed-corpus"
 )
 
 
@@ -271,9 +272,8 @@ def format_upload_list(files: list[UploadFile]) -> str:
 @contextlib.contextmanager
 def local_output(out: str) -> Iterator[Path]:
     """``out`` as a local folder: itself, or an output on object storage (``s3://...``)
-    downloaded to a temp folder (its packcli.json, card, listed Parquet files and plots,
-    with the store's modification times, so the plots' freshness check holds). Errors
-    about the copy name the URL."""
+    downloaded to a temp folder (its packcli.json, card, listed Parquet files and plots).
+    Errors about the copy name the URL."""
     from packcli.fs import download_output, is_url, local_path, reword
 
     if not is_url(out):
