@@ -82,10 +82,20 @@ Inputs = Annotated[
     list[str],
     typer.Argument(
         help="jsonl / jsonl.gz / jsonl.zst, Parquet or Arrow files, folders (also "
-        "save_to_disk ones) or globs; hf-dataset:OWNER/NAME[@REV][/PATH] for a Hub dataset."
+        "save_to_disk ones) or globs, local or as fsspec URLs (s3://, gs://, hf://...); "
+        "hf-dataset:OWNER/NAME[@REV][/PATH] for a Hub dataset."
     ),
 ]
-Out = Annotated[str, typer.Option("--out", "-o", help="Output dataset folder.")]
+Out = Annotated[
+    str,
+    typer.Option(
+        "--out",
+        "-o",
+        help="Output dataset folder, or a URL (s3://, gs://, hf://...): made in a local "
+        "folder (--work-dir, else a cache folder named after the URL), each file uploaded "
+        "whole when final, packcli.json last.",
+    ),
+]
 TokenizerOpt = Annotated[
     str | None,
     typer.Option("--tokenizer", "-t", help="tokenizer.json, its folder, or a Hub repo id."),
@@ -142,7 +152,11 @@ SpecialInText = Annotated[
     ),
 ]
 WorkDir = Annotated[
-    str | None, typer.Option(help="Work folder for shards and plan [OUT/.packcli].")
+    str | None,
+    typer.Option(
+        help="Work folder for shards and plan [OUT/.packcli]; with a URL --out, the local "
+        "folder the output is made in [~/.cache/packcli/outputs/NAME-HASH]."
+    ),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 TokensPerStep = Annotated[
@@ -259,7 +273,10 @@ def _positive(value: int, flag: str) -> int:
 
 
 def _command() -> str:
-    return "packcli " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    from packcli.fs import redact_text
+
+    # Recorded in packcli.json: a URL's embedded secret (if any) must not be.
+    return redact_text("packcli " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 
 @app.command(
@@ -270,7 +287,8 @@ def _command() -> str:
         "  packcli pack a.jsonl b.jsonl.gz -t tok/ -o out/ --config configs/pretrain.yaml "
         "--short-len 2048 --long-len 32768\n\n"
         "  packcli pack 'shards/*.parquet' -t tok/ -o out/ --text-field content\n\n"
-        "  packcli pack hf-dataset:HuggingFaceFW/fineweb-edu/sample/10BT -t tok/ -o out/"
+        "  packcli pack hf-dataset:HuggingFaceFW/fineweb-edu/sample/10BT -t tok/ -o out/\n\n"
+        "  packcli pack 's3://bucket/corpus/*.jsonl.zst' -t tok/ -o s3://bucket/packed/"
     )
 )
 @_errors_to_exit
@@ -354,6 +372,15 @@ def pack(
         busy = ", ".join(f"{k} {v:.1f}s" for k, v in result.tokenize_times.items())
         busy = busy.replace("wait", "idle waiting for the tokenizer")
         typer.echo(f"          tokenize busy: {busy} (threads overlap)")
+    if cfg.remote_out:
+        from packcli.fs import redact
+
+        url = redact(out).rstrip("/")
+        typer.echo(
+            f"wrote     {url}  (load with datasets.load_dataset('parquet', "
+            f"data_files='{url}/data/long/*.parquet', split='train'))"
+        )
+        return
     typer.echo(f"wrote     {out}  (load with datasets.load_dataset({out!r}, 'long'))")
 
 
@@ -392,7 +419,7 @@ def tokenize(
 ) -> None:
     """Stage 1 of 4: tokenize this task's share of the input files into shards."""
     from packcli.lock import hold
-    from packcli.pipeline import check_output_folder, claim_output, prepare_tokenize, tokenize_task
+    from packcli.pipeline import check_output, claim_output, prepare_tokenize, tokenize_task
 
     cfg = _config(
         config,
@@ -400,7 +427,7 @@ def tokenize(
         **_tokenize_sections(locals()),
     )
     index, count = resolve_task(task_index, num_tasks)
-    check_output_folder(cfg.out_path, overwrite=False, work=cfg.work_path)
+    check_output(cfg)
     prepared = prepare_tokenize(cfg)
     claim_output(cfg)
     # Tasks of this stage run side by side by design: a shared lock, and one for this task.
@@ -454,11 +481,11 @@ def write(
 ) -> None:
     """Stage 3 of 4: write this task's share of the Parquet files from the saved plan."""
     from packcli.lock import hold
-    from packcli.pipeline import check_output_folder, write_stage
+    from packcli.pipeline import check_output, write_stage
 
     cfg = _config(config, run={"out": out, "work_dir": work_dir})
     index, count = resolve_task(task_index, num_tasks)
-    check_output_folder(cfg.out_path, overwrite=False, work=cfg.work_path)
+    check_output(cfg)
     with hold(cfg.out_path, cfg.work_path, shared=True, task=("write", index)):
         write_stage(cfg, task_index=index, num_tasks=count, quiet=quiet)
     typer.echo(f"write task {index} of {count} done")
@@ -474,11 +501,11 @@ def finalize(
 ) -> None:
     """Stage 4 of 4: check all files are written; write the dataset card and packcli.json."""
     from packcli.lock import hold
-    from packcli.pipeline import check_output_folder, finalize_stage
+    from packcli.pipeline import check_output, finalize_stage
     from packcli.report import format_report
 
     cfg = _config(None, run={"out": out, "work_dir": work_dir})
-    check_output_folder(cfg.out_path, overwrite=False, work=cfg.work_path)
+    check_output(cfg)
     with hold(cfg.out_path, cfg.work_path):
         report = finalize_stage(
             cfg,
@@ -489,11 +516,15 @@ def finalize(
 
 
 @app.command(
-    epilog="Examples:\n\n  packcli verify out/\n\n  packcli verify out/ --no-shards --json"
+    epilog="Examples:\n\n  packcli verify out/\n\n  packcli verify out/ --no-shards --json\n\n"
+    "  packcli verify s3://bucket/packed/"
 )
 @_errors_to_exit
 def verify(
-    out: Annotated[Path, typer.Argument(help="Output folder written by packcli pack.")],
+    out: Annotated[
+        str,
+        typer.Argument(help="Output folder written by packcli pack, or its s3:// (fsspec) URL."),
+    ],
     shards: Annotated[
         bool,
         typer.Option(help="Also check every token against the tokenized shards when present."),
@@ -501,9 +532,13 @@ def verify(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Check every packing invariant of OUT; exit 1 with a precise message on the first failure."""
-    from packcli.verify import verify_output
+    from packcli.fs import is_url, local_path
+    from packcli.verify import verify_output, verify_remote
 
-    summary = verify_output(out, use_shards=shards)
+    if is_url(out):
+        summary = verify_remote(out, use_shards=shards)
+    else:
+        summary = verify_output(Path(local_path(out)), use_shards=shards)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
         return

@@ -241,13 +241,30 @@ class RunConfig:
             )
 
     @property
+    def remote_out(self) -> str | None:
+        """The output URL when ``out`` is on object storage (``s3://...``), else None."""
+        from packcli.fs import is_url
+
+        return self.out if is_url(self.out) else None
+
+    @property
     def out_path(self) -> Path:
-        return Path(self.out)
+        """The local output folder: ``out``, or for a remote ``out`` the local folder it is
+        made in and uploaded from (``--work-dir``, else a cache folder named after the URL;
+        ``packcli/fs.py``)."""
+        from packcli.fs import local_path, staging_root
+
+        if self.remote_out:
+            return staging_root(self.out, self.work_dir)
+        return Path(local_path(self.out))
 
     @property
     def work_path(self) -> Path:
-        """Work folder for tokenized shards; hidden inside the output unless set."""
-        return Path(self.work_dir) if self.work_dir else Path(self.out) / ".packcli"
+        """Work folder for tokenized shards; hidden inside the output unless set (a remote
+        output's: inside its local staging folder)."""
+        if self.remote_out:
+            return self.out_path / ".packcli"
+        return Path(self.work_dir) if self.work_dir else self.out_path / ".packcli"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -28,6 +28,10 @@ can get wrong is resolved before the first file is touched, and ``packcli.json``
 only just before something it vouches for changes, so a failed or all-reused rerun leaves a
 finished output finished. ``pack`` holds locks on the output and work folders
 (``packcli/lock.py``).
+
+A URL ``--out`` (``s3://...``) is made in a local staging folder (``RunConfig.out_path``)
+exactly as a local output, and ``finalize`` then uploads it file by file, ``packcli.json``
+last (``packcli/fs.py``); the remote prefix obeys the same ownership rule as a folder.
 """
 
 from __future__ import annotations
@@ -79,6 +83,14 @@ from packcli.encode import (
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
 from packcli.faults import crash_point
+from packcli.fs import (
+    as_input,
+    check_remote_output,
+    input_entry,
+    input_size,
+    redact,
+    upload_output,
+)
 from packcli.lock import OUT_LOCK, hold
 from packcli.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.plan import Plan, RowLayout, plan_two_tier
@@ -208,6 +220,14 @@ def check_output_folder(out: Path, overwrite: bool, work: Path | None = None) ->
         f"output folder {out} is not empty and is not a packcli output (no packcli.json or "
         "work folder marker of packcli); choose another --out or pass --overwrite"
     )
+
+
+def check_output(cfg: RunConfig, overwrite: bool = False) -> None:
+    """``check_output_folder`` for ``cfg``'s output: the local folder, and for a remote
+    ``--out`` also the prefix on the store (foreign files there are refused alike)."""
+    check_output_folder(cfg.out_path, overwrite, cfg.work_path)
+    if cfg.remote_out:
+        check_remote_output(cfg.remote_out, overwrite)
 
 
 def claim_output(cfg: RunConfig) -> None:
@@ -368,7 +388,7 @@ def _preference_encoder(
 class Prepared:
     """The tokenize stage's inputs and tokenizer, resolved before anything is written."""
 
-    paths: list[Path]
+    paths: list[Path | str]  # a URL is a string (packcli/fs.py)
     tok: _Tokenizing
     early: Any = None  # a fast backend already loading (backends.preload)
 
@@ -384,9 +404,10 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
         os.environ["RAYON_NUM_THREADS"] = str(cfg.tokenize.num_proc)
         os.environ["FASTOKENS_BPE_THREADS"] = str(cfg.tokenize.num_proc)
     # Never read back what packcli writes (rejected.jsonl, work files) as input.
-    paths = resolve_inputs(
-        cfg.read.inputs, exclude=(cfg.out_path, cfg.work_path), input_format=cfg.read.input_format
-    )
+    fences: tuple[Path | str, ...] = (cfg.out_path, cfg.work_path)
+    if cfg.remote_out:
+        fences += (cfg.remote_out,)
+    paths = resolve_inputs(cfg.read.inputs, exclude=fences, input_format=cfg.read.input_format)
     formats = [file_format(p, cfg.read.input_format) or "jsonl" for p in paths]
     if any(f != "jsonl" for f in formats):  # a column missing from a file: refused up front
         from packcli.read_columnar import check_columns
@@ -399,7 +420,7 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
         early = preload(
             cfg.tokenize.backend,
             local_tokenizer_file(cfg.tokenize.tokenizer),
-            sum(p.stat().st_size for p in paths),
+            sum(input_size(p) for p in paths),
         )
     return Prepared(paths, _resolve_tokenizing(cfg), early)
 
@@ -454,7 +475,7 @@ def tokenize_task(
             "settings": tok.settings,
             "tokenizer": tok.record,
             "config": {
-                "read": dataclasses.asdict(cfg.read),
+                "read": _recorded_read(cfg.read),
                 "tokenize": cfg.to_dict()["tokenize"],
                 "chat": dataclasses.asdict(cfg.chat),
             },
@@ -574,7 +595,7 @@ def _unit_paths(unit: dict[str, Any]) -> list[str]:
 
 
 def _input_units(
-    paths: list[Path], split_bytes: int, stage_fp: str, input_format: str = "auto"
+    paths: list[Path | str], split_bytes: int, stage_fp: str, input_format: str = "auto"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The input files, and the units of tokenize work: each file, each byte span of an
     uncompressed file larger than ``split_bytes`` (so one huge file still spreads over
@@ -598,28 +619,29 @@ def _input_units(
         group_bytes = 0
 
     for index, p in enumerate(paths):
-        st = p.stat()
         fmt = file_format(p, input_format) or "jsonl"
         path = str(_identity(p))
-        entry: dict[str, Any] = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        # Local: size + mtime_ns; a URL: size + the store's version fields (packcli/fs.py).
+        entry: dict[str, Any] = {"path": path, **input_entry(p)}
+        size = entry["size"]
         if fmt != "jsonl":
             entry["format"] = fmt
         files.append(entry)
         if fmt == "jsonl":
-            spans = split_spans(st.st_size, split_bytes) if splittable(p) else None
+            spans = split_spans(size, split_bytes) if splittable(p) else None
         else:
             from packcli.read_columnar import split_groups
 
-            spans = split_groups(p, fmt, st.st_size, split_bytes)
-        if spans is None and st.st_size < GROUP_BYTES:
+            spans = split_groups(p, fmt, size, split_bytes)  # type: ignore[arg-type]
+        if spans is None and size < GROUP_BYTES:
             if group and (
-                _starts_group(path, st.st_size)
-                or group_bytes + st.st_size > GROUP_CAP
+                _starts_group(path, size)
+                or group_bytes + size > GROUP_CAP
                 or group[0][1].get("format") != entry.get("format")
             ):
                 close_group()
             group.append((index, entry))
-            group_bytes += st.st_size
+            group_bytes += size
             continue
         close_group()
         units.extend(_file_units(index, entry, spans, stage_fp))
@@ -627,10 +649,13 @@ def _input_units(
     return files, units
 
 
-def _identity(p: Path) -> Path:
+def _identity(p: Path | str) -> Path | str:
     """The path recorded for an input: resolved (one file, one identity), unless resolving
     loses what its name says it is: a content-addressed store (the Hugging Face cache's
-    ``blobs/<sha256>``, which a Hub dataset's files link to) keeps the link's name."""
+    ``blobs/<sha256>``, which a Hub dataset's files link to) keeps the link's name. A URL
+    is recorded as listed (no credentials: they live in the filesystem instance)."""
+    if isinstance(p, str):
+        return p
     resolved = p.resolve()
     return resolved if suffix_format(resolved) == suffix_format(p) else Path(os.path.abspath(p))
 
@@ -803,7 +828,7 @@ def read_unit(
 ) -> Iterator[DocBatch]:
     """The documents of one unit of tokenize work, by its format. ``sample``: a quick look
     at the first documents (a compressed jsonl stream is not verified first)."""
-    paths = [Path(p) for p in _unit_paths(unit)]
+    paths = [as_input(p) for p in _unit_paths(unit)]
     fmt = unit.get("format", "jsonl")
     if fmt == "jsonl":
         return iter_batches(
@@ -1403,9 +1428,25 @@ def finalize_stage(
     card = render_card(report, run_info, files, out)
     atomic_write_bytes(out / "README.md", card.encode("utf-8"))
     atomic_write_json(
-        out / MARKER, {"config": cfg.to_dict(), "run": run_info, "report": report, "files": files}
+        out / MARKER,
+        {"config": _recorded_config(cfg), "run": run_info, "report": report, "files": files},
     )
+    if cfg.remote_out:  # every file is final here: put them, packcli.json last
+        upload_output(out, cfg.work_path, cfg.remote_out, threads=cfg.tokenize.threads)
     return report
+
+
+def _recorded_read(read: ReadConfig) -> dict[str, Any]:
+    """The read settings as recorded: input URLs without any secret they carry."""
+    return {**dataclasses.asdict(read), "inputs": [redact(str(s)) for s in read.inputs]}
+
+
+def _recorded_config(cfg: RunConfig) -> dict[str, Any]:
+    """``cfg`` as ``packcli.json`` records it (URLs redacted)."""
+    data = cfg.to_dict()
+    data["out"] = redact(data["out"])
+    data["read"] = _recorded_read(cfg.read)
+    return data
 
 
 def _count_pair_segments(report: dict[str, Any], plan: Plan, shards: TokenShards) -> None:
@@ -1488,7 +1529,7 @@ def run_pack(
     Everything a user can get wrong is checked before any file is touched, and the output and
     work folders are locked for the whole job (a second run on either fails at once)."""
     out = _require_out(cfg)
-    check_output_folder(out, overwrite, cfg.work_path)
+    check_output(cfg, overwrite)
     prepared = prepare_tokenize(cfg)
     claim_output(cfg)
     with hold(out, cfg.work_path):

@@ -19,17 +19,23 @@ push that this output does not have are deleted (``prune``): the card loads
 ``data/<config>/train-*.parquet``, so a stale shard left from a previous push with more files
 would silently join the dataset.
 
+An output on object storage (``packcli push s3://bucket/out REPO``) is first downloaded to a
+temp folder (``local_output``), then pushed the same way.
+
 Authentication is huggingface_hub's own (``HF_TOKEN`` or ``hf auth login``); packcli never
 sees the token.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import json
 import logging
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -50,7 +56,8 @@ PUSH_EPILOG = (
     "Examples:\n\n"
     "  packcli push out/ user/my-packed-corpus --dry-run\n\n"
     "  packcli push out/ user/my-packed-corpus --private\n\n"
-    "  packcli push out/ org/corpus --revision v2"
+    "  packcli push out/ org/corpus --revision v2\n\n"
+    "  packcli push s3://bucket/packed/ user/my-packed-corpus"
 )
 
 
@@ -262,8 +269,32 @@ def format_upload_list(files: list[UploadFile]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def local_output(out: str) -> Iterator[Path]:
+    """``out`` as a local folder: itself, or an output on object storage (``s3://...``)
+    downloaded to a temp folder (its packcli.json, card, listed Parquet files and plots).
+    Errors about the copy name the URL."""
+    from packcli.fs import download_output, is_url, local_path, reword
+
+    if not is_url(out):
+        yield Path(local_path(out))
+        return
+    with tempfile.TemporaryDirectory(prefix="packcli-push-") as tmp:
+        local = Path(tmp)
+        try:
+            download_output(out, local, card=True, plots=True)
+            yield local
+        except PackcliError as exc:
+            raise type(exc)(reword(str(exc), local, out)) from None
+
+
 def push_command(
-    out: Annotated[Path, typer.Argument(help="Output folder written by packcli pack.")],
+    out: Annotated[
+        str,
+        typer.Argument(
+            help="Output folder written by packcli pack, or its s3:// (any fsspec) URL."
+        ),
+    ],
     repo_id: Annotated[
         str, typer.Argument(help="Dataset repo on the Hub, e.g. user/name (created if missing).")
     ],
@@ -287,18 +318,19 @@ def push_command(
 ) -> None:
     """Verify OUT and upload it to a Hugging Face dataset repo; rerun to resume."""
     check_repo_id(repo_id)
-    if dry_run:
-        files = prepare_push(out)
-        typer.echo(f"would upload to https://huggingface.co/datasets/{repo_id}:")
-        typer.echo(format_upload_list(files))
-        if prune:
-            typer.echo(
-                "then delete files under data/long/, data/short/ and stats/ in the repo that "
-                "are not listed above (--no-prune keeps them)"
-            )
-        typer.echo(f"load with: {load_call(repo_id, revision=revision)}")
-        return
-    result = push(out, repo_id, private=private, revision=revision, prune=prune)
+    with local_output(out) as folder:
+        if dry_run:
+            files = prepare_push(folder)
+            typer.echo(f"would upload to https://huggingface.co/datasets/{repo_id}:")
+            typer.echo(format_upload_list(files))
+            if prune:
+                typer.echo(
+                    "then delete files under data/long/, data/short/ and stats/ in the repo "
+                    "that are not listed above (--no-prune keeps them)"
+                )
+            typer.echo(f"load with: {load_call(repo_id, revision=revision)}")
+            return
+        result = push(folder, repo_id, private=private, revision=revision, prune=prune)
     typer.echo(format_upload_list(result.files))
     if result.deleted:
         typer.echo(f"deleted {len(result.deleted)} stale files: {', '.join(result.deleted)}")

@@ -115,6 +115,7 @@ import orjson
 import zstandard
 
 from packcli.errors import InputError
+from packcli.fs import is_url, local_path, open_binary, opened_size
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +345,7 @@ def count_newlines(path: Path | str, end: int) -> int:
     when ``end`` starts a line. Used to turn span-relative line numbers into file lines, on
     the error path only (it reads everything before ``end``)."""
     count = 0
-    with open(path, "rb") as fh:
+    with open_binary(path) as fh:
         while end > 0 and (block := fh.read(min(end, _READ_BUFFER))):
             count += block.count(b"\n")
             end -= len(block)
@@ -368,7 +369,7 @@ def _files_under(directory: Path, wanted: Sequence[str] = ("jsonl",)) -> list[Pa
 
 def resolve_inputs(
     specs: Sequence[str], exclude: Sequence[Path | str] = (), input_format: str = "auto"
-) -> list[Path]:
+) -> list[Path | str]:
     """Expand input specs into a deduplicated list of files sorted by path string.
 
     Each spec is a file (whose name must end in a suffix of ``FORMAT_SUFFIXES``, unless
@@ -377,10 +378,12 @@ def resolve_inputs(
     order of its ``state.json``), a glob pattern (``**`` allowed; matched directories are
     searched recursively, matched files with other suffixes are ignored) or a Hub dataset
     (``hf-dataset:OWNER/NAME[@REVISION][/PATH]``, or any spec with ``input_format="hub"``),
-    downloaded into the Hugging Face cache first. ``input_format`` other than ``auto``
-    keeps only files of that format. Files reached through several specs are kept once
-    (compared by resolved path). Raises ``InputError`` for a spec that matches nothing
-    usable, or when no input files are left.
+    downloaded into the Hugging Face cache first. A spec may be an fsspec URL (``s3://``,
+    ``gs://``, ``hf://``...: a file, folder or glob, listed by its filesystem; returned as
+    URL strings, which the readers open through fsspec); ``file://`` is a local path.
+    ``input_format`` other than ``auto`` keeps only files of that format. Files reached
+    through several specs are kept once (compared by resolved path). Raises ``InputError``
+    for a spec that matches nothing usable, or when no input files are left.
 
     ``exclude`` names folders packcli writes (the output and work folders): what is under them
     (``rejected.jsonl``, work files) is its own output, so a folder or glob that reaches them
@@ -392,8 +395,10 @@ def resolve_inputs(
     wanted = _wanted_formats(input_format)
     suffixes = _suffix_list(wanted)
     # resolved path -> (absolute path shown to the user, sort key)
-    found: dict[Path, tuple[Path, tuple[str, int]]] = {}
-    fences = [Path(p).resolve() for p in exclude]
+    found: dict[Path | str, tuple[Path | str, tuple[str, int]]] = {}
+    fences = [Path(p).resolve() for p in exclude if not is_url(p)]
+    # A remote --out: inputs under its prefix are its own output files.
+    url_fences = [_url_fence(str(p)) for p in exclude if is_url(p)]
     fenced_out = 0  # files skipped because they are under an excluded folder
 
     def fence_of(path: Path) -> Path | None:
@@ -430,6 +435,25 @@ def resolve_inputs(
             from packcli.read_columnar import hub_local_spec
 
             spec = hub_local_spec(spec, wanted)
+        spec = local_path(spec)  # file:// is a local path
+        if is_url(spec):
+            from packcli.fs import expand, redact
+
+            urls, ordered = expand(
+                spec,
+                lambda p: suffix_format(p) in wanted,
+                saved_dataset=input_format in ("auto", "hf-disk"),
+                any_name=input_format in ("parquet", "arrow"),
+            )
+            kept = [u for u in urls if not any(u.startswith(f) for f in url_fences)]
+            fenced_out += len(urls) - len(kept)
+            if not kept:
+                note = skipped_note if urls else ""
+                raise InputError(f"{redact(spec)!r} matched no {suffixes} files{note}")
+            for i, url in enumerate(kept):
+                order = (spec.rstrip("/") + "/", i) if ordered else (url, -1)
+                found.setdefault(url, (url, order))
+            continue
         path = Path(spec)
         if path.is_file():
             if input_format == "hf-disk" or (
@@ -477,6 +501,12 @@ def resolve_inputs(
     result = [shown for shown, _ in sorted(found.values(), key=lambda v: v[1])]
     logger.debug("resolved %d input spec(s) to %d file(s)", len(specs), len(result))
     return result
+
+
+def _url_fence(url: str) -> str:
+    from packcli.fs import normalize
+
+    return normalize(url) + "/"
 
 
 def _is_saved_dataset(folder: Path) -> bool:
@@ -625,7 +655,7 @@ def _check_stream(path: Path, kind: str) -> _StreamCheck:
     runs into it is not trusted either.
     """
     try:
-        with open(path, "rb", buffering=0) as raw:
+        with open_binary(path, 0) as raw:
             decoder = _MemberDecoder(raw, kind)
             out = lines = 0
             last_newline = 0  # uncompressed offset just past the last newline so far
@@ -954,7 +984,7 @@ def iter_batches(
 
     for file_index, path in enumerate(paths):
         try:
-            raw = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 (closed below)
+            raw = open_binary(path, _READ_BUFFER)  # a local file or an fsspec URL's
         except OSError as exc:
             raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from exc
         lineno = 0
@@ -963,7 +993,7 @@ def iter_batches(
         nbytes = 0
         bom = False
         try:
-            size = os.fstat(raw.fileno()).st_size
+            size = opened_size(raw)
             lo, hi = (0, size) if span is None else (min(span[0], size), min(span[1], size))
             kind = _compression(path)
             check = None  # a compressed file's verified prefix (None: plain, or not verified)

@@ -23,8 +23,8 @@ Why it looks the way it does:
   null, empty or non-string value (chat: a malformed dialogue) is a bad record under
   ``--on-bad-line`` with the jsonl reason keys (``not_string``, ``empty_text``,
   ``bad_record``); ``rejected.jsonl`` then holds the row's value as JSON.
-* **One place opens files** (``open_input``), so other filesystems (fsspec URLs) can slot
-  in there.
+* **One place opens files** (``open_input``): a local file, or an fsspec URL
+  (``packcli/fs.py``).
 
 Cost: the per-row checks are the jsonl reader's type checks, and ``to_pylist`` makes the
 Python strings the tokenizer takes anyway. Measured on this project's 2-core box (CPU
@@ -51,6 +51,7 @@ import orjson
 import pyarrow as pa
 
 from packcli.errors import InputError
+from packcli.fs import is_url, open_arrow
 from packcli.read import (
     BAD_LINE_POLICIES,
     FORMAT_SUFFIXES,
@@ -71,12 +72,16 @@ _REVISION_WITH_SLASH = re.compile(r"refs/convert/parquet|refs/pr/\d+")
 
 
 def open_input(path: Path | str, *, memory_map: bool = False) -> pa.NativeFile:
-    """The one place a columnar input is opened (a local file today; an fsspec URL later).
+    """The one place a columnar input is opened: a local file, or an fsspec URL.
 
     Arrow IPC is memory-mapped (batches become zero-copy views); Parquet is read with plain
-    reads, so its pages do not stay mapped after they are decoded.
+    reads, so its pages do not stay mapped after they are decoded. A URL is an fsspec file
+    object (seekable, ranged reads), so a Parquet footer and the one column read are all
+    that is fetched.
     """
     try:
+        if is_url(path):
+            return open_arrow(str(path))
         return pa.memory_map(os.fspath(path), "r") if memory_map else pa.OSFile(os.fspath(path))
     except OSError as exc:
         raise InputError(f"{path}: cannot open: {exc}") from exc

@@ -23,6 +23,7 @@ import numpy as np
 from packcli.backends import HFEncoder
 from packcli.encode import assemble
 from packcli.errors import PackcliError, VerifyError
+from packcli.fs import as_input, input_entry
 from packcli.read import ReadStats, iter_batches
 
 log = logging.getLogger(__name__)
@@ -34,16 +35,24 @@ MAX_DOC_CHARS = 1 << 20
 
 
 def _unchanged(entry: dict[str, Any]) -> bool:
-    p = Path(entry["path"])
+    """Whether the input still has the identity the run recorded (``fs.input_entry``)."""
     try:
-        st = p.stat()
-    except OSError:
+        now = input_entry(entry["path"], fresh=True)
+    except (OSError, PackcliError):
         return False
-    return st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
+    if "version" in now:  # a URL: the version fields both listings gave must agree
+        old = entry.get("version") or {}
+        common = old.keys() & now["version"].keys()
+        return (
+            entry.get("size") == now["size"]
+            and bool(common)
+            and all(old[k] == now["version"][k] for k in common)
+        )
+    return all(entry.get(k) == v for k, v in now.items())
 
 
 def _sample(
-    cfg: Any, path: Path, largest_line: int | None, fmt: str = "jsonl"
+    cfg: Any, path: Path | str, largest_line: int | None, fmt: str = "jsonl"
 ) -> list[tuple[int, int, Any]]:
     """(doc id, line, text or dialogue) of the first documents of ``path`` and of the
     document at ``largest_line`` (which may be further in; a row for Parquet/Arrow)."""
@@ -132,7 +141,7 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     fmt = inputs[0].get("format", "jsonl")
     where = "line" if fmt == "jsonl" else "row"
     largest_line = largest.get(where) if largest.get("file") == inputs[0]["path"] else None
-    sample = _sample(cfg, Path(inputs[0]["path"]), largest_line, fmt)
+    sample = _sample(cfg, as_input(inputs[0]["path"]), largest_line, fmt)
     if not sample:
         return {"checked": 0}
     items = [s[2] for s in sample]

@@ -459,13 +459,34 @@ def read_marker(out: Path) -> dict[str, Any]:
     return meta
 
 
+def verify_remote(url: str, *, use_shards: bool = True) -> dict[str, Any]:
+    """Verify an output on object storage: its ``packcli.json`` and data files are
+    downloaded to a temp folder (the disk needs room for the dataset) and checked there;
+    messages name the URL. The tokenized shards are used when this machine made the
+    output (its local staging folder, ``fs.staging_root``, holds the same run's)."""
+    import tempfile
+
+    from packcli.fs import download_output, reword, staging_root
+
+    with tempfile.TemporaryDirectory(prefix="packcli-verify-") as tmp:
+        local = Path(tmp)
+        download_output(url, local, card=False)
+        work = staging_root(url) / ".packcli"
+        try:
+            return verify_output(local, use_shards=use_shards, work=work)
+        except VerifyError as exc:
+            raise VerifyError(reword(str(exc), local, url)) from None
+
+
 def verify_output(
     out: Path,
     *,
     use_shards: bool = True,
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
+    work: Path | None = None,
 ) -> dict[str, Any]:
-    """Verify ``out``; returns a summary dict or raises ``VerifyError``."""
+    """Verify ``out``; returns a summary dict or raises ``VerifyError``. ``work``: a work
+    folder to look for the tokenized shards in, used only when they are this run's."""
     meta = read_marker(out)
     plan_cfg = meta["config"]["plan"]
     short_len, long_len = int(plan_cfg["short_len"]), int(plan_cfg["long_len"])
@@ -504,8 +525,12 @@ def verify_output(
         )
     _check_nesting(segments["short"], segments["long"], short_len)
 
-    work = Path(meta["run"].get("work_dir") or ".packcli")
-    tokens_dir = (work if work.is_absolute() else out / work) / "tokens"
+    recorded = Path(meta["run"].get("work_dir") or ".packcli")
+    tokens_dir = (recorded if recorded.is_absolute() else out / recorded) / "tokens"
+    if work is not None and _read_json_quiet(work / "tokens" / "_SUCCESS.json").get(
+        "fingerprint"
+    ) == meta["run"].get("tokens_fingerprint"):
+        tokens_dir = work / "tokens"
     summary["checked_against_shards"] = False
     if use_shards and (tokens_dir / "_SUCCESS.json").is_file():
         shards = TokenShards(tokens_dir)
@@ -521,3 +546,11 @@ def verify_output(
 
     summary["checked_against_input"] = check_against_input(meta, segments["long"])
     return summary
+
+
+def _read_json_quiet(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,558 @@
+"""Where data lives: fsspec URLs (``s3://``, ``gs://``, ``hf://``, ...) next to local paths.
+
+One module knows about URLs, so the readers, the pipeline and the tools keep working on
+plain paths and call in here only where a URL can reach them:
+
+* **Inputs.** ``expand`` lists a URL's files with the filesystem's own ``glob``/``find``
+  (one listing, whose sizes and versions are kept), ``open_binary`` streams one through
+  an fsspec file object (seekable, ranged reads: byte spans and the damaged-stream check
+  work as on disk) and ``open_arrow`` hands one to pyarrow. A remote file's identity, for
+  resume, is its URL, size and every version field the filesystem's ``info`` gives
+  (``remote_version``): S3 ``ETag``, ``VersionId`` (versioned buckets) and
+  ``LastModified``; GCS ``generation``, ``etag`` and ``updated``; the Hub ``blob_id``
+  (the git blob / LFS object id); others their ``mtime``/``created``. A file rewritten
+  with other bytes therefore never reuses old shards.
+* **Outputs.** Object stores have no rename, so a remote ``--out`` is staged: the run works
+  in a local folder (``staging_root``: ``--work-dir``, else a cache folder named after the
+  URL) exactly as a local run does, and ``upload_output`` then puts every finished file
+  with one ``put_file`` each (s3fs/gcsfs use one PUT, or a multipart/resumable upload that
+  becomes visible only when complete), ``packcli.json`` last as the completion marker.
+  Uploads are logged locally (size and sha256), so a rerun after a kill uploads only what
+  is missing; ``download_output`` brings an output back for ``verify`` and ``push``.
+* **Credentials** come only from each filesystem's usual environment and config files
+  (``AWS_*`` and ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS`` / gcloud, ``HF_TOKEN``);
+  packcli has no option for them. A URL can still carry a secret (``ftp://user:pw@host``,
+  a signed ``?X-Amz-Signature=``); ``redact`` blanks those parts in everything packcli
+  prints or records.
+* **Extras stay optional.** A URL whose filesystem package is missing fails with one line
+  naming the extra (``pip install 'packcli[s3]'``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import threading
+import urllib.parse
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from packcli.errors import ConfigError, InputError, PackcliError
+
+log = logging.getLogger(__name__)
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+_SECRET_QUERY = re.compile(
+    r"sig|signature|token|key|secret|password|credential|auth|^x-(amz|goog)-"
+)
+_GLOB_MAGIC = frozenset("*?[")
+
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+"""URL schemes whose filesystem is a packcli extra (``pip install 'packcli[EXTRA]'``)."""
+
+UPLOAD_LOG = "uploads.jsonl"
+"""In the work folder: one line per file uploaded to a remote ``--out`` (url, size, sha256)."""
+REMOTE_MARKER = ".packcli/packcli-work.json"
+"""Under a remote output: put before its first file, so a prefix whose ``packcli.json`` is not
+there yet (a killed upload) is still recognised as packcli's."""
+
+# Display URL -> (filesystem, its path): a file is opened with the filesystem instance that
+# listed it (an fsspec URL's credentials live in the instance, never in the display URL).
+_LOCATED: dict[str, tuple[Any, str]] = {}
+# Display URL -> the info dict of the listing that found it (size, version fields).
+_INFO: dict[str, dict[str, Any]] = {}
+_LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+def is_url(spec: object) -> bool:
+    """Whether ``spec`` is an fsspec URL to be read through fsspec (``file://`` is not: it
+    is a local path, read as one)."""
+    if not isinstance(spec, str):
+        return False
+    m = _URL.match(spec)
+    return m is not None and m.group(1).lower() != "file"
+
+
+def local_path(spec: str) -> str:
+    """A ``file://`` URL as the local path it names; anything else unchanged."""
+    if spec.lower().startswith("file://"):
+        parsed = urllib.parse.urlparse(spec)
+        return urllib.parse.unquote(parsed.path) or "/"
+    return spec
+
+
+def redact(url: str) -> str:
+    """``url`` with any password in it and secret-looking query values replaced by ``***``,
+    for messages and records (a signed URL's signature, ``ftp://user:pw@host``)."""
+    if not is_url(url):
+        return url
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
+    query = parts.query
+    if query:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        query = "&".join(f"{k}={'***' if _SECRET_QUERY.search(k.lower()) else v}" for k, v in pairs)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_text(text: str) -> str:
+    """Every URL inside ``text`` redacted (a command line, an error message)."""
+    return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
+
+
+def _missing_package(url: str, exc: Exception) -> ConfigError:
+    scheme = _URL.match(url).group(1).lower()  # type: ignore[union-attr]
+    extra = EXTRAS.get(scheme)
+    if extra:
+        package = "s3fs" if extra == "s3" else "gcsfs"
+        return ConfigError(
+            f"{redact(url)}: {scheme}:// URLs need {package}, which is not installed: "
+            f"pip install 'packcli[{extra}]'"
+        )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ConfigError(f"{redact(url)}: no filesystem for {scheme}:// ({first})")
+
+
+def locate(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem and path of ``url``: the instance that listed it when it came
+    from ``expand``, else a new one from the URL (credentials from the environment)."""
+    with _LOCK:
+        found = _LOCATED.get(url)
+    if found is not None:
+        return found
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise _missing_package(url, exc) from None
+    except ValueError as exc:  # "Protocol not known", a malformed URL
+        raise ConfigError(f"{redact(url)}: not a URL packcli can read ({exc})") from None
+
+
+def _display(fs: Any, path: str) -> str:
+    return str(fs.unstrip_protocol(path))
+
+
+def _remember(fs: Any, path: str, info: dict[str, Any]) -> str:
+    url = _display(fs, path)
+    with _LOCK:
+        _LOCATED[url] = (fs, path)
+        _INFO[url] = info
+    return url
+
+
+def _fail(url: str, what: str, exc: BaseException) -> InputError:
+    """A filesystem error as one line: the backend's own words (credentials, permissions),
+    the URL redacted."""
+    detail = redact_text(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
+    return InputError(f"{redact(url)}: cannot {what}: {type(exc).__name__}: {detail}".rstrip(": "))
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def expand(
+    spec: str, keep: Callable[[str], bool], *, saved_dataset: bool = False, any_name: bool = False
+) -> tuple[list[str], bool]:
+    """The files ``spec`` (a URL: a file, a folder searched recursively, or a glob, ``**``
+    allowed) names, as display URLs whose names pass ``keep`` (``any_name``: a URL naming
+    one file is taken whatever its name), listed by the filesystem; and whether they are a
+    ``save_to_disk`` folder's files in its ``state.json`` order (``saved_dataset``: such a
+    folder gives only those). An empty list: nothing matched.
+    """
+    fs, path = locate(spec)
+    try:
+        if _GLOB_MAGIC.intersection(path):
+            infos = fs.glob(path, detail=True)
+            files: dict[str, dict[str, Any]] = {}
+            for p, info in sorted(infos.items()):
+                if info.get("type") == "directory":
+                    files.update(fs.find(p, detail=True))
+                else:
+                    files[p] = info
+        else:
+            try:
+                info = fs.info(path)
+            except FileNotFoundError:
+                raise InputError(f"input not found: {redact(spec)!r}") from None
+            if info.get("type") != "directory":
+                if any_name:
+                    return [_remember(fs, path, info)], False
+                files = {path: info}
+            else:
+                ordered = _saved_dataset_files(fs, path) if saved_dataset else None
+                if ordered is not None:
+                    return [_remember(fs, p, fs.info(p)) for p in ordered], True
+                files = fs.find(path, detail=True)
+    except (InputError, ConfigError):
+        raise
+    except Exception as exc:  # botocore, aiohttp, HfHub...: one line, never a traceback
+        raise _fail(spec, "list", exc) from exc
+    kept = [
+        _remember(fs, p, info)
+        for p, info in sorted(files.items())
+        if info.get("type", "file") == "file" and keep(p)
+    ]
+    return kept, False
+
+
+def normalize(url: str) -> str:
+    """``url`` in the form ``expand`` gives its files (for comparing prefixes)."""
+    fs, path = locate(url)
+    return _display(fs, path.rstrip("/"))
+
+
+def _saved_dataset_files(fs: Any, folder: str) -> list[str] | None:
+    """A remote ``save_to_disk`` folder's data files in ``state.json`` order, or None."""
+    try:
+        state = json.loads(fs.cat_file(f"{folder.rstrip('/')}/state.json"))
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [f"{folder.rstrip('/')}/{name}" for name in names] or None
+
+
+def info(url: str, *, fresh: bool = False) -> dict[str, Any]:
+    """The filesystem's ``info`` of a file: from its listing, or asked now (``fresh``)."""
+    with _LOCK:
+        cached = None if fresh else _INFO.get(url)
+    if cached is not None:
+        return cached
+    fs, path = locate(url)
+    try:
+        if fresh:
+            fs.invalidate_cache(path)
+        return fs.info(path)
+    except FileNotFoundError:
+        raise InputError(f"{redact(url)}: not found") from None
+    except Exception as exc:
+        raise _fail(url, "stat", exc) from exc
+
+
+_VERSION_FIELDS = (
+    ("ETag", "etag"),
+    ("etag", "etag"),
+    ("VersionId", "version_id"),
+    ("generation", "generation"),
+    ("blob_id", "blob_id"),
+    ("LastModified", "mtime"),
+    ("updated", "mtime"),
+    ("mtime", "mtime"),
+    ("last_modified", "mtime"),
+    ("created", "mtime"),
+)
+
+
+def remote_version(file_info: dict[str, Any]) -> dict[str, str]:
+    """What says which bytes a remote file holds, from its ``info``: the fields of
+    ``_VERSION_FIELDS`` present (first of each name wins), as strings."""
+    version: dict[str, str] = {}
+    for key, name in _VERSION_FIELDS:
+        value = file_info.get(key)
+        if value is not None and value != "" and name not in version:
+            if hasattr(value, "timestamp"):  # a datetime in one listing, a float in another
+                value = value.timestamp()
+            version[name] = str(value)
+    return version
+
+
+def input_entry(path: Path | str, *, fresh: bool = False) -> dict[str, Any]:
+    """An input file's identity for resume: local ``size`` + ``mtime_ns``; a URL's ``size`` +
+    ``version`` (``remote_version``). Without ``path``, which the caller records its way."""
+    if is_url(path):
+        found = info(str(path), fresh=fresh)
+        return {"size": int(found["size"]), "version": remote_version(found)}
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def input_size(path: Path | str) -> int:
+    return int(input_entry(path)["size"])
+
+
+def as_input(path: str) -> Path | str:
+    """A recorded input path as the readers take it: a URL stays a string."""
+    return path if is_url(path) else Path(path)
+
+
+def open_binary(path: Path | str, buffering: int = -1) -> BinaryIO:
+    """Open an input for binary reading: a local file, or an fsspec file object (seekable;
+    ``buffering`` > 0 puts a ``BufferedReader`` on top, so lines are split in C as for a
+    local file). Errors are ``OSError``s, as ``open``'s."""
+    if not is_url(path):
+        return open(path, "rb", buffering=buffering)
+    fs, p = locate(str(path))
+    try:
+        fh = fs.open(p, "rb")
+    except OSError:
+        raise
+    except Exception as exc:  # a backend error that is not an OSError (credentials)
+        raise OSError(f"{type(exc).__name__}: {redact_text(str(exc))}") from exc
+    return io.BufferedReader(fh, buffering) if buffering > 0 else fh
+
+
+def opened_size(fh: Any) -> int:
+    """The size of a file ``open_binary`` returned."""
+    inner = getattr(fh, "raw", fh)
+    size = getattr(inner, "size", None)
+    return int(size) if isinstance(size, int) else os.fstat(fh.fileno()).st_size
+
+
+def open_arrow(path: str) -> Any:
+    """A URL as a pyarrow random-access file (Parquet footers, Arrow IPC batches)."""
+    import pyarrow as pa
+
+    return pa.PythonFile(open_binary(path), mode="r")
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def cache_root() -> Path:
+    """packcli's local cache: ``PACKCLI_CACHE_DIR``, else ``$XDG_CACHE_HOME/packcli``, else
+    ``~/.cache/packcli``."""
+    if env := os.environ.get("PACKCLI_CACHE_DIR"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "packcli"
+
+
+def staging_root(url: str, work_dir: str = "") -> Path:
+    """The local folder a remote output is made in before it is uploaded (its work folder
+    is ``.packcli`` inside it): ``work_dir`` when given, else a cache folder named after the
+    URL (the same URL, the same folder: a rerun resumes there)."""
+    if work_dir:
+        return Path(work_dir)
+    clean = redact(url)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", clean.split("://", 1)[-1]).strip("-")[-60:]
+    digest = hashlib.sha256(url.rstrip("/").encode("utf-8")).hexdigest()[:12]
+    return cache_root() / "outputs" / f"{slug}-{digest}"
+
+
+def _join(prefix: str, rel: str) -> str:
+    return f"{prefix.rstrip('/')}/{rel}"
+
+
+def _listing(fs: Any, prefix: str) -> dict[str, dict[str, Any]]:
+    """Files under ``prefix``, by path relative to it (nothing there: empty)."""
+    fs.invalidate_cache(prefix)
+    try:
+        found = fs.find(prefix, detail=True)
+    except FileNotFoundError:
+        return {}
+    root = prefix.rstrip("/") + "/"
+    return {p[len(root) :]: i for p, i in found.items() if p.startswith(root)}
+
+
+def check_remote_output(url: str, overwrite: bool) -> None:
+    """Refuse a remote prefix that holds files and no packcli marks (its ``packcli.json``, or
+    the marker a started upload leaves), as a local ``--out`` is refused."""
+    from packcli.card import MARKER
+
+    fs, prefix = locate(url)
+    try:
+        if fs.isfile(prefix):
+            raise ConfigError(f"output {redact(url)} exists and is not a folder")
+        files = _listing(fs, prefix)
+        if not files or overwrite:
+            return
+        for rel, test in ((MARKER, "run"), (REMOTE_MARKER, "packcli_work")):
+            if rel in files:
+                try:
+                    data = json.loads(fs.cat_file(_join(prefix, rel)))
+                except (OSError, ValueError):
+                    continue
+                if isinstance(data, dict) and data.get(test):
+                    return
+    except PackcliError:
+        raise
+    except Exception as exc:
+        raise _fail(url, "list", exc) from exc
+    raise ConfigError(
+        f"output {redact(url)} is not empty and is not a packcli output (no packcli.json or "
+        "work folder marker of packcli); choose another --out or pass --overwrite"
+    )
+
+
+def _uploaded(work: Path, url: str) -> dict[str, tuple[int, str]]:
+    """What the upload log says was put under ``url``: file -> (size, sha256); a torn last
+    line (a kill mid-append) is ignored."""
+    done: dict[str, tuple[int, str]] = {}
+    try:
+        lines = (work / UPLOAD_LOG).read_bytes().splitlines()
+    except OSError:
+        return done
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            if rec["url"] == redact(url):
+                done[rec["file"]] = (int(rec["size"]), str(rec["sha256"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return done
+
+
+def output_files(out: Path) -> dict[str, tuple[int, str | None]]:
+    """The files of a finished local output that make the dataset, by relative path, with
+    their size and (Parquet) sha256 from ``packcli.json``: the card, the Parquet files it
+    lists, ``rejected.jsonl`` and ``stats/*.png`` not older than ``packcli.json``."""
+    from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR
+
+    meta = json.loads((out / MARKER).read_text(encoding="utf-8"))
+    files: dict[str, tuple[int, str | None]] = {}
+    for name in CONFIG_NAMES:
+        for f in meta["files"][name]:
+            files[f"data/{name}/{f['file']}"] = (int(f["bytes"]), f.get("sha256"))
+    made = (out / MARKER).stat().st_mtime_ns
+    extra = ["README.md", "rejected.jsonl"]
+    extra += [f"{STATS_DIR}/{p.name}" for p in sorted((out / STATS_DIR).glob("*.png"))]
+    for rel in extra:
+        p = out / rel
+        if p.is_file() and (not rel.startswith(STATS_DIR) or p.stat().st_mtime_ns >= made):
+            files[rel] = (p.stat().st_size, None)
+    return files
+
+
+OWNED = re.compile(r"^(data/(long|short)/[^/]+\.parquet|stats/[^/]+\.png|rejected\.jsonl)$")
+"""Remote files an upload owns: deleted when the uploaded output does not have them."""
+
+
+def upload_output(out: Path, work: Path, url: str, *, threads: int = 8) -> dict[str, int]:
+    """Put the finished local output ``out`` under ``url``: each file whole, ``packcli.json``
+    last. A file the upload log (in ``work``) records with the local size and sha256 and
+    that is still there remotely with that size is not put again; files of an earlier
+    output packcli owns (``OWNED``) that this one lacks are deleted before ``packcli.json``.
+    The remote ``packcli.json`` is deleted first whenever anything else changes, so it
+    never vouches for files that are not (yet) those it lists."""
+    from packcli.card import MARKER
+    from packcli.faults import crash_point
+    from packcli.shards import sha256_file
+
+    fs, prefix = locate(url)
+    files = output_files(out)
+    files[MARKER] = ((out / MARKER).stat().st_size, None)
+    shown = redact(url)
+
+    def digest(rel: str) -> str:
+        known = files[rel][1]
+        return known if known else sha256_file(out / rel)
+
+    try:
+        remote = _listing(fs, prefix)
+        logged = _uploaded(work, url)
+        todo = []
+        for rel, (size, _) in files.items():
+            rec = logged.get(rel)
+            there = remote.get(rel)
+            same_size = bool(rec and there and int(there.get("size", -1)) == size == rec[0])
+            if same_size and rec[1] == digest(rel):  # type: ignore[index]
+                continue
+            todo.append(rel)
+        stale = sorted(rel for rel in remote if OWNED.match(rel) and rel not in files)
+        if todo or stale:
+            if MARKER in remote:
+                fs.rm_file(_join(prefix, MARKER))  # never vouches for what changes next
+            if REMOTE_MARKER not in remote:
+                fs.pipe_file(
+                    _join(prefix, REMOTE_MARKER),
+                    json.dumps({"packcli_work": 1, "out": shown}).encode("utf-8"),
+                )
+        body = [rel for rel in todo if rel != MARKER]
+        count = [0]
+
+        def put(rel: str) -> None:
+            size = files[rel][0]
+            sha = digest(rel)
+            fs.put_file(str(out / rel), _join(prefix, rel))
+            line = json.dumps({"url": shown, "file": rel, "size": size, "sha256": sha})
+            with _LOCK:
+                with open(work / UPLOAD_LOG, "a", encoding="utf-8") as fh:
+                    fh.write(line + "\n")
+                count[0] += 1
+                n = count[0]
+            log.info("uploaded %s (%d bytes)", _join(shown, rel), size)
+            crash_point(f"upload:{n}")
+
+        with ThreadPoolExecutor(max(1, min(threads, len(body) or 1))) as pool:
+            list(pool.map(put, body))
+        for rel in stale:
+            fs.rm_file(_join(prefix, rel))
+        if todo or stale:
+            put(MARKER)  # last: the output is complete once it is there
+    except PackcliError:
+        raise
+    except Exception as exc:
+        raise PackcliError(
+            f"upload to {shown} failed: {type(exc).__name__}: {redact_text(str(exc))}; the "
+            "output there is not marked complete: rerun the same command to resume"
+        ) from exc
+    uploaded = len(body) + 1 if todo or stale else 0
+    skipped = len(files) - uploaded
+    if skipped:
+        log.info("%d file(s) already uploaded to %s", skipped, shown)
+    return {"uploaded": uploaded, "skipped": skipped, "deleted": len(stale)}
+
+
+def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = False) -> list[str]:
+    """Copy a remote output's ``packcli.json`` and the files it lists (with ``card`` its
+    README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns them relative.
+    ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them: plots on
+    the store are always the current output's (``upload_output`` puts only fresh ones and
+    deletes the others)."""
+    from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR
+
+    fs, prefix = locate(url)
+    try:
+        remote = _listing(fs, prefix)
+        if MARKER not in remote:
+            raise PackcliError(
+                f"{redact(url)}: no {MARKER}, so the output is missing or incomplete"
+            )
+        wanted = [MARKER]
+        _fetch(fs, prefix, dest, MARKER)
+        try:
+            meta = json.loads((dest / MARKER).read_text(encoding="utf-8"))
+            listed = [f"data/{n}/{f['file']}" for n in CONFIG_NAMES for f in meta["files"][n]]
+        except (ValueError, KeyError, TypeError):
+            return wanted  # verify names what is wrong with it
+        if card:
+            listed.append("README.md")
+        if plots:
+            listed += sorted(
+                r for r in remote if r.startswith(f"{STATS_DIR}/") and r.endswith(".png")
+            )
+        for rel in listed:
+            if rel in remote:  # a missing file is for verify / push to name
+                _fetch(fs, prefix, dest, rel)
+                wanted.append(rel)
+    except PackcliError:
+        raise
+    except Exception as exc:
+        raise _fail(url, "download", exc) from exc
+    return wanted
+
+
+def _fetch(fs: Any, prefix: str, dest: Path, rel: str) -> None:
+    target = dest / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fs.get_file(_join(prefix, rel), str(target))
+
+
+def reword(text: str, local: Path, url: str) -> str:
+    """A message about a downloaded copy, naming the remote output instead."""
+    return text.replace(str(local), redact(url).rstrip("/"))

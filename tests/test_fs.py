@@ -1,0 +1,433 @@
+"""Inputs and outputs on object storage, against a real local S3 server (moto in server mode:
+the S3 HTTP API, driven by the real s3fs / botocore clients), started once for the module."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from clirun import invoke, invoke_ok
+from corpora import mixed_lengths, write_corpus
+
+from packcli import fs as packfs
+from packcli.errors import ConfigError
+from packcli.shards import sha256_file
+
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+ARGS = ["--short-len", "64", "--long-len", "1024", "-q"]
+CONFIG = "read:\n  batch_size: 16\ntokenize:\n  shard_tokens: 4096\nwrite:\n  shard_tokens: 8192\n"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A local S3 endpoint; the environment every s3fs client (here and in subprocesses)
+    finds it through: the usual AWS variables, dummy credentials."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            mp.delenv(k, raising=False)
+        s3fs.S3FileSystem.clear_instance_cache()
+        yield env
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3: dict[str, str]) -> str:
+    """A fresh bucket per test."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().mkdir(name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three .jsonl.zst files (one of several frames) in a local folder."""
+    root = tmp_path_factory.mktemp("corpus")
+    lengths = mixed_lengths(300, seed=11)
+    for i, part in enumerate((lengths[:120], lengths[120:200], lengths[200:])):
+        plain = root / f"part-{i}.jsonl"
+        write_corpus(plain, part, seed=i)
+        data = plain.read_bytes()
+        cctx = zstandard.ZstdCompressor(write_checksum=True)
+        half = data.rfind(b"\n", 0, len(data) // 2) + 1
+        (root / f"part-{i}.jsonl.zst").write_bytes(
+            cctx.compress(data[:half]) + cctx.compress(data[half:])
+        )
+        plain.unlink()
+    (root / "cfg.yaml").write_text(CONFIG)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(
+    corpus: Path, toy_tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    """Parquet hashes of the same files packed from local disk."""
+    out = tmp_path_factory.mktemp("ref") / "out"
+    invoke_ok("pack", corpus / "*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out, *cfg(corpus))
+    return local_hashes(out)
+
+
+def cfg(corpus: Path) -> list[str]:
+    return ["-c", str(corpus / "cfg.yaml"), *ARGS]
+
+
+def local_hashes(out: Path) -> dict[str, str]:
+    return {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
+
+
+def remote_hashes(url: str) -> dict[str, str]:
+    fs, prefix = packfs.locate(url)
+    fs.invalidate_cache()
+    return {
+        p[len(prefix) + 1 :]: hashlib.sha256(fs.cat_file(p)).hexdigest()
+        for p in sorted(fs.find(prefix))
+        if p.endswith(".parquet")
+    }
+
+
+def upload(local: Path, url: str, pattern: str = "*") -> None:
+    fs, prefix = packfs.locate(url)
+    for p in sorted(local.glob(pattern)):
+        fs.put_file(str(p), f"{prefix}/{p.name}")
+    fs.invalidate_cache()
+
+
+def remote_files(url: str) -> set[str]:
+    fs, prefix = packfs.locate(url)
+    fs.invalidate_cache()
+    return {p[len(prefix) + 1 :] for p in fs.find(prefix)}
+
+
+# --------------------------------------------------------------------------- s3 -> s3
+
+
+def test_pack_from_s3_to_s3_verifies_and_matches_local_bytes(
+    corpus: Path, reference: dict[str, str], toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    work = tmp_path / "stage"
+    output = invoke_ok(
+        "pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out,
+        "--work-dir", work, *cfg(corpus),
+    )  # fmt: skip
+    assert f"wrote     {out}" in output
+    assert remote_hashes(out) == reference
+    files = remote_files(out)
+    assert {"packcli.json", "README.md", packfs.REMOTE_MARKER} <= files
+    assert not any(f.startswith(".packcli/tokens") for f in files)  # the work folder stays local
+    meta = json.loads(packfs.locate(out)[0].cat_file(f"{bucket}/out/packcli.json"))
+    inputs = meta["run"]["inputs"]
+    assert [i["path"] for i in inputs] == [f"s3://{bucket}/in/part-{i}.jsonl.zst" for i in range(3)]
+    # A remote file's identity: its size and the store's version fields (ETag, mtime).
+    assert all(i["version"]["etag"] and i["version"]["mtime"] for i in inputs)
+    assert meta["config"]["out"] == out and meta["run"]["work_dir"] == ".packcli"
+
+    verified = invoke_ok("verify", out)
+    # The shards are in --work-dir, which verify is not told: checked without them.
+    assert "OK: all invariants hold (tokenized shards not present" in verified
+    assert "input documents encoded again match the output" in verified
+
+    # A rerun uploads nothing: every file is in the upload log and still there.
+    log = work / ".packcli" / packfs.UPLOAD_LOG
+    before = log.read_text()
+    invoke_ok(
+        "pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out,
+        "--work-dir", work, *cfg(corpus),
+    )  # fmt: skip
+    assert log.read_text() == before
+
+
+def test_verify_names_the_url_when_a_remote_file_is_damaged(
+    corpus: Path, toy_tokenizer_path: Path, bucket: str
+) -> None:
+    upload(corpus, f"s3://{bucket}/in", "part-0.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    invoke_ok("pack", f"s3://{bucket}/in/", "-t", toy_tokenizer_path, "-o", out, *cfg(corpus))
+    fs, _ = packfs.locate(out)
+    victim = sorted(p for p in fs.find(f"{bucket}/out/data/long") if p.endswith(".parquet"))[0]
+    data = bytearray(fs.cat_file(victim))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(victim, bytes(data))
+    code, output = invoke("verify", out)
+    assert code == 1
+    assert "content hash differs from packcli.json" in output
+    assert "packcli-verify-" not in output  # the temp copy is never named
+    code, output = invoke("verify", f"s3://{bucket}/nothing")
+    assert code == 1
+    missing = "no packcli.json, so the output is missing or incomplete"
+    assert output == f"error: s3://{bucket}/nothing: {missing}\n"
+
+
+def test_parquet_input_from_s3_gives_the_local_bytes(
+    corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    local = tmp_path / "pq"
+    local.mkdir()
+    for i in range(2):
+        rows = [json.loads(line) for line in _lines(corpus / f"part-{i}.jsonl.zst")]
+        pq.write_table(pa.Table.from_pylist(rows), local / f"p{i}.parquet", row_group_size=7)
+    ref = tmp_path / "ref"
+    invoke_ok("pack", local, "-t", toy_tokenizer_path, "-o", ref, *cfg(corpus))
+    upload(local, f"s3://{bucket}/pq")
+    # Row-group units across two tasks: ranged reads of the remote footer and column chunks.
+    out = tmp_path / "out"
+    invoke_ok(
+        "pack", f"s3://{bucket}/pq/*.parquet", "-t", toy_tokenizer_path, "-o", out,
+        "--num-tasks", "2", "--split-bytes", "1048576", *cfg(corpus),
+    )  # fmt: skip
+    assert local_hashes(out) == local_hashes(ref)
+
+
+def _lines(path: Path) -> list[bytes]:
+    return zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes()).splitlines()
+
+
+def test_changed_remote_input_is_tokenized_again(
+    corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    """Same name, same size, other bytes: the ETag differs, so the shards are not reused."""
+    src = tmp_path / "a.jsonl"
+    write_corpus(src, [5] * 40, seed=1)
+    url = f"s3://{bucket}/in/a.jsonl"
+    fs, _ = packfs.locate(url)
+    fs.put_file(str(src), f"{bucket}/in/a.jsonl")
+    out = tmp_path / "out"
+    run = ["pack", url, "-t", toy_tokenizer_path, "-o", out, *cfg(corpus)]
+    invoke_ok(*run)
+    first = local_hashes(out)
+    data = src.read_bytes()
+    swapped = data.replace(b'"text": "', b'"text": "X', 1).replace(b'"id": 0', b'"id":0', 1)
+    assert len(swapped) == len(data) and swapped != data
+    fs.pipe_file(f"{bucket}/in/a.jsonl", swapped)
+    src.write_bytes(swapped)
+    invoke_ok(*run)
+    ref = tmp_path / "ref"
+    invoke_ok("pack", src, "-t", toy_tokenizer_path, "-o", ref, *cfg(corpus))
+    assert local_hashes(out) == local_hashes(ref) != first
+
+
+def test_byte_spans_and_damaged_streams_read_remotely_as_locally(
+    corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Spans of a plain file (seek, ranged reads) and a damaged .zst under skip: the same
+    bytes, the same quarantine as the local files give."""
+    import packcli.config
+
+    monkeypatch.setattr(packcli.config, "MIN_SPLIT_BYTES", 1)
+    local = tmp_path / "in"
+    local.mkdir()
+    write_corpus(local / "big.jsonl", mixed_lengths(150, seed=4), seed=4)
+    damaged = bytearray((corpus / "part-1.jsonl.zst").read_bytes())
+    damaged[-40] ^= 0xFF  # inside the second frame: its checksum fails
+    (local / "bad.jsonl.zst").write_bytes(bytes(damaged))
+    upload(local, f"s3://{bucket}/in")
+    opts = ["--split-bytes", "4000", "--on-bad-line", "skip", *cfg(corpus)]
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    invoke_ok("pack", local, "-t", toy_tokenizer_path, "-o", ref, *opts)
+    invoke_ok("pack", f"s3://{bucket}/in", "-t", toy_tokenizer_path, "-o", out, *opts)
+    assert local_hashes(out) == local_hashes(ref)
+    rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (ref / "rejected.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in rejected] == ["corrupt_stream"]
+    assert rejected[0]["line"] == expected[0]["line"]
+    assert rejected[0]["file"] == f"s3://{bucket}/in/bad.jsonl.zst"
+
+
+# --------------------------------------------------------------------------- kills
+
+
+def _run(args: list[str], env: dict[str, str], crash: str | None = None) -> Any:
+    env = {**os.environ, **env}
+    env.pop("PACKCLI_CRASH_AT", None)
+    if crash:
+        env["PACKCLI_CRASH_AT"] = crash
+    cmd = [sys.executable, "-m", "packcli", "-v", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("point", ["write:long:1", "upload:2", "upload:4"])
+def test_killed_remote_run_resumes_to_identical_bytes(
+    s3: dict[str, str],
+    corpus: Path,
+    reference: dict[str, str],
+    toy_tokenizer_path: Path,
+    bucket: str,
+    tmp_path: Path,
+    point: str,
+) -> None:
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", str(toy_tokenizer_path), "-o", out]
+    args += ["--work-dir", str(tmp_path / "stage"), *cfg(corpus)]
+    killed = _run(args, s3, crash=point)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "packcli.json" not in remote_files(out)  # nothing vouches for a partial output
+    log = tmp_path / "stage" / ".packcli" / packfs.UPLOAD_LOG
+    put_before = log.read_text().splitlines() if log.exists() else []
+    assert len(put_before) == (int(point.split(":")[1]) if point.startswith("upload") else 0)
+    rerun = _run(args, s3)
+    assert rerun.returncode == 0, rerun.stderr
+    assert remote_hashes(out) == reference
+    put = [json.loads(line)["file"] for line in log.read_text().splitlines()]
+    assert len(put) == len(set(put))  # no file uploaded twice
+    assert put[-1] == "packcli.json"
+    assert invoke("verify", out)[0] == 0
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_foreign_remote_prefix_is_refused(
+    corpus: Path, toy_tokenizer_path: Path, bucket: str
+) -> None:
+    upload(corpus, f"s3://{bucket}/in", "part-0.jsonl.zst")
+    fs, _ = packfs.locate(f"s3://{bucket}")
+    fs.pipe_file(f"{bucket}/theirs/notes.txt", b"not packcli's")
+    out = f"s3://{bucket}/theirs"
+    code, output = invoke(
+        "pack", f"s3://{bucket}/in/", "-t", toy_tokenizer_path, "-o", out, *cfg(corpus)
+    )
+    assert code == 1
+    assert f"output {out} is not empty and is not a packcli output" in output
+    assert "--overwrite" in output
+    assert remote_files(out) == {"notes.txt"}  # nothing written there
+    invoke_ok(
+        "pack", f"s3://{bucket}/in/", "-t", toy_tokenizer_path, "-o", out, "--overwrite",
+        *cfg(corpus),
+    )  # fmt: skip
+    assert "notes.txt" in remote_files(out) and "packcli.json" in remote_files(out)
+
+
+def test_missing_filesystem_package_names_the_extra(
+    s3: dict[str, str], toy_tokenizer_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = sys.modules["fsspec.registry"]._registry  # fsspec.registry is also a mapping
+    monkeypatch.delitem(registry, "s3", raising=False)
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # "not installed"
+    code, output = invoke(
+        "pack", "s3://bucket/in/*.jsonl", "-t", toy_tokenizer_path, "-o", tmp_path / "out"
+    )
+    assert code == 1
+    assert output.strip().splitlines() == [
+        "error: s3://bucket/in/*.jsonl: s3:// URLs need s3fs, which is not installed: "
+        "pip install 'packcli[s3]'"
+    ]
+    with pytest.raises(ConfigError, match=r"pip install 'packcli\[gcs\]'"):
+        monkeypatch.delitem(registry, "gs", raising=False)
+        monkeypatch.setitem(sys.modules, "gcsfs", None)
+        packfs.locate("gs://bucket/x.parquet")
+
+
+def test_secrets_in_urls_are_redacted() -> None:
+    assert packfs.redact("ftp://me:hunter2@host/x.jsonl") == "ftp://me:***@host/x.jsonl"
+    signed = "https://h/x.parquet?versionId=7&X-Amz-Signature=abc&X-Amz-Credential=k%2Fs"
+    assert (
+        packfs.redact(signed)
+        == "https://h/x.parquet?versionId=7&X-Amz-Signature=***&X-Amz-Credential=***"
+    )
+    assert packfs.redact("s3://bucket/in/a.jsonl") == "s3://bucket/in/a.jsonl"
+    assert packfs.redact("/local/path") == "/local/path"
+    text = "packcli pack ftp://u:pw@h/a.jsonl -o s3://b/out"
+    assert packfs.redact_text(text) == "packcli pack ftp://u:***@h/a.jsonl -o s3://b/out"
+
+
+def test_file_urls_are_local_paths(
+    corpus: Path, reference: dict[str, str], toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    invoke_ok(
+        "pack", f"file://{corpus}/", "-t", toy_tokenizer_path, "-o", f"file://{out}", *cfg(corpus)
+    )
+    assert local_hashes(out) == reference
+
+
+# --------------------------------------------------------------------------- push
+
+
+def test_push_from_s3(
+    corpus: Path, toy_tokenizer_path: Path, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    upload(corpus, f"s3://{bucket}/in", "part-2.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    invoke_ok("pack", f"s3://{bucket}/in/", "-t", toy_tokenizer_path, "-o", out, *cfg(corpus))
+    # Made in the default staging folder on this machine: verify finds this run's shards.
+    assert "and against the tokenized shards" in invoke_ok("verify", out)
+    listing = invoke_ok("push", out, "me/packed", "--dry-run")
+    expected = sorted(f for f in remote_files(out) if f.endswith(".parquet"))
+    assert all(f in listing for f in ["README.md", "packcli.json", *expected])
+    assert "packcli-push-" not in listing
+
+    seen: dict[str, bytes] = {}
+
+    def upload_folder(self: Any, **kwargs: Any) -> None:
+        folder = Path(kwargs["folder_path"])
+        for p in folder.rglob("*"):
+            rel = p.relative_to(folder).as_posix()
+            if p.is_file() and rel in [x.replace("\\", "") for x in kwargs["allow_patterns"]]:
+                seen[rel] = p.read_bytes()
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **k: None)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    monkeypatch.delattr(huggingface_hub.HfApi, "upload_large_folder", raising=False)
+    invoke_ok("push", out, "me/packed", "--no-prune")
+    fs, _ = packfs.locate(out)
+    assert sorted(seen) == sorted(["README.md", "packcli.json", *expected])
+    assert all(seen[rel] == fs.cat_file(f"{bucket}/out/{rel}") for rel in seen)
+
+
+def test_changed_output_replaces_the_remote_one_marker_first(
+    s3: dict[str, str], corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    """A finished remote output packed again with other settings: its packcli.json goes
+    before the first new file is put (a kill leaves no marker vouching for a mix), and its
+    Parquet files that the new output lacks are deleted before the new marker."""
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    base = ["pack", f"s3://{bucket}/in/", "-t", str(toy_tokenizer_path), "-o", out]
+    base += ["--work-dir", str(tmp_path / "stage"), *ARGS]
+    assert _run([*base, "-c", str(corpus / "cfg.yaml")], s3).returncode == 0
+    first = remote_hashes(out)
+    bigger = tmp_path / "bigger.yaml"
+    bigger.write_text(CONFIG.replace("shard_tokens: 8192", "shard_tokens: 30000"))
+    killed = _run([*base, "-c", str(bigger)], s3, crash="upload:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "packcli.json" not in remote_files(out)
+    assert _run([*base, "-c", str(bigger)], s3).returncode == 0
+    ref = tmp_path / "ref"
+    invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", ref, "-c", bigger, *ARGS)
+    assert remote_hashes(out) == local_hashes(ref)
+    assert len(first) > len(local_hashes(ref))  # the earlier output's extra files are gone
+    assert invoke("verify", out)[0] == 0
