@@ -709,12 +709,6 @@ def _choose_backend(
     all tasks make the same choice. (Ids are identical either way; the check is what makes
     that true rather than hoped.)
     """
-    if cfg.chat.is_preference:
-        return tok.chat, {
-            "requested": cfg.tokenize.backend,
-            "backend": "hf",
-            "fallback_reason": "preference pairs are tokenized with HF's offsets",
-        }
 
     @functools.cache
     def sample() -> list[str]:
@@ -898,7 +892,7 @@ def _tokenize_unit(
         )
     stats = ReadStats()
     chat_stats = ChatStats()
-    preference = tok.chat if cfg.chat.is_preference else None
+    preference = encoder if cfg.chat.is_preference else None  # with its backend
     pref_stats: Any = None
     if preference is not None:
         from packcli.preference import PreferenceStats, tokenize_preference_batches

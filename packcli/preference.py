@@ -42,6 +42,7 @@ is refused: a pair is never split.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -210,6 +211,9 @@ class PreferenceStats:
     truncate_dropped_tokens: int = 0
     bos_added: int = 0  # sequences given a BOS by --bos (a prompt that starts with it is kept)
     eos_added: int = 0  # sequences given a trained EOS by --eos (not when they end with it)
+    # Texts HF encoded with offsets although a fast backend was in use (its tokens did not
+    # spell the text byte for byte; packcli/offsets.py).
+    hf_offsets: int = 0
 
     def add(self, other: PreferenceStats) -> None:
         for f in fields(self):
@@ -281,6 +285,26 @@ class PreferenceEncoder:
         self.bos = bos
         self.eos = eos
         self.template_missing = template_missing
+        self.fast: Any = None  # FastOffsets: ids and offsets from a fast backend
+
+    def using(self, fast: Any) -> PreferenceEncoder:
+        """This encoder with ids and offsets from a fast backend (None: HF's)."""
+        other = copy.copy(self)
+        other.fast = fast
+        return other
+
+    def rendered_texts(self, pairs: list[dict[str, Any]]) -> list[str]:
+        """The texts this encoder tokenizes for ``pairs`` (prompts, prompt+chosen,
+        prompt+rejected): the sample a fast backend is checked on."""
+        texts = self._texts(pairs, {}, PreferenceStats())
+        return [r.text for group in texts for r in group]
+
+    def _encode(self, rendered: list[Rendered], stats: PreferenceStats) -> list[Any]:
+        """``encode_rendered`` on the fast backend's ids and offsets when there is one."""
+        tokens = self.fast([r.text for r in rendered]) if self.fast is not None else None
+        if tokens is not None:
+            stats.hf_offsets += sum(t is None for t in tokens)
+        return encode_rendered(self.tokenizer, rendered, "assistant", tokens=tokens)  # type: ignore[arg-type]
 
     def __call__(
         self, pairs: list[dict[str, Any]]
@@ -295,7 +319,7 @@ class PreferenceEncoder:
         texts = self._texts(pairs, failed, stats)
         ok = [i for i in range(len(pairs)) if i not in failed]
         rendered = [r for i in ok for r in texts[i]]
-        encoded = encode_rendered(self.tokenizer, rendered, "assistant")  # type: ignore[arg-type]
+        encoded = self._encode(rendered, stats)
         ids: list[np.ndarray] = [_EMPTY] * len(pairs)
         labels: list[np.ndarray] = [_EMPTY] * len(pairs)
         firsts = np.zeros(len(pairs), dtype=np.int64)
@@ -305,7 +329,7 @@ class PreferenceEncoder:
             for j, e in enumerate(sides):
                 side = _joint(prompt.ids, e.ids, e.mask)
                 if side is None:
-                    side = self._retokenized(prompt.ids, texts[i][0], texts[i][1 + j])
+                    side = self._retokenized(prompt.ids, texts[i][0], texts[i][1 + j], stats)
                 built.append(side)
             stats.prompt_retokenized += any(side.retokenized for side in built)
             pair = self._finish(len(prompt.ids), built, stats)
@@ -391,13 +415,13 @@ class PreferenceEncoder:
                 out[i].append(Rendered(full.text, spans, None))
         return out
 
-    def _retokenized(self, prompt_ids: np.ndarray, prompt: Rendered, full: Rendered) -> _Side:
+    def _retokenized(
+        self, prompt_ids: np.ndarray, prompt: Rendered, full: Rendered, stats: PreferenceStats
+    ) -> _Side:
         """The prompt's tokens, then the response's text tokenized alone (its spans moved)."""
         cut = len(prompt.text)
         spans = [(a - cut, b - cut) for a, b in full.assistant_spans]
-        (response,) = encode_rendered(
-            self.tokenizer, [Rendered(full.text[cut:], spans, None)], "assistant"
-        )
+        (response,) = self._encode([Rendered(full.text[cut:], spans, None)], stats)
         return _Side(
             np.concatenate([prompt_ids, response.ids]).astype(np.int32),
             np.concatenate([np.zeros(len(prompt_ids), dtype=bool), response.mask]),

@@ -323,3 +323,52 @@ def test_batch_masks_equal_one_dialogue_at_a_time() -> None:
             for n, t, g in zip(lengths, turns, got, strict=True):
                 assert np.array_equal(g, _mask(n, t, train_on))
     assert _masks([], [], "assistant") == []
+
+
+@needs_fastokens
+def test_preference_pairs_on_fastokens_write_hf_bytes(
+    shapes: dict[str, Tokenizer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Preference pairs (strings and messages) through the fast backend's ids and derived
+    offsets: the same bytes and report as on HF."""
+    tok = _chat_tokenizer(tmp_path / "tok", shapes, "gpt2-trim-prefix")
+    texts = multilingual_texts(400, seed=9) + list(ADVERSARIAL)
+    rng = random.Random(2)
+    corpus = tmp_path / "pairs.jsonl"
+    with open(corpus, "w", encoding="utf-8") as fh:
+        for i in range(150):
+            prompt, chosen, rejected = (rng.choice(texts)[:200] for _ in range(3))
+            if i % 2:
+                pair: dict = {
+                    "prompt": [{"role": "user", "content": prompt}],
+                    "chosen": [{"role": "assistant", "content": chosen}],
+                    "rejected": [{"role": "assistant", "content": rejected}],
+                }
+            else:
+                pair = {"prompt": prompt, "chosen": " " + chosen, "rejected": " " + rejected}
+            fh.write(json.dumps(pair, ensure_ascii=False) + "\n")
+    args = ["--format", "preference", "--chat-template", "chatml", "--short-len", "512"]
+    args += ["--long-len", "4096", "-q"]
+    invoke_ok("pack", corpus, "-t", tok, "-o", tmp_path / "hf", *args, "--tokenizer-backend", "hf")
+    texts_encoded: list[int] = []
+    real = FastOffsets.__call__
+
+    def counted(self: FastOffsets, texts: list[str]) -> list:
+        texts_encoded.append(len(texts))
+        return real(self, texts)
+
+    monkeypatch.setattr(FastOffsets, "__call__", counted)
+    invoke_ok(
+        "pack", corpus, "-t", tok, "-o", tmp_path / "fast", *args,
+        "--tokenizer-backend", "fastokens",
+    )  # fmt: skip
+    assert sum(texts_encoded[1:]) >= 3 * 150  # after the check: every prompt and sequence
+    assert _parquet_bytes(tmp_path / "fast") == _parquet_bytes(tmp_path / "hf")
+    backend = _backend(tmp_path / "fast")
+    assert backend["backend"] == "fastokens" and backend["chat_offsets"]["mismatch"] is None
+    fast = json.loads((tmp_path / "fast" / "packcli.json").read_text())["report"]
+    hf = json.loads((tmp_path / "hf" / "packcli.json").read_text())["report"]
+    assert fast["preference"].pop("hf_offsets") == 0
+    hf["preference"].pop("hf_offsets")
+    assert fast == hf
+    invoke_ok("verify", tmp_path / "fast")
