@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import pyarrow as pa
@@ -253,7 +253,20 @@ class ChatStats:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-class ChatEncoder:
+class FastTokens:
+    """What the chat and preference encoders share: ``fast``, the fast backend's ids with
+    HF's character offsets derived from them (None: HF encodes with offsets)."""
+
+    fast: FastOffsets | None = None
+
+    def using(self, fast: FastOffsets | None) -> Self:
+        """This encoder with ids and offsets from a fast backend (None: HF's)."""
+        other = copy.copy(self)
+        other.fast = fast
+        return other
+
+
+class ChatEncoder(FastTokens):
     """Dialogues in, token ids + labels out, with the length policy applied.
 
     Rendering is Python (sandboxed jinja, one dialogue at a time so a dialogue the template
@@ -293,13 +306,6 @@ class ChatEncoder:
         self.overlong = overlong
         self.bos = bos
         self.eos = eos
-        self.fast: FastOffsets | None = None
-
-    def using(self, fast: FastOffsets | None) -> ChatEncoder:
-        """This encoder with ids and offsets from a fast backend (None: HF's)."""
-        other = copy.copy(self)
-        other.fast = fast
-        return other
 
     def rendered_texts(self, dialogues: list[Any]) -> list[str]:
         """The texts this encoder tokenizes for ``dialogues`` (those the template renders):

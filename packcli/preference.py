@@ -42,7 +42,6 @@ is refused: a pair is never split.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -62,7 +61,7 @@ from packcli.chat import (
     render_dialogues,
     validate_messages,
 )
-from packcli.encode import RENDER_DATE, StageTimes, chat_record_batch
+from packcli.encode import RENDER_DATE, FastTokens, StageTimes, chat_record_batch
 from packcli.read import DocBatch
 from packcli.shards import PREFERENCE_SHARD_SCHEMA
 
@@ -250,7 +249,7 @@ def _joint(prompt_ids: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> _Side |
     return _Side(ids, mask)
 
 
-class PreferenceEncoder:
+class PreferenceEncoder(FastTokens):
     """Pairs (``validate_pair``'s dicts) in; per pair one document (prompt+chosen tokens, then
     prompt+rejected tokens), its labels and ``chosen_len`` out, the length policy applied.
 
@@ -285,13 +284,6 @@ class PreferenceEncoder:
         self.bos = bos
         self.eos = eos
         self.template_missing = template_missing
-        self.fast: Any = None  # FastOffsets: ids and offsets from a fast backend
-
-    def using(self, fast: Any) -> PreferenceEncoder:
-        """This encoder with ids and offsets from a fast backend (None: HF's)."""
-        other = copy.copy(self)
-        other.fast = fast
-        return other
 
     def rendered_texts(self, pairs: list[dict[str, Any]]) -> list[str]:
         """The texts this encoder tokenizes for ``pairs`` (prompts, prompt+chosen,

@@ -95,3 +95,26 @@ def chatml_tokenizer(folder: Path) -> Path:
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": IM_END}))
     return folder
+
+
+def packed_string_pairs(folder: Path, tokenizer: Path, n: int, seed: int) -> Path:
+    """A real ``packcli pack --format preference`` output (``folder/out``) of ``n`` pairs of
+    strings (TRL's plain form): what the training-side proofs run on."""
+    from clirun import invoke_ok
+
+    rng = random.Random(seed)
+    corpus = folder / "pairs.jsonl"
+    with open(corpus, "w", encoding="utf-8") as fh:
+        for _ in range(n):
+            pair = {
+                "prompt": random_text(rng, rng.randint(3, 15)),
+                "chosen": " " + random_text(rng, rng.randint(2, 20)),
+                "rejected": " " + random_text(rng, rng.randint(2, 20)),
+            }
+            fh.write(json.dumps(pair) + "\n")
+    out = folder / "out"
+    invoke_ok(
+        "pack", corpus, "-t", tokenizer, "-o", out, "--format", "preference",
+        "--short-len", "96", "--long-len", "256", "-q",
+    )  # fmt: skip
+    return out

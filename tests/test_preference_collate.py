@@ -310,28 +310,12 @@ def test_real_preference_output_trains_like_its_pairs_alone(
     """The proof on a real ``packcli pack --format preference`` output (not hand-made rows):
     every segment's log-prob from the packed rows equals that sequence alone, pairs are
     found, and the DPO loss equals the unpacked one."""
-    import json
 
     import datasets
-    from clirun import invoke_ok
-    from corpora import random_text
+    from corpora import packed_string_pairs
     from tokenizers import Tokenizer
 
-    rng = random.Random(4)
-    corpus = tmp_path / "pairs.jsonl"
-    with open(corpus, "w", encoding="utf-8") as fh:
-        for _ in range(30):
-            pair = {
-                "prompt": random_text(rng, rng.randint(3, 15)),
-                "chosen": " " + random_text(rng, rng.randint(2, 20)),
-                "rejected": " " + random_text(rng, rng.randint(2, 20)),
-            }
-            fh.write(json.dumps(pair) + "\n")
-    out = tmp_path / "out"
-    invoke_ok(
-        "pack", corpus, "-t", toy_tokenizer_path, "-o", out, "--format", "preference",
-        "--short-len", "96", "--long-len", "256", "-q",
-    )  # fmt: skip
+    out = packed_string_pairs(tmp_path, toy_tokenizer_path, 30, seed=4)
     rows = list(datasets.load_dataset(str(out), "long", split="train"))
     vocab = Tokenizer.from_file(str(toy_tokenizer_path)).get_vocab_size()
     policy = tiny_llama(vocab, "sdpa", seed=1, max_positions=256)

@@ -21,9 +21,7 @@ The end also runs HF ``Trainer`` with the collator and executes every python sni
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,8 +31,7 @@ import datasets
 import pytest
 import torch
 import torch.nn.functional as F
-from clirun import invoke_ok
-from corpora import random_text, write_corpus
+from corpora import packed_string_pairs, write_corpus
 from tiny_models import tiny_llama
 from tokenizers import Tokenizer
 from transformers import AttentionInterface, LlamaForCausalLM
@@ -400,7 +397,7 @@ def test_docs_snippets_run(
     )
     namespace: dict[str, Any] = {
         "out": str(packed_dir),
-        "pairs_out": str(_preference_output(tmp_path, toy_tokenizer_path)),
+        "pairs_out": str(packed_string_pairs(tmp_path, toy_tokenizer_path, 40, seed=3)),
         "model": build_model(vocab_size, "sdpa"),
         "tokenizer": tokenizer,
     }
@@ -414,26 +411,6 @@ def test_docs_snippets_run(
         exec(compile(snippet, f"{DOCS.name}:snippet", "exec"), namespace)
         ran += 1
     assert ran >= 7
-
-
-def _preference_output(tmp_path: Path, tokenizer: Path) -> Path:
-    """A real ``packcli pack --format preference`` output of string pairs."""
-    rng = random.Random(3)
-    corpus = tmp_path / "pairs.jsonl"
-    with open(corpus, "w", encoding="utf-8") as fh:
-        for _ in range(40):
-            pair = {
-                "prompt": random_text(rng, rng.randint(3, 20)),
-                "chosen": " " + random_text(rng, rng.randint(2, 30)),
-                "rejected": " " + random_text(rng, rng.randint(2, 30)),
-            }
-            fh.write(json.dumps(pair) + "\n")
-    out = tmp_path / "pairs"
-    invoke_ok(
-        "pack", corpus, "-t", tokenizer, "-o", out, "--format", "preference",
-        "--short-len", "128", "--long-len", "512", "-q",
-    )  # fmt: skip
-    return out
 
 
 def _missing(module: str) -> bool:
