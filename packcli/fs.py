@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -304,6 +305,27 @@ def open_binary(path: Path | str, buffering: int = -1) -> BinaryIO:
     except Exception as exc:  # a backend error that is not an OSError (credentials)
         raise OSError(f"{type(exc).__name__}: {redact_text(str(exc))}") from exc
     return io.BufferedReader(fh, buffering) if buffering > 0 else fh
+
+
+def spool(path: str) -> Path:
+    """A remote file copied once into a local temp file (the caller deletes it): a
+    compressed input is decoded twice, once to verify its checksums and once to read it,
+    which through the store would fetch every byte twice."""
+    fs, p = locate(path)
+    root = cache_root() / "spool"
+    root.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=root, suffix="".join(Path(p).suffixes[-2:]))
+    os.close(fd)
+    try:
+        fs.get_file(p, name)
+    except BaseException as exc:
+        Path(name).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise
+        if isinstance(exc, Exception):  # a backend error that is not an OSError
+            raise OSError(f"{type(exc).__name__}: {redact_text(str(exc))}") from exc
+        raise
+    return Path(name)
 
 
 def opened_size(fh: Any) -> int:

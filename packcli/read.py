@@ -115,7 +115,7 @@ import orjson
 import zstandard
 
 from packcli.errors import InputError
-from packcli.fs import is_url, local_path, open_binary, opened_size
+from packcli.fs import is_url, local_path, open_binary, opened_size, spool
 
 logger = logging.getLogger(__name__)
 
@@ -983,9 +983,15 @@ def iter_batches(
     done_bytes = 0  # on-disk size of the files read to the end
 
     for file_index, path in enumerate(paths):
+        kind = _compression(path)
+        spooled = None  # a remote compressed file, fetched once for both passes
         try:
-            raw = open_binary(path, _READ_BUFFER)  # a local file or an fsspec URL's
+            if verify_streams and kind in _MEMBER_NAME and is_url(path):
+                spooled = spool(str(path))
+            raw = open_binary(spooled or path, _READ_BUFFER)  # a local file or a URL's
         except OSError as exc:
+            if spooled is not None:
+                spooled.unlink(missing_ok=True)
             raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from exc
         lineno = 0
         counted = 0  # lines already added to stats.lines
@@ -995,10 +1001,9 @@ def iter_batches(
         try:
             size = opened_size(raw)
             lo, hi = (0, size) if span is None else (min(span[0], size), min(span[1], size))
-            kind = _compression(path)
             check = None  # a compressed file's verified prefix (None: plain, or not verified)
             if verify_streams and kind in _MEMBER_NAME:
-                check = _check_stream(path, kind)
+                check = _check_stream(spooled or path, kind)
                 if check.failure is not None and not skip:
                     raise BadLineError(
                         str(path),
@@ -1103,6 +1108,8 @@ def iter_batches(
                 _record_corrupt_stream(path, check, stats, rejects)
         finally:
             raw.close()
+            if spooled is not None:
+                spooled.unlink(missing_ok=True)
         done_bytes += hi - lo
         stats.files += 1
         stats.blank_lines += blank

@@ -431,3 +431,44 @@ def test_changed_output_replaces_the_remote_one_marker_first(
     assert remote_hashes(out) == local_hashes(ref)
     assert len(first) > len(local_hashes(ref))  # the earlier output's extra files are gone
     assert invoke("verify", out)[0] == 0
+
+
+def test_a_remote_compressed_input_is_fetched_once(
+    corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A .zst is decoded twice (checksums first, then the lines): from the store it is
+    fetched once, into a temp file that is gone afterwards, and the bytes are the local
+    run's."""
+    upload(corpus, f"s3://{bucket}/in", "*.zst")
+    zst = sorted(p.name for p in corpus.glob("*.zst"))
+    assert zst
+    fetched: list[str] = []
+    opened: list[str] = []
+    real_get, real_open = s3fs.S3FileSystem._get_file, s3fs.S3FileSystem._open
+
+    async def _get_file(self: Any, rpath: str, lpath: str, **kw: Any) -> Any:
+        fetched.append(rpath)
+        return await real_get(self, rpath, lpath, **kw)
+
+    def _open(self: Any, path: str, *args: Any, **kw: Any) -> Any:
+        opened.append(path)
+        return real_open(self, path, *args, **kw)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_get_file", _get_file)
+    monkeypatch.setattr(s3fs.S3FileSystem, "_open", _open)
+    s3fs.S3FileSystem.clear_instance_cache()  # instances bind their sync methods when made
+    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path / "cache"))
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    local = tmp_path / "local"
+    local.mkdir()
+    for name in zst:
+        (local / name).write_bytes((corpus / name).read_bytes())
+    invoke_ok("pack", local, "-t", toy_tokenizer_path, "-o", ref, *cfg(corpus))
+    invoke_ok("pack", f"s3://{bucket}/in", "-t", toy_tokenizer_path, "-o", out, *cfg(corpus))
+    assert local_hashes(out) == local_hashes(ref)
+    for name in zst:
+        assert sum(p.endswith(name) for p in fetched) == 1, (fetched, opened)
+    # Apart from the self-check's quick look at the first lines, nothing reads them again.
+    assert sum(p.endswith(zst[-1]) for p in opened) == 0, (opened, fetched)
+    assert not list((tmp_path / "cache" / "spool").glob("*"))
