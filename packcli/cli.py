@@ -347,15 +347,13 @@ def pack(
         **_tokenize_sections(locals()),
         plan=_plan_section(short_len, long_len, overlong, algorithm, seed, balance),
     )
-    if num_tasks is not None and num_tasks < 1:
-        raise ConfigError(f"--num-tasks must be >= 1, got {num_tasks}")
     result = run_pack(
         cfg,
         quiet=quiet,
         overwrite=overwrite,
         command=_command(),
         executor=Executor(executor, ray_address),
-        num_tasks=num_tasks,
+        num_tasks=None if num_tasks is None else _positive(num_tasks, "--num-tasks"),
         tokens_per_step=_positive(tokens_per_step, "--tokens-per-step"),
     )
     if json_out:

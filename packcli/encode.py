@@ -265,6 +265,11 @@ class FastTokens:
         other.fast = fast
         return other
 
+    def fast_tokens(self, texts: list[str]) -> list[Any] | None:
+        """Ids and offsets of ``texts`` from the fast backend (None per text it did not
+        spell), or None without one: ``encode_rendered``'s ``tokens``."""
+        return None if self.fast is None else self.fast(texts)
+
 
 class ChatEncoder(FastTokens):
     """Dialogues in, token ids + labels out, with the length policy applied.
@@ -337,11 +342,9 @@ class ChatEncoder(FastTokens):
         return RenderPool(self.template, self.special_tokens, controls, RENDER_DATE, workers)
 
     def tokens(self, rendered: Rendering) -> list[Any] | None:
-        """Ids and offsets from the fast backend (None without one): Rust and a compiled
-        kernel, both without the GIL, so it can run while the next batch renders."""
-        if self.fast is None:
-            return None
-        return self.fast([r.text for _, r in rendered])
+        """``fast_tokens`` of a rendering: Rust and a compiled kernel, both without the
+        GIL, so it can run while the next batch renders."""
+        return self.fast_tokens([r.text for _, r in rendered])
 
     def __call__(
         self, dialogues: list[Any]
@@ -482,82 +485,56 @@ def tokenize_chat_batches(
     Rendering and tokenizing run in the caller's thread (``encode`` in ``times``), or, given
     ``renderers``, batches render on its worker processes, a few ahead, while this thread
     tokenizes and masks the batches before them (same results, same order)."""
-    if renderers is not None:
-        yield from _pooled_chat_batches(batches, encoder, stats, on_failure, times, renderers)
-        return
     times = times if times is not None else StageTimes()
-    # With a fast backend, batch i's ids and offsets are made on a thread while batch i+1
-    # renders (Python); masks and lengths follow in this thread, in order.
-    pool = ThreadPoolExecutor(1, "packcli-chat") if encoder.fast is not None else None
-    pending: deque[tuple[DocBatch, Rendering, list[tuple[int, str]], Any]] = deque()
+    # Rendering here, with a fast backend: batch i's ids and offsets are made on a thread
+    # while batch i+1 renders (Python). Masks and lengths follow in this thread, in order.
+    pool = None
+    if renderers is None and encoder.fast is not None:
+        pool = ThreadPoolExecutor(1, "packcli-chat")
+    # Every worker busy while this thread finishes one batch.
+    ahead = 2 * renderers.workers if renderers is not None else 1
+    pending: deque[tuple[DocBatch, Any, Any]] = deque()  # batch, rendering, tokens
+
+    def start(batch: DocBatch) -> None:
+        if renderers is not None:  # tokenized when its rendering comes back
+            pending.append((batch, renderers.submit(batch.texts), None))
+            return
+        t0 = time.perf_counter()
+        rendering = encoder.render(batch.texts)
+        tokens = pool.submit(encoder.tokens, rendering[0]) if pool is not None else None
+        pending.append((batch, rendering, tokens))
+        times.encode += time.perf_counter() - t0
 
     def finish() -> tuple[DocBatch, pa.RecordBatch]:
-        batch, rendered, failures, tokens = pending.popleft()
+        batch, rendering, tokens = pending.popleft()
         t0 = time.perf_counter()
-        if isinstance(tokens, Future):
+        if renderers is not None:
+            rendering = renderers.result(rendering)
+            tokens = encoder.tokens(rendering[0])
+        elif tokens is not None:
             tokens = tokens.result()
-        result = encoder.finish(batch.texts, rendered, tokens, failures)
+        rendered, failures = rendering
+        ids, labels, lengths, batch_stats, failures = encoder.finish(
+            batch.texts, rendered, tokens, failures
+        )
         t1 = time.perf_counter()
-        record_batch = _chat_record(batch, result, stats, on_failure)
+        for index, reason in failures:
+            on_failure(batch, index, reason)
+        stats.add(batch_stats)
+        record_batch = chat_record_batch(batch, ids, labels, lengths)
         times.encode += t1 - t0
         times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
         return batch, record_batch
 
     try:
         for batch in batches:
-            t0 = time.perf_counter()
-            rendered, failures = encoder.render(batch.texts)
-            tokens = pool.submit(encoder.tokens, rendered) if pool is not None else None
-            pending.append((batch, rendered, failures, tokens))
-            times.encode += time.perf_counter() - t0
-            if len(pending) > 1:
+            start(batch)
+            if len(pending) > ahead:
                 yield finish()
         while pending:
             yield finish()
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _chat_record(
-    batch: DocBatch,
-    result: tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]],
-    stats: ChatStats,
-    on_failure: Callable[[DocBatch, int, str], None],
-) -> pa.RecordBatch:
-    ids, labels, lengths, batch_stats, failures = result
-    for index, reason in failures:
-        on_failure(batch, index, reason)
-    stats.add(batch_stats)
-    return chat_record_batch(batch, ids, labels, lengths)
-
-
-def _pooled_chat_batches(
-    batches: Iterator[DocBatch],
-    encoder: ChatEncoder,
-    stats: ChatStats,
-    on_failure: Callable[[DocBatch, int, str], None],
-    times: StageTimes | None,
-    renderers: RenderPool,
-) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
-    times = times if times is not None else StageTimes()
-    pending: deque[tuple[DocBatch, Future]] = deque()
-    ahead = 2 * renderers.workers  # every worker busy while this thread finishes one batch
-
-    def finish() -> tuple[DocBatch, pa.RecordBatch]:
-        batch, future = pending.popleft()
-        t0 = time.perf_counter()
-        rendered, failures = renderers.result(future)
-        result = encoder.finish(batch.texts, rendered, encoder.tokens(rendered), failures)
-        t1 = time.perf_counter()
-        record_batch = _chat_record(batch, result, stats, on_failure)
-        times.encode += t1 - t0
-        times.write += time.perf_counter() - t1
-        return batch, record_batch
-
-    for batch in batches:
-        pending.append((batch, renderers.submit(batch.texts)))
-        if len(pending) > ahead:
-            yield finish()
     while pending:
         yield finish()

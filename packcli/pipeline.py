@@ -528,7 +528,7 @@ def _render_pool(cfg: RunConfig, encoder: Any, pending_bytes: int) -> Any:
     starting them (packcli/render_pool.py) and more than one core to render on."""
     from packcli.render_pool import MIN_POOL_BYTES
 
-    if not isinstance(encoder, ChatEncoder) or cfg.chat.is_preference:
+    if not isinstance(encoder, ChatEncoder):  # text, or preference pairs
         return None
     if pending_bytes < MIN_POOL_BYTES or cfg.tokenize.threads < 2:
         return None

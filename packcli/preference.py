@@ -293,7 +293,7 @@ class PreferenceEncoder(FastTokens):
 
     def _encode(self, rendered: list[Rendered], stats: PreferenceStats) -> list[Any]:
         """``encode_rendered`` on the fast backend's ids and offsets when there is one."""
-        tokens = self.fast([r.text for r in rendered]) if self.fast is not None else None
+        tokens = self.fast_tokens([r.text for r in rendered])
         if tokens is not None:
             stats.hf_offsets += sum(t is None for t in tokens)
         return encode_rendered(self.tokenizer, rendered, "assistant", tokens=tokens)  # type: ignore[arg-type]
