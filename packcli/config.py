@@ -229,6 +229,14 @@ class RunConfig:
     chat: ChatConfig = field(default_factory=ChatConfig)
 
     def __post_init__(self) -> None:
+        if self.remote_work and self.out and not self.remote_out:
+            from packcli.fs import redact
+
+            raise ConfigError(
+                f"--work-dir {redact(self.remote_work)} is on object storage, so --out "
+                "must be too: write tasks put the Parquet files there (e.g. --out "
+                "s3://bucket/out)"
+            )
         if self.chat.is_preference and self.plan.overlong == "split":
             raise ConfigError(
                 "a preference pair is never split between rows: use --overlong drop (default "
@@ -248,12 +256,24 @@ class RunConfig:
         return self.out if is_url(self.out) else None
 
     @property
+    def remote_work(self) -> str | None:
+        """The work folder URL when ``work_dir`` is on object storage, else None: then every
+        stage reads and writes the work folder through the store (``packcli/workstore.py``)."""
+        from packcli.fs import is_url
+
+        return self.work_dir if is_url(self.work_dir) else None
+
+    @property
     def out_path(self) -> Path:
         """The local output folder: ``out``, or for a remote ``out`` the local folder it is
         made in and uploaded from (``--work-dir``, else a cache folder named after the URL;
-        ``packcli/fs.py``)."""
+        ``packcli/fs.py``); with a URL work folder, this process's mirror of the output."""
         from packcli.fs import local_path, staging_root
 
+        if self.remote_work:
+            from packcli.workstore import mirror_root
+
+            return mirror_root(self.remote_work) / "out"
         if self.remote_out:
             return staging_root(self.out, self.work_dir)
         return Path(local_path(self.out))
@@ -261,7 +281,11 @@ class RunConfig:
     @property
     def work_path(self) -> Path:
         """Work folder for tokenized shards; hidden inside the output unless set (a remote
-        output's: inside its local staging folder)."""
+        output's: inside its local staging folder); a URL one's: this process's mirror."""
+        if self.remote_work:
+            from packcli.workstore import mirror_root
+
+            return mirror_root(self.remote_work) / "work"
         if self.remote_out:
             return self.out_path / ".packcli"
         return Path(self.work_dir) if self.work_dir else self.out_path / ".packcli"

@@ -358,19 +358,25 @@ def staging_root(url: str, work_dir: str = "") -> Path:
     """The local folder a remote output is made in before it is uploaded (its work folder
     is ``.packcli`` inside it): ``work_dir`` when given, else a cache folder named after the
     URL (the same URL, the same folder: a rerun resumes there)."""
-    if work_dir:
-        return Path(work_dir)
+    if work_dir and not is_url(work_dir):
+        return Path(local_path(work_dir))
+    return url_folder("outputs", url)
+
+
+def url_folder(kind: str, url: str) -> Path:
+    """A cache folder for ``url``: readable (the redacted URL's tail) and unique (a digest of
+    the whole URL), so the same URL always finds the same folder."""
     clean = redact(url)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", clean.split("://", 1)[-1]).strip("-")[-60:]
     digest = hashlib.sha256(url.rstrip("/").encode("utf-8")).hexdigest()[:12]
-    return cache_root() / "outputs" / f"{slug}-{digest}"
+    return cache_root() / kind / f"{slug}-{digest}"
 
 
 def _join(prefix: str, rel: str) -> str:
     return f"{prefix.rstrip('/')}/{rel}"
 
 
-def _listing(fs: Any, prefix: str) -> dict[str, dict[str, Any]]:
+def listing(fs: Any, prefix: str) -> dict[str, dict[str, Any]]:
     """Files under ``prefix``, by path relative to it (nothing there: empty)."""
     fs.invalidate_cache(prefix)
     try:
@@ -390,7 +396,7 @@ def check_remote_output(url: str, overwrite: bool) -> None:
     try:
         if fs.isfile(prefix):
             raise ConfigError(f"output {redact(url)} exists and is not a folder")
-        files = _listing(fs, prefix)
+        files = listing(fs, prefix)
         if not files or overwrite:
             return
         for rel, test in ((MARKER, "run"), (REMOTE_MARKER, "packcli_work")):
@@ -454,13 +460,16 @@ OWNED = re.compile(r"^(data/(long|short)/[^/]+\.parquet|stats/[^/]+\.png|rejecte
 """Remote files an upload owns: deleted when the uploaded output does not have them."""
 
 
-def upload_output(out: Path, work: Path, url: str, *, threads: int = 8) -> dict[str, int]:
+def upload_output(
+    out: Path, work: Path, url: str, *, threads: int = 8, placed: dict[str, int] | None = None
+) -> dict[str, int]:
     """Put the finished local output ``out`` under ``url``: each file whole, ``packcli.json``
     last. A file the upload log (in ``work``) records with the local size and sha256 and
     that is still there remotely with that size is not put again; files of an earlier
     output packcli owns (``OWNED``) that this one lacks are deleted before ``packcli.json``.
     The remote ``packcli.json`` is deleted first whenever anything else changes, so it
-    never vouches for files that are not (yet) those it lists."""
+    never vouches for files that are not (yet) those it lists. ``placed``: files the write
+    tasks already put there (a URL work folder), by size: checked, never put from here."""
     from packcli.card import MARKER
     from packcli.faults import crash_point
     from packcli.shards import sha256_file
@@ -474,11 +483,20 @@ def upload_output(out: Path, work: Path, url: str, *, threads: int = 8) -> dict[
         known = files[rel][1]
         return known if known else sha256_file(out / rel)
 
+    placed = placed or {}
     try:
-        remote = _listing(fs, prefix)
+        remote = listing(fs, prefix)
+        for rel, size in sorted(placed.items()):
+            if int(remote.get(rel, {}).get("size", -1)) != size:
+                raise PackcliError(
+                    f"{_join(shown, rel)}: missing or not the size its write record says "
+                    f"({size} bytes); rerun the same command to write it again"
+                )
         logged = _uploaded(work, url)
         todo = []
         for rel, (size, _) in files.items():
+            if rel in placed:
+                continue
             rec = logged.get(rel)
             there = remote.get(rel)
             same_size = bool(rec and there and int(there.get("size", -1)) == size == rec[0])
@@ -540,7 +558,7 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
 
     fs, prefix = locate(url)
     try:
-        remote = _listing(fs, prefix)
+        remote = listing(fs, prefix)
         if MARKER not in remote:
             raise PackcliError(
                 f"{redact(url)}: no {MARKER}, so the output is missing or incomplete"

@@ -130,6 +130,13 @@ from packcli.tokenizer import (
     resolve_special,
     set_special_in_text,
 )
+from packcli.workstore import (
+    LocalWork,
+    WorkStore,
+    check_remote_work,
+    in_mirror,
+    work_store,
+)
 from packcli.write import TokenSource, file_ranges, write_config_file
 
 log = logging.getLogger(__name__)
@@ -228,6 +235,8 @@ def check_output(cfg: RunConfig, overwrite: bool = False) -> None:
     check_output_folder(cfg.out_path, overwrite, cfg.work_path)
     if cfg.remote_out:
         check_remote_output(cfg.remote_out, overwrite)
+    if cfg.remote_work:
+        check_remote_work(cfg.remote_work, _work_marker(cfg), WORK_MARKER, overwrite)
 
 
 def claim_output(cfg: RunConfig) -> None:
@@ -237,16 +246,28 @@ def claim_output(cfg: RunConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = cfg.work_path
     work.mkdir(parents=True, exist_ok=True)
-    marker = {"packcli_work": 1, "out": str(out.resolve())}
+    marker = _work_marker(cfg)
     if _read_json(work / WORK_MARKER) != marker:
         atomic_write_json(work / WORK_MARKER, marker)
+    store = work_store(cfg)
+    if isinstance(store, WorkStore):
+        store.claim(marker, WORK_MARKER)
 
 
-def _uncomplete(out: Path) -> None:
+def _work_marker(cfg: RunConfig) -> dict[str, Any]:
+    """The work folder's marker: it names the output it was made for (a URL work folder's,
+    the output's redacted URL)."""
+    out = redact(cfg.out) if cfg.remote_work else str(cfg.out_path.resolve())
+    return {"packcli_work": 1, "out": out}
+
+
+def _uncomplete(cfg: RunConfig) -> None:
     """Remove the completion marker just before this run changes something it vouches for
     (tokenized shards, the shard index, a Parquet file): a run that fails validation, or that
-    reuses everything, leaves a finished output finished."""
-    (out / MARKER).unlink(missing_ok=True)
+    reuses everything, leaves a finished output finished. Write tasks on a URL work folder
+    put Parquet files straight under the remote output, so its marker goes too."""
+    (cfg.out_path / MARKER).unlink(missing_ok=True)
+    work_store(cfg).uncomplete()
 
 
 def _require_out(cfg: RunConfig) -> Path:
@@ -425,25 +446,16 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
     return Prepared(paths, _resolve_tokenizing(cfg), early)
 
 
-def _indexed_units(folder: Path) -> set[str]:
+def _indexed_units(folder: Path, store: LocalWork) -> set[str]:
     """Keys of the units whose shards the stage's index lists (all units when it is damaged:
     then assume a finished output depends on every one)."""
     try:
         return {m["file"].split("/")[1] for m in _read_json(folder / SUCCESS).get("shards", [])}
     except (KeyError, TypeError, AttributeError, IndexError):
-        return {f.name for f in (folder / "files").glob("*")}
+        return store.unit_keys()
 
 
-def _unit_done(folder: Path, unit: dict[str, Any]) -> bool:
-    """A unit is reused when its record has the current fingerprint and every shard it lists
-    is still whole (a truncated shard is tokenized again, not read back as garbage)."""
-    unit_folder = folder / "files" / unit["key"]
-    done = _read_json(unit_folder / SUCCESS)
-    if done.get("fingerprint") != unit["fingerprint"]:
-        return False
-    return all(shard_intact(unit_folder, m) for m in done.get("shards", []))
-
-
+@in_mirror
 def tokenize_task(
     cfg: RunConfig,
     *,
@@ -458,7 +470,7 @@ def tokenize_task(
     so tasks need no coordination; the plan stage checks that every file is complete.
     ``prepared``: the stage already resolved in this process (``pack`` validates first).
     """
-    out = _require_out(cfg)
+    _require_out(cfg)
     prepared = prepared or prepare_tokenize(cfg)
     tok = prepared.tok
     stage_fp = _fingerprint(tok.settings)
@@ -466,6 +478,7 @@ def tokenize_task(
         prepared.paths, cfg.read.split_bytes, stage_fp, cfg.read.input_format
     )
     claim_output(cfg)
+    store = work_store(cfg)
     folder = cfg.work_path / "tokens"
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(
@@ -483,24 +496,28 @@ def tokenize_task(
             "units": units,
         },
     )
+    store.push("tokens/stage.json")
+    store.pull(f"tokens/{SUCCESS}", "tokens/backend.json")
     task_of = assign_by_size([u["size"] for u in units], num_tasks)
     mine = [k for k in range(len(units)) if task_of[k] == task_index]
-    pending = {k for k in mine if not _unit_done(folder, units[k])}
-    stale: list[Path] = []
+    done = store.done_units(units[k] for k in mine)
+    pending = {k for k in mine if units[k]["key"] not in done}
+    stale: list[str] = []
     if num_tasks == 1:  # the only task: shards of units no longer in the input go at the end
-        keys = {u["key"] for u in units}
-        stale = [f for f in (folder / "files").glob("*") if f.name not in keys]
+        stale = sorted(store.unit_keys() - {u["key"] for u in units})
     # A finished output stays finished unless this run changes the shards it was checked
     # against (those the index lists): a new unit's shards go to a folder of their own.
-    indexed = _indexed_units(folder)
+    indexed = _indexed_units(folder, store)
     if any(units[k]["key"] in indexed for k in pending):
-        _uncomplete(out)
+        _uncomplete(cfg)
         (folder / SUCCESS).unlink(missing_ok=True)  # collect_tokens rebuilds it
+        store.remove(f"tokens/{SUCCESS}")
     encoder: Any = tok.chat
     if pending or not (folder / "backend.json").is_file():
         # Building and checking the fast path costs seconds; skip it when nothing is left.
         encoder, backend = _choose_backend(cfg, tok, units, prepared.early)
         atomic_write_json(folder / "backend.json", backend)
+        store.push("tokens/backend.json")
     total = sum(units[k]["size"] for k in mine)
     renderers = _render_pool(cfg, encoder, sum(units[k]["size"] for k in pending))
     with (
@@ -511,13 +528,14 @@ def tokenize_task(
         for k in mine:
             if k in pending:
                 _tokenize_unit(cfg, units[k], encoder, tok, progress, renderers)
+                store.unit_finished(units[k]["key"])
                 release_free_memory()
             else:
                 progress.update(units[k]["size"], 0)
-    if any(f.name in indexed for f in stale):
-        _uncomplete(out)
+    if any(name in indexed for name in stale):
+        _uncomplete(cfg)
     for gone in stale:  # only now that this run's shards are all there
-        shutil.rmtree(gone)
+        store.drop_unit(gone)
     if not pending:
         log.info("reusing tokenized shards for all %d input unit(s) of this task", len(mine))
     return not pending
@@ -1036,12 +1054,15 @@ def _skip_documents(batches: Iterator[DocBatch], start: int, file_index: int) ->
 def collect_tokens(cfg: RunConfig) -> TokenShards:
     """Check that every input file is tokenized and write the global shard index."""
     folder = cfg.work_path / "tokens"
+    store = work_store(cfg)
+    store.pull_records("tokens")
     stage = _read_json(folder / "stage.json")
     if not stage:
-        raise PackcliError(f"no tokenize stage in {folder}: run `packcli tokenize` first")
+        where = redact(f"{cfg.remote_work}/tokens") if cfg.remote_work else folder
+        raise PackcliError(f"no tokenize stage in {where}: run `packcli tokenize` first")
     index_path = folder / SUCCESS
     if _read_json(index_path).get("fingerprint") == stage["fingerprint"]:
-        return TokenShards(folder)
+        return TokenShards(folder, store)
     shards: list[dict[str, Any]] = []
     missing = []
     totals = {"documents": 0, "blank_lines": 0, "bytes_read": 0}
@@ -1097,7 +1118,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             f"tokenize task(s) not finished: {len(missing)} of {len(stage['units'])} input "
             f"unit(s) have no complete shards, e.g. {missing[0]}"
         )
-    _uncomplete(cfg.out_path)  # the index a finished output was checked against changes
+    _uncomplete(cfg)  # the index a finished output was checked against changes
     atomic_write_json(
         index_path,
         {
@@ -1122,7 +1143,8 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             "backend": _read_json(folder / "backend.json"),
         },
     )
-    return TokenShards(folder)
+    store.push(f"tokens/{SUCCESS}")
+    return TokenShards(folder, store)
 
 
 # --------------------------------------------------------------------------- plan
@@ -1134,6 +1156,7 @@ def _plan_fingerprint(plan_cfg: PlanConfig, tokens_fingerprint: str) -> str:
     )
 
 
+@in_mirror
 def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShards]:
     """Global plan over the lengths of all tokenized documents; saved for the write tasks.
 
@@ -1150,6 +1173,7 @@ def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShard
         plan = plan_two_tier(lengths, cfg.plan)
         bar.update(1)
     _save_plan(cfg, plan, shards.success["fingerprint"])
+    work_store(cfg).push("plan.npz", "plan.json")
     crash_point("plan")
     return plan, shards
 
@@ -1261,6 +1285,7 @@ def _output_files(cfg: RunConfig, plan: Plan) -> list[tuple[str, int, int, int, 
     return jobs
 
 
+@in_mirror
 def write_task(
     cfg: RunConfig,
     plan: Plan,
@@ -1272,22 +1297,32 @@ def write_task(
 ) -> None:
     """Write this task's share of the output files (round robin over all files)."""
     out = _require_out(cfg)
+    store = work_store(cfg)
+    store.pull("plan.json")
+    store.pull_records("write")
     fingerprint = _write_fingerprint(cfg, shards)
     records = cfg.work_path / "write"
     records.mkdir(parents=True, exist_ok=True)
     atomic_write_json(records / "config.json", {"write": dataclasses.asdict(cfg.write)})
+    store.push("write/config.json")
     jobs = _output_files(cfg, plan)[task_index::num_tasks]
+    # Where the Parquet files are: this disk, or (URL work folder) the remote output.
+    placed = store.out_listing("data") if isinstance(store, WorkStore) else None
 
     def written(job: tuple[str, int, int, int, int]) -> bool:
         name, i, count = job[:3]
         final = out / "data" / name / f"train-{i:05d}-of-{count:05d}.parquet"
         record = _read_json(records / f"{name}-{i:05d}.json")
-        return record.get("fingerprint") == fingerprint and final.is_file()
+        if record.get("fingerprint") != fingerprint:
+            return False
+        if placed is not None:
+            return placed.get(f"data/{name}/{final.name}") == record.get("bytes")
+        return final.is_file()
 
     if not all(written(job) for job in jobs):
-        _uncomplete(out)  # a Parquet file the finished output lists is about to change
+        _uncomplete(cfg)  # a Parquet file the finished output lists is about to change
     total = sum(int(getattr(plan, j[0]).row_tokens[j[3] : j[4]].sum()) for j in jobs)
-    source = TokenSource(list(shards.iter_shards()))
+    source = TokenSource.of(shards)
     with _bar(quiet, total=total, unit="tok", unit_scale=True, desc="write") as bar:
 
         def write_one(job: tuple[str, int, int, int, int]) -> None:
@@ -1300,17 +1335,18 @@ def write_task(
                 return
             record_path.unlink(missing_ok=True)
             write_config_file(plan, layout, source, final, cfg.write, r0, r1, bar.update)
-            atomic_write_json(
-                record_path,
-                {
-                    "fingerprint": fingerprint,
-                    "file": final.name,
-                    "rows": r1 - r0,
-                    "tokens": int(layout.row_tokens[r0:r1].sum()),
-                    "bytes": final.stat().st_size,
-                    "sha256": sha256_file(final),
-                },
-            )
+            record = {
+                "fingerprint": fingerprint,
+                "file": final.name,
+                "rows": r1 - r0,
+                "tokens": int(layout.row_tokens[r0:r1].sum()),
+                "bytes": final.stat().st_size,
+                "sha256": sha256_file(final),
+            }
+            if isinstance(store, WorkStore):  # straight to the remote output, then the record
+                store.put_output(final, f"data/{name}/{final.name}")
+            atomic_write_json(record_path, record)
+            store.push(f"write/{record_path.name}")
             crash_point(f"write:{name}:{i}")
 
         # Files are independent and Parquet encoding/compression runs without the GIL, so
@@ -1322,11 +1358,13 @@ def write_task(
                 pass
 
 
+@in_mirror
 def write_stage(
     cfg: RunConfig, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = False
 ) -> None:
     """``packcli write``: one write task over the saved plan, with the plan's own settings."""
     shards = collect_tokens(cfg)
+    work_store(cfg).pull("plan.json", "plan.npz")
     plan, plan_cfg = load_plan(cfg.work_path, shards)
     cfg = dataclasses.replace(cfg, plan=plan_cfg)
     write_task(cfg, plan, shards, task_index=task_index, num_tasks=num_tasks, quiet=quiet)
@@ -1335,6 +1373,7 @@ def write_stage(
 # --------------------------------------------------------------------------- finalize
 
 
+@in_mirror
 def finalize_stage(
     cfg: RunConfig,
     *,
@@ -1345,6 +1384,8 @@ def finalize_stage(
     """Check every output file is written, remove strays, write the card and the marker.
     ``tokens_per_step``: the report's step-plan target (not a setting of the data)."""
     out = _require_out(cfg)
+    store = work_store(cfg)
+    store.pull_records()  # the stages' records, the plan and the quarantined lines
     shards = collect_tokens(cfg)
     if plan is None:
         plan, _ = load_plan(cfg.work_path, shards)
@@ -1414,7 +1455,9 @@ def finalize_stage(
         "tokens_fingerprint": shards.success["fingerprint"],
         # Inputs + tokenizer + every setting the Parquet bytes depend on.
         "fingerprint": fingerprint,
-        "work_dir": _relative_to_out(cfg.work_path, out),
+        "work_dir": redact(cfg.remote_work)
+        if cfg.remote_work
+        else _relative_to_out(cfg.work_path, out),
     }
     for stale in (out / STATS_DIR).glob("*.png"):  # plots of an earlier run; `stats` remakes them
         stale.unlink()
@@ -1426,7 +1469,15 @@ def finalize_stage(
         {"config": _recorded_config(cfg), "run": run_info, "report": report, "files": files},
     )
     if cfg.remote_out:  # every file is final here: put them, packcli.json last
-        upload_output(out, cfg.work_path, cfg.remote_out, threads=cfg.tokenize.threads)
+        placed = {
+            f"data/{name}/{f['file']}": int(f["bytes"])
+            for name in CONFIG_NAMES
+            for f in files[name]
+            if isinstance(store, WorkStore)  # the write tasks put them there
+        }
+        upload_output(
+            out, cfg.work_path, cfg.remote_out, threads=cfg.tokenize.threads, placed=placed
+        )
     return report
 
 
@@ -1507,6 +1558,7 @@ def _relative_to_out(path: Path, out: Path) -> str:
 # --------------------------------------------------------------------------- all stages
 
 
+@in_mirror
 def run_pack(
     cfg: RunConfig,
     *,

@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import pyarrow as pa
@@ -192,10 +193,15 @@ class ShardTokens:
 
 
 class TokenShards:
-    """Read access to a completed tokenize stage, through its index."""
+    """Read access to a completed tokenize stage, through its index.
 
-    def __init__(self, folder: Path) -> None:
+    ``store``: the work folder on object storage (``packcli/workstore.py``) when ``folder``
+    is its local mirror: a shard not in the mirror is then read from the store, only the
+    columns asked for by ranged reads, or whole (fetched once) when its tokens are wanted."""
+
+    def __init__(self, folder: Path, store: Any = None) -> None:
         self.folder = folder
+        self.store = store if store is not None and store.remote else None
         success = folder / SUCCESS
         if not success.is_file():
             raise FileNotFoundError(f"no completed tokenize stage in {folder}")
@@ -215,11 +221,33 @@ class TokenShards:
     def __len__(self) -> int:
         return len(self.manifests)
 
+    def _source(self, index: int, ranged: bool) -> Any:
+        """One shard's bytes: memory-mapped from the folder, or from the store (ranged reads,
+        or the whole shard fetched into the mirror first)."""
+        rel = self.manifests[index]["file"]
+        path = self.folder / rel
+        if self.store is None or path.is_file():
+            return pa.memory_map(str(path), "r")
+        remote = f"{self.folder.name}/{rel}"
+        if ranged:
+            return pa.PythonFile(self.store.open(remote), mode="r")
+        fetched = self.store.fetch(remote, self.manifests[index].get("bytes"))
+        return pa.memory_map(str(fetched), "r")
+
+    def column_names(self) -> list[str]:
+        """The shards' columns (the stage's schema), from the first shard's footer."""
+        if not self.manifests:
+            return []
+        try:
+            return list(pa.ipc.open_file(self._source(0, ranged=True)).schema.names)
+        except (OSError, pa.ArrowException) as exc:
+            raise _damaged(self.folder / self.manifests[0]["file"], exc) from exc
+
     def _reader(self, index: int, fields: list[str] | None = None) -> pa.ipc.RecordBatchFileReader:
         """Memory-mapped reader of one shard; ``fields`` limits what is read to those columns."""
         path = self.folder / self.manifests[index]["file"]
         try:
-            source = pa.memory_map(str(path), "r")
+            source = self._source(index, ranged=fields is not None)
             if fields is None:
                 return pa.ipc.open_file(source)
             opts = pa.ipc.IpcReadOptions(
@@ -288,3 +316,30 @@ class TokenShards:
     def iter_shards(self) -> Iterator[ShardTokens]:
         for i in range(len(self)):
             yield self.shard(i)
+
+
+class LazyShards(Sequence[ShardTokens]):
+    """The shards of a stage, each loaded when first indexed and kept (thread-safe): a write
+    task whose work folder is on a store fetches only the shards its rows use."""
+
+    def __init__(self, shards: TokenShards) -> None:
+        self._shards = shards
+        self._loaded: dict[int, ShardTokens] = {}
+        self._locks = [threading.Lock() for _ in range(len(shards))]
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    @overload
+    def __getitem__(self, index: int) -> ShardTokens: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ShardTokens]: ...
+
+    def __getitem__(self, index: int | slice) -> ShardTokens | list[ShardTokens]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        with self._locks[index]:
+            if index not in self._loaded:
+                self._loaded[index] = self._shards.shard(index)
+            return self._loaded[index]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.config import PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
 from packcli.plan import Plan, RowLayout, plan_two_tier
-from packcli.shards import ShardTokens
+from packcli.shards import LazyShards, ShardTokens, TokenShards
 
 ROW_SCHEMA = pa.schema(
     [
@@ -131,11 +131,23 @@ def _segment_ids(seg_offsets: np.ndarray, lens: np.ndarray) -> np.ndarray:
 class TokenSource:
     """Random access to document slices across all tokenized shards."""
 
-    def __init__(self, shards: list[ShardTokens]) -> None:
+    def __init__(self, shards: Sequence[ShardTokens]) -> None:
         self.shards = shards
         self.first_doc = np.array([s.first_doc_id for s in shards], dtype=np.int64)
         self.has_labels = bool(shards) and all(s.labels is not None for s in shards)
         self.has_pairs = self.has_labels and all(s.chosen_len is not None for s in shards)
+
+    @classmethod
+    def of(cls, shards: TokenShards) -> TokenSource:
+        """All shards of a stage, each loaded when a row first needs it (from the index and
+        the first shard's schema, not from every shard)."""
+        source = cls.__new__(cls)
+        source.shards = LazyShards(shards)
+        source.first_doc = shards.first_doc_ids
+        names = shards.column_names()
+        source.has_labels = "labels" in names
+        source.has_pairs = source.has_labels and "chosen_len" in names
+        return source
 
     def chosen_len(self, docs: np.ndarray) -> np.ndarray:
         """Per document, the length of a pair's first sequence (0: not a pair)."""

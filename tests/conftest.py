@@ -13,6 +13,9 @@ import pytest
 from corpora import random_text, write_corpus
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+# The local S3 server and its corpus fixtures (tests/s3local.py), for every module that asks.
+pytest_plugins = ["s3local"]
+
 # Before any test imports `datasets`: a private cache (no stale copies between runs) and no
 # network, ever.
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="packcli-hf-cache-")

@@ -3,129 +3,25 @@ the S3 HTTP API, driven by the real s3fs / botocore clients), started once for t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import s3fs
 import zstandard
 from clirun import invoke, invoke_ok
 from corpora import mixed_lengths, write_corpus
+from s3local import ARGS, CONFIG, cfg, local_hashes, remote_files, remote_hashes, upload
 
 from packcli import fs as packfs
 from packcli.errors import ConfigError
-from packcli.shards import sha256_file
-
-s3fs = pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-
-ARGS = ["--short-len", "64", "--long-len", "1024", "-q"]
-CONFIG = "read:\n  batch_size: 16\ntokenize:\n  shard_tokens: 4096\nwrite:\n  shard_tokens: 8192\n"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A local S3 endpoint; the environment every s3fs client (here and in subprocesses)
-    finds it through: the usual AWS variables, dummy credentials."""
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-    }
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-            mp.delenv(k, raising=False)
-        s3fs.S3FileSystem.clear_instance_cache()
-        yield env
-        s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
-
-
-@pytest.fixture
-def bucket(s3: dict[str, str]) -> str:
-    """A fresh bucket per test."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem().mkdir(name)
-    return name
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three .jsonl.zst files (one of several frames) in a local folder."""
-    root = tmp_path_factory.mktemp("corpus")
-    lengths = mixed_lengths(300, seed=11)
-    for i, part in enumerate((lengths[:120], lengths[120:200], lengths[200:])):
-        plain = root / f"part-{i}.jsonl"
-        write_corpus(plain, part, seed=i)
-        data = plain.read_bytes()
-        cctx = zstandard.ZstdCompressor(write_checksum=True)
-        half = data.rfind(b"\n", 0, len(data) // 2) + 1
-        (root / f"part-{i}.jsonl.zst").write_bytes(
-            cctx.compress(data[:half]) + cctx.compress(data[half:])
-        )
-        plain.unlink()
-    (root / "cfg.yaml").write_text(CONFIG)
-    return root
-
-
-@pytest.fixture(scope="module")
-def reference(
-    corpus: Path, toy_tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, str]:
-    """Parquet hashes of the same files packed from local disk."""
-    out = tmp_path_factory.mktemp("ref") / "out"
-    invoke_ok("pack", corpus / "*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out, *cfg(corpus))
-    return local_hashes(out)
-
-
-def cfg(corpus: Path) -> list[str]:
-    return ["-c", str(corpus / "cfg.yaml"), *ARGS]
-
-
-def local_hashes(out: Path) -> dict[str, str]:
-    return {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
-
-
-def remote_hashes(url: str) -> dict[str, str]:
-    fs, prefix = packfs.locate(url)
-    fs.invalidate_cache()
-    return {
-        p[len(prefix) + 1 :]: hashlib.sha256(fs.cat_file(p)).hexdigest()
-        for p in sorted(fs.find(prefix))
-        if p.endswith(".parquet")
-    }
-
-
-def upload(local: Path, url: str, pattern: str = "*") -> None:
-    fs, prefix = packfs.locate(url)
-    for p in sorted(local.glob(pattern)):
-        fs.put_file(str(p), f"{prefix}/{p.name}")
-    fs.invalidate_cache()
-
-
-def remote_files(url: str) -> set[str]:
-    fs, prefix = packfs.locate(url)
-    fs.invalidate_cache()
-    return {p[len(prefix) + 1 :] for p in fs.find(prefix)}
-
 
 # --------------------------------------------------------------------------- s3 -> s3
 

@@ -1,0 +1,456 @@
+"""The work folder on object storage (``--work-dir s3://...``), for tasks that share no disk.
+
+On a Ray cluster, or a Slurm array, whose nodes share no file system, each task must read
+what the stages before it made and leave what it makes where the next stage can read it:
+the store. The stages keep working on plain local paths; in this mode the work folder and
+the output folder they see (``RunConfig.work_path`` / ``out_path``) are a *mirror*: a folder
+of this process alone under packcli's cache, emptied when a stage starts and when it ends,
+and the store is the truth. A stage pulls the records it reads and pushes what it makes,
+each file whole in one put (object stores have no rename, but a put becomes visible only
+once complete), a completion record after what it vouches for, as on disk it is renamed
+into place last:
+
+* a tokenize task pushes a unit's shards, manifests and rejects, then its ``_SUCCESS.json``,
+  and removes the unit's local folder, so a node holds one unit's shards at a time;
+* the plan stage and the report read only the columns they need of each shard, by ranged
+  reads (``TokenShards``), never the token ids;
+* a write task fetches a shard the first time its rows need it, puts each Parquet file
+  straight under the remote ``--out``, then pushes the file's record;
+* ``finalize`` checks every record against the store's listing and puts the card and
+  ``packcli.json`` last.
+
+Resume is the local rule read through the store: a unit whose record carries the current
+fingerprint and whose shards are all there at their recorded sizes is reused; a Parquet file
+whose record carries the current fingerprint and which is there at its recorded size is not
+written again. A killed task loses at most the unit or file it was making.
+
+Without a URL work folder the same calls are no-ops (``LocalWork``), so the stages have one
+code path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+from packcli.errors import PackcliError
+
+log = logging.getLogger(__name__)
+
+# Lock files stay when a mirror is emptied: the command holding them is still running.
+_KEEP = frozenset({".packcli.lock", "lock", "locks"})
+_SHARD_MANIFEST = re.compile(r"^shard-\d+\.json$")
+_PUT_THREADS = 8
+UNITS = "tokens/files"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def mirror_root(url: str) -> Path:
+    """This process's local mirror of the work folder ``url``: under packcli's cache, named
+    after the URL, then after the host and process (tasks of one node never share one)."""
+    from packcli.fs import url_folder
+
+    return url_folder("mirrors", url) / f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _is_record(rel: str) -> bool:
+    """Files a stage reads back: everything but the shards and their per-shard manifests
+    (the unit's ``_SUCCESS.json`` lists those manifests)."""
+    name = rel.rsplit("/", 1)[-1]
+    return not (
+        name.endswith(".arrow") or _SHARD_MANIFEST.match(name) or name == "fingerprint.json"
+    )
+
+
+class LocalWork:
+    """The work folder on this machine's disk (``local``): nothing to pull or push."""
+
+    remote = False
+
+    def __init__(self, local: Path) -> None:
+        self.local = local
+
+    def pull(self, *rels: str) -> None:
+        pass
+
+    def pull_records(self, under: str = "") -> None:
+        pass
+
+    def push(self, *rels: str) -> None:
+        pass
+
+    def remove(self, *rels: str) -> None:
+        pass
+
+    def uncomplete(self) -> None:
+        pass
+
+    # Tokenized units (``tokens/files/<key>/``): what resume and the stale-unit sweep ask.
+
+    def unit_keys(self) -> set[str]:
+        """Keys of the unit folders there are."""
+        return {f.name for f in (self.local / UNITS).glob("*")}
+
+    def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
+        """Keys of the complete units: a record with the unit's fingerprint and every shard
+        it lists still whole (a truncated shard is tokenized again, not read as garbage)."""
+        from packcli.shards import SUCCESS, shard_intact
+
+        done = set()
+        for unit in units:
+            folder = self.local / UNITS / unit["key"]
+            record = _read_json(folder / SUCCESS)
+            if record.get("fingerprint") == unit["fingerprint"] and all(
+                shard_intact(folder, m) for m in record.get("shards", [])
+            ):
+                done.add(unit["key"])
+        return done
+
+    def unit_finished(self, key: str) -> None:
+        pass
+
+    def drop_unit(self, key: str) -> None:
+        shutil.rmtree(self.local / UNITS / key, ignore_errors=True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class WorkStore(LocalWork):
+    """A work folder on object storage (``url``) seen through the local mirror ``local``, with
+    the remote output ``out_url`` that write tasks put their Parquet files under."""
+
+    remote = True
+
+    def __init__(self, url: str, local: Path, out_url: str, out_local: Path) -> None:
+        from packcli.fs import locate
+
+        super().__init__(local)
+        self.url = url
+        self.out_url = out_url
+        self.out_local = out_local
+        self.fs, self.prefix = locate(url)
+        self.out_fs, self.out_prefix = locate(out_url)
+        self._fetch_locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ paths and errors
+
+    def _remote(self, rel: str) -> str:
+        return f"{self.prefix.rstrip('/')}/{rel}" if rel else self.prefix.rstrip("/")
+
+    def _out(self, rel: str) -> str:
+        return f"{self.out_prefix.rstrip('/')}/{rel}"
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """A store call; its failure as one line naming the work folder (redacted)."""
+        from packcli.fs import redact, redact_text
+
+        try:
+            return fn()
+        except PackcliError:
+            raise
+        except Exception as exc:
+            raise PackcliError(
+                f"work folder {redact(self.url)}: cannot {what}: {type(exc).__name__}: "
+                f"{redact_text(str(exc).strip().splitlines()[0] if str(exc).strip() else '')}; "
+                "rerun the same command to resume"
+            ) from exc
+
+    # ------------------------------------------------------------------ listing
+
+    def listing(self, under: str = "") -> dict[str, int]:
+        """Files under ``under`` (relative to the work folder) with their sizes."""
+        from packcli.fs import listing
+
+        base = self._remote(under)
+        found = self._call(f"list {under or '/'}", lambda: listing(self.fs, base))
+        lead = f"{under.rstrip('/')}/" if under else ""
+        return {lead + rel: int(info.get("size") or 0) for rel, info in found.items()}
+
+    def out_listing(self, under: str = "") -> dict[str, int]:
+        """Files under ``under`` of the remote output, with their sizes."""
+        from packcli.fs import listing
+
+        base = self._out(under) if under else self.out_prefix
+        found = self._call("list the output", lambda: listing(self.out_fs, base))
+        lead = f"{under.rstrip('/')}/" if under else ""
+        return {lead + rel: int(info.get("size") or 0) for rel, info in found.items()}
+
+    def children(self, under: str) -> set[str]:
+        """Names of the folders and files directly under ``under``."""
+        return {rel[len(under) + 1 :].split("/", 1)[0] for rel in self.listing(under)}
+
+    # ------------------------------------------------------------------ pull
+
+    def _get(self, rel: str) -> bool:
+        """Download ``rel`` into the mirror (under a temp name, then renamed); False when
+        the store does not have it."""
+        target = self.local / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.get-{threading.get_ident()}")
+
+        def get() -> bool:
+            try:
+                self.fs.get_file(self._remote(rel), str(tmp))
+            except FileNotFoundError:
+                return False
+            return True
+
+        if not self._call(f"read {rel}", get):
+            tmp.unlink(missing_ok=True)
+            return False
+        os.replace(tmp, target)
+        return True
+
+    def pull(self, *rels: str) -> None:
+        """Make each local file what the store has: fetched, or removed when not there."""
+        for rel in rels:
+            if not self._get(rel):
+                (self.local / rel).unlink(missing_ok=True)
+
+    def pull_records(self, under: str = "") -> None:
+        """Mirror every record under ``under`` (all but shards and shard manifests): fetch
+        what the store has, remove local records it does not have."""
+        remote = {rel for rel in self.listing(under) if _is_record(rel)}
+        base = self.local / under if under else self.local
+        if base.is_dir():
+            for path in base.rglob("*"):
+                rel = path.relative_to(self.local).as_posix()
+                stale = path.is_file() and _is_record(rel) and rel not in remote
+                if stale and path.name not in _KEEP and not rel.startswith("locks/"):
+                    path.unlink()
+        with ThreadPoolExecutor(_PUT_THREADS) as pool:
+            list(pool.map(self._get, sorted(remote)))
+
+    def read_json(self, rel: str) -> dict[str, Any]:
+        """A record straight from the store ({} when missing or unreadable)."""
+
+        def cat() -> bytes:
+            try:
+                return bytes(self.fs.cat_file(self._remote(rel)))
+            except FileNotFoundError:
+                return b""
+
+        try:
+            data = json.loads(self._call(f"read {rel}", cat) or b"null")
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def fetch(self, rel: str, size: int | None = None) -> Path:
+        """The local copy of ``rel`` (a shard), downloaded on first use; safe from threads."""
+        path = self.local / rel
+        with self._lock:
+            lock = self._fetch_locks.setdefault(rel, threading.Lock())
+        with lock:
+            if not path.is_file() or (size is not None and path.stat().st_size != size):
+                self._get(rel)
+        return path
+
+    def open(self, rel: str) -> BinaryIO:
+        """A remote file for ranged reads (a shard's footer and one column's buffers)."""
+
+        def opener() -> BinaryIO:
+            try:
+                return self.fs.open(self._remote(rel), "rb", cache_type="none")
+            except TypeError:  # a filesystem without fsspec's buffered-file options
+                return self.fs.open(self._remote(rel), "rb")
+
+        return self._call(f"read {rel}", opener)
+
+    # ------------------------------------------------------------------ push
+
+    def _put(self, rel: str) -> None:
+        local = str(self.local / rel)
+        self._call(f"write {rel}", lambda: self.fs.put_file(local, self._remote(rel)))
+
+    def push(self, *rels: str) -> None:
+        """Put local files on the store, each whole, in the order given."""
+        for rel in rels:
+            self._put(rel)
+
+    def push_folder(self, rel: str, last: str) -> None:
+        """Put a finished unit folder: its old record goes first (it never vouches for files
+        being replaced), then every file, then the remote files it no longer has, then
+        ``last`` (the record); the local folder is removed after."""
+        folder = self.local / rel
+        files = sorted(
+            p.relative_to(self.local).as_posix() for p in folder.rglob("*") if p.is_file()
+        )
+        record = f"{rel}/{last}"
+        self.remove(record)
+        body = [f for f in files if f != record and not f.rsplit("/", 1)[-1].startswith(".")]
+        with ThreadPoolExecutor(_PUT_THREADS) as pool:
+            list(pool.map(self._put, body))
+        stale = sorted(set(self.listing(rel)) - set(body) - {record})
+        self.remove(*stale)
+        self.push(record)
+        shutil.rmtree(folder)
+
+    def remove(self, *rels: str) -> None:
+        """Delete files from the store (missing ones are fine)."""
+        for rel in rels:
+            self._call(f"delete {rel}", lambda r=rel: _rm(self.fs, self._remote(r)))
+
+    # ------------------------------------------------------------------ tokenized units
+
+    def unit_keys(self) -> set[str]:
+        return self.children(UNITS)
+
+    def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
+        """Keys of the units the store holds complete: a record with the unit's fingerprint
+        and every shard it lists there at its recorded size (one listing for all units)."""
+        from packcli.shards import SUCCESS
+
+        found = self.listing(UNITS)
+        done = set()
+        for unit in units:
+            rel = f"{UNITS}/{unit['key']}"
+            if f"{rel}/{SUCCESS}" not in found:
+                continue
+            record = self.read_json(f"{rel}/{SUCCESS}")
+            if record.get("fingerprint") != unit["fingerprint"]:
+                continue
+            shards = record.get("shards", [])
+            if all(found.get(f"{rel}/{m.get('file')}") == m.get("bytes") for m in shards):
+                done.add(unit["key"])
+        return done
+
+    def unit_finished(self, key: str) -> None:
+        """Put a unit just tokenized here, its record last, and free its local folder."""
+        from packcli.shards import SUCCESS
+
+        self.push_folder(f"{UNITS}/{key}", SUCCESS)
+
+    def drop_unit(self, key: str) -> None:
+        self.remove(*sorted(self.listing(f"{UNITS}/{key}")))
+        super().drop_unit(key)
+
+    # ------------------------------------------------------------------ the remote output
+
+    def put_output(self, local: Path, rel: str) -> None:
+        """Put one finished output file under the remote ``--out``, then drop the local copy."""
+        target = self._out(rel)
+        self._call(f"write {rel} of the output", lambda: self.out_fs.put_file(str(local), target))
+        local.unlink()
+
+    def uncomplete(self) -> None:
+        """Remove the remote output's ``packcli.json`` before anything it vouches for changes."""
+        from packcli.card import MARKER
+
+        self._call(f"delete the output's {MARKER}", lambda: _rm(self.out_fs, self._out(MARKER)))
+
+    def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
+        """Mark the work folder as packcli's (naming its output), and the output prefix as
+        one a packcli upload started, before any Parquet file goes there."""
+        from packcli.fs import REMOTE_MARKER, redact
+
+        if self.read_json(marker_rel) != marker:
+            body = json.dumps(marker, indent=2, sort_keys=True).encode("utf-8")
+            where = self._remote(marker_rel)
+            self._call("write its marker", lambda: self.fs.pipe_file(where, body))
+        if not self.out_fs.exists(self._out(REMOTE_MARKER)):
+            body = json.dumps({"packcli_work": 1, "out": redact(self.out_url)}).encode("utf-8")
+            self._call(
+                "mark the output", lambda: self.out_fs.pipe_file(self._out(REMOTE_MARKER), body)
+            )
+
+    # ------------------------------------------------------------------ the mirror
+
+    def clear(self) -> None:
+        """Empty this process's mirror (all but held lock files): the store is the truth."""
+        for root in (self.local, self.out_local):
+            if root.is_dir():
+                _clear_tree(root)
+
+    def fresh(self) -> None:
+        """An empty mirror, its two folders there (a stage writes into them at once)."""
+        self.clear()
+        for root in (self.local, self.out_local):
+            root.mkdir(parents=True, exist_ok=True)
+
+
+def _rm(fs: Any, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(path)
+
+
+def _clear_tree(folder: Path) -> None:
+    """Remove ``folder`` except lock files held inside it (the work folder's ``locks``)."""
+    for entry in folder.iterdir():
+        if entry.name in _KEEP:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            _clear_tree(entry)
+        else:
+            entry.unlink()
+    with contextlib.suppress(OSError):  # a held lock file is still inside
+        folder.rmdir()
+
+
+def work_store(cfg: Any) -> LocalWork:
+    """The work folder of ``cfg`` (a RunConfig): on the store or on this disk."""
+    if not cfg.remote_work:
+        return LocalWork(cfg.work_path)
+    return WorkStore(cfg.remote_work, cfg.work_path, cfg.out, cfg.out_path)
+
+
+_depth = threading.local()
+
+
+def in_mirror(fn: F) -> F:
+    """For a stage entry point ``fn(cfg, ...)``: with a URL work folder, the outermost stage
+    of this thread starts and ends with an empty mirror, so nothing a stage reads comes from
+    an earlier task of the same process (Ray reuses worker processes) but from the store."""
+
+    @functools.wraps(fn)
+    def run(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        if not cfg.remote_work:
+            return fn(cfg, *args, **kwargs)
+        depth = getattr(_depth, "n", 0)
+        store = work_store(cfg)
+        if depth == 0:
+            store.fresh()  # type: ignore[attr-defined]
+        _depth.n = depth + 1
+        try:
+            return fn(cfg, *args, **kwargs)
+        finally:
+            _depth.n = depth
+            if depth == 0:
+                store.clear()  # type: ignore[attr-defined]
+
+    return run  # type: ignore[return-value]
+
+
+def check_remote_work(url: str, marker: dict[str, Any], marker_rel: str, overwrite: bool) -> None:
+    """Refuse a work folder URL that holds files but not packcli's marker naming this output
+    (the rule a local ``--work-dir`` follows): packcli would delete files there."""
+    from packcli.errors import ConfigError
+    from packcli.fs import redact
+
+    store = WorkStore(url, Path(), marker["out"], Path())
+    files = store.listing()
+    if not files or overwrite or store.read_json(marker_rel) == marker:
+        return
+    raise ConfigError(
+        f"work folder {redact(url)} is not empty and is not packcli's work folder for "
+        f"{marker['out']}; choose another --work-dir or pass --overwrite"
+    )

@@ -1,0 +1,304 @@
+"""The work folder on object storage (``--work-dir s3://...``): tasks on machines that share
+no disk, against a real local S3 server (tests/s3local.py). A "machine" here is a packcli
+process with its own cache folder (``PACKCLI_CACHE_DIR``), where its mirror lives; nothing
+else is shared but the store. The Ray test starts a head and a worker node as separate
+``ray start`` processes, each with its own temp and cache folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clirun import invoke, invoke_ok
+from s3local import cfg, remote_files, remote_hashes, upload
+
+from packcli import fs as packfs
+
+
+def _env(s3: dict[str, str], cache: Path, **more: str) -> dict[str, str]:
+    env = {**os.environ, **s3, "PACKCLI_CACHE_DIR": str(cache), **more}
+    env.pop("PACKCLI_CRASH_AT", None)
+    return env
+
+
+def _cli(args: list[Any], env: dict[str, str], crash: str | None = None) -> Any:
+    """``packcli ARGS`` as its own process (a machine of its own: its own cache folder)."""
+    if crash:
+        env = {**env, "PACKCLI_CRASH_AT": crash}
+    cmd = [sys.executable, "-m", "packcli", *map(str, args)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _ok(args: list[Any], env: dict[str, str]) -> str:
+    done = _cli(args, env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _left_in(cache: Path) -> list[str]:
+    """Files a process left in its mirrors (held lock files aside): none, once it is done."""
+    root = cache / "mirrors"
+    locks = {".packcli.lock", "lock"}
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and p.name not in locks and "locks" not in p.parts
+    )
+
+
+def _etags(url: str) -> dict[str, str]:
+    fs, prefix = packfs.locate(url)
+    fs.invalidate_cache()
+    return {p: str(i.get("ETag")) for p, i in fs.find(prefix, detail=True).items()}
+
+
+# --------------------------------------------------------------------------- cluster commands
+
+
+def test_stage_commands_on_machines_sharing_only_the_store(
+    s3: dict[str, str],
+    corpus: Path,
+    reference: dict[str, str],
+    toy_tokenizer_path: Path,
+    bucket: str,
+    tmp_path: Path,
+) -> None:
+    """A Slurm array without a shared disk: each task a process with its own disk; the
+    tokenized shards, the plan and the records travel only through the store."""
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
+    inputs = [f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path]
+    common = ["-o", out, "--work-dir", work, "-q"]
+    config = ["-c", corpus / "cfg.yaml"]
+    machines = [tmp_path / f"machine-{i}" for i in range(3)]
+    env = [_env(s3, m) for m in machines]
+    for i in range(2):
+        _ok(["tokenize", *inputs, *common, *config, "--task-index", i, "--num-tasks", 2], env[i])
+    _ok(["plan", *common, *config, "--short-len", 64, "--long-len", 1024], env[2])
+    for i in range(2):
+        _ok(["write", *common, *config, "--task-index", i, "--num-tasks", 2], env[1 - i])
+    _ok(["finalize", *common[:-1]], env[2])
+
+    assert remote_hashes(out) == reference
+    stored = remote_files(work)
+    assert any(f.startswith("tokens/files/") and f.endswith(".arrow") for f in stored)
+    assert {"plan.npz", "plan.json", "tokens/_SUCCESS.json", "packcli-work.json"} <= stored
+    assert {"packcli.json", "README.md", packfs.REMOTE_MARKER} <= remote_files(out)
+    for machine in machines:  # every machine cleaned up after itself
+        assert _left_in(machine) == []
+    meta = json.loads(packfs.locate(out)[0].cat_file(f"{bucket}/out/packcli.json"))
+    assert meta["run"]["work_dir"] == work
+    assert "all invariants hold" in invoke_ok("verify", out)
+
+
+def test_pack_with_the_work_folder_on_the_store_reuses_everything_on_a_rerun(
+    s3: dict[str, str],
+    corpus: Path,
+    reference: dict[str, str],
+    toy_tokenizer_path: Path,
+    bucket: str,
+    tmp_path: Path,
+) -> None:
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
+    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
+    args += ["--work-dir", work, *cfg(corpus)]
+    env = _env(s3, tmp_path / "cache")
+    _ok(args, env)
+    assert remote_hashes(out) == reference
+    shards_and_parquet = {
+        p: e for p, e in _etags(f"s3://{bucket}").items() if p.endswith((".arrow", ".parquet"))
+    }
+    again = _ok([a for a in args if a != "-q"], env)
+    assert "reused tokenized shards" in again
+    after = _etags(f"s3://{bucket}")
+    assert {p: after[p] for p in shards_and_parquet} == shards_and_parquet  # nothing put again
+    assert remote_hashes(out) == reference
+    assert _left_in(tmp_path / "cache") == []
+
+
+@pytest.mark.parametrize("point", ["tokenize:2", "plan", "write:long:0", "finalize"])
+def test_killed_run_with_the_work_folder_on_the_store_resumes_to_identical_bytes(
+    s3: dict[str, str],
+    corpus: Path,
+    reference: dict[str, str],
+    toy_tokenizer_path: Path,
+    bucket: str,
+    tmp_path: Path,
+    point: str,
+) -> None:
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
+    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
+    args += ["--work-dir", work, *cfg(corpus)]
+    killed = _cli(args, _env(s3, tmp_path / "first"), crash=point)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "packcli.json" not in remote_files(out)
+    # The rerun is another machine: all it finds is on the store.
+    _ok(args, _env(s3, tmp_path / "second"))
+    assert remote_hashes(out) == reference
+    assert invoke("verify", out)[0] == 0
+
+
+def test_work_folder_url_refusals(
+    s3: dict[str, str], corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    upload(corpus, f"s3://{bucket}/in", "part-0.jsonl.zst")
+    inputs = [f"s3://{bucket}/in/", "-t", toy_tokenizer_path, *cfg(corpus)]
+    code, output = invoke("pack", *inputs, "-o", tmp_path / "out", "--work-dir", f"s3://{bucket}/w")
+    assert code == 1
+    assert f"--work-dir s3://{bucket}/w is on object storage, so --out must be too" in output
+    fs, _ = packfs.locate(f"s3://{bucket}")
+    fs.pipe_file(f"{bucket}/theirs/notes.txt", b"not packcli's")
+    out = f"s3://{bucket}/out"
+    code, output = invoke("pack", *inputs, "-o", out, "--work-dir", f"s3://{bucket}/theirs")
+    assert code == 1
+    assert f"work folder s3://{bucket}/theirs is not empty and is not packcli's" in output
+    assert remote_files(f"s3://{bucket}/theirs") == {"notes.txt"}
+    assert not remote_files(out)
+
+
+# --------------------------------------------------------------------------- Ray, two nodes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``ray start --block`` in a session of its own: its whole process group (raylet, GCS,
+    workers) is stopped at the end, and nothing else on the machine is touched."""
+    ray = Path(sys.executable).with_name("ray")
+    with open(log, "wb") as fh:
+        return subprocess.Popen(
+            [str(ray), "start", "--block", "--disable-usage-stats", *args],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(node: subprocess.Popen[bytes]) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(node.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            node.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        deadline = time.monotonic() + wait  # the group's other processes
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(node.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def two_node_cluster(
+    s3: dict[str, str], tmp_path: Path
+) -> Iterator[tuple[str, dict[str, str], list[Path]]]:
+    """A Ray head and a worker node, one CPU each, with separate temp folders and caches;
+    the S3 endpoint reaches their tasks through the nodes' environment. ``HOME`` is a temp
+    folder, so no token or config of this machine's user applies."""
+    pytest.importorskip("ray")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    home = tmp_path / "home"
+    home.mkdir()
+    # Ray's sockets live in its temp folder, and a socket path has at most 107 bytes.
+    short = Path(tempfile.mkdtemp(prefix="pk-ray-", dir="/tmp"))
+    caches = [tmp_path / "head-cache", tmp_path / "worker-cache"]
+    nodes: list[subprocess.Popen[bytes]] = []
+    common = ["--num-cpus", "1"]
+    try:
+        head_env = _env(s3, caches[0], HOME=str(home))
+        nodes.append(
+            _ray_node(
+                ["--head", "--port", str(port), "--include-dashboard", "false",
+                 "--temp-dir", str(short / "head"), *common],
+                head_env, tmp_path / "head.log",
+            )
+        )  # fmt: skip
+        _wait_for_nodes(address, 1, head_env, nodes[0], tmp_path / "head.log")
+        worker_env = _env(s3, caches[1], HOME=str(home))
+        nodes.append(
+            _ray_node(
+                ["--address", address, "--temp-dir", str(short / "worker"),
+                 "--dashboard-agent-listen-port", "0", *common],
+                worker_env, tmp_path / "worker.log",
+            )
+        )  # fmt: skip
+        _wait_for_nodes(address, 2, head_env, nodes[1], tmp_path / "worker.log")
+        yield address, _env(s3, tmp_path / "driver-cache", HOME=str(home)), caches
+    finally:
+        for node in reversed(nodes):
+            _stop(node)
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _wait_for_nodes(
+    address: str, count: int, env: dict[str, str], node: subprocess.Popen[bytes], log: Path
+) -> None:
+    probe = (
+        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+        "print(sum(n['Alive'] for n in ray.nodes()))"
+    )
+    deadline = time.monotonic() + 180
+    time.sleep(3)
+    while time.monotonic() < deadline:
+        assert node.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:  # a connection made while the node is starting may hang: give up and retry
+            done = subprocess.run(
+                [sys.executable, "-c", probe, address],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+        except subprocess.TimeoutExpired:
+            continue
+        if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(1)
+    raise AssertionError(f"Ray cluster not up with {count} node(s): {log.read_text()[-3000:]}")
+
+
+def test_ray_on_two_nodes_sharing_only_the_store(
+    two_node_cluster: tuple[str, dict[str, str], list[Path]],
+    corpus: Path,
+    reference: dict[str, str],
+    toy_tokenizer_path: Path,
+    bucket: str,
+) -> None:
+    """``--executor ray`` on a head and a worker node whose disks are apart: the tokenize and
+    write tasks run on both nodes, and the Parquet bytes equal a local one-process run."""
+    address, driver_env, caches = two_node_cluster
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
+    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
+    args += ["--work-dir", work, *cfg(corpus)]
+    args += ["--executor", "ray", "--ray-address", address, "--num-tasks", 2]
+    _ok(args, driver_env)
+    assert remote_hashes(out) == reference
+    for cache in caches:  # both nodes ran tasks (each made its mirror), and left no files
+        assert list((cache / "mirrors").glob("*/*")), cache
+        assert _left_in(cache) == []
+    assert "all invariants hold" in invoke_ok("verify", out)
