@@ -35,8 +35,8 @@ from packcli.tokenizer import SpecialStringCounter
 
 if TYPE_CHECKING:  # the chat module (jinja2, the sandbox) loads only for --format chat
     from packcli.chat import ChatTemplate, EncodedDialogue, Rendered
-    from packcli.offsets import FastOffsets
-    from packcli.render_pool import RenderPool
+    from packcli.chat.offsets import FastOffsets
+    from packcli.chat.render_pool import RenderPool
 
 
 def encode_texts(
@@ -336,7 +336,7 @@ class ChatEncoder(FastTokens):
     def render_pool(self, workers: int) -> RenderPool:
         """Worker processes that render as ``render`` does (packcli/render_pool.py)."""
         from packcli.chat import control_tokens_of
-        from packcli.render_pool import RenderPool
+        from packcli.chat.render_pool import RenderPool
 
         controls = control_tokens_of(self.tokenizer)
         return RenderPool(self.template, self.special_tokens, controls, RENDER_DATE, workers)

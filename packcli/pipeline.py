@@ -64,6 +64,7 @@ from packcli import __version__
 from packcli.arrow_np import to_numpy
 from packcli.backends import bounded_sample, choose_encoder, preload
 from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
+from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.config import (
     ChatConfig,
     PlanConfig,
@@ -92,7 +93,6 @@ from packcli.fs import (
     upload_output,
 )
 from packcli.lock import OUT_LOCK, hold
-from packcli.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.read import (
     DocBatch,
@@ -348,7 +348,7 @@ def _preference_encoder(
     need none, so a tokenizer without a template fails only on conversational pairs (each
     naming its line and why)."""
     from packcli.chat import ChatTemplateError, load_chat_template, special_tokens_from_config
-    from packcli.preference import PreferenceEncoder
+    from packcli.chat.preference import PreferenceEncoder
 
     template, missing = None, ""
     try:
@@ -526,7 +526,7 @@ def tokenize_task(
 def _render_pool(cfg: RunConfig, encoder: Any, pending_bytes: int) -> Any:
     """Worker processes for chat templates, when there is enough chat to render to repay
     starting them (packcli/render_pool.py) and more than one core to render on."""
-    from packcli.render_pool import MIN_POOL_BYTES
+    from packcli.chat.render_pool import MIN_POOL_BYTES
 
     if not isinstance(encoder, ChatEncoder):  # text, or preference pairs
         return None
@@ -860,7 +860,7 @@ def record_validator(cfg: RunConfig) -> Any:
     """What ``iter_batches`` checks each line with: the text field (None) or, for chat, the
     messages (the chat module loads only then)."""
     if cfg.chat.is_preference:
-        from packcli.preference import validate_pair
+        from packcli.chat.preference import validate_pair
 
         return validate_pair
     if not cfg.chat.is_chat:
@@ -895,7 +895,7 @@ def _tokenize_unit(
     preference = encoder if cfg.chat.is_preference else None  # with its backend
     pref_stats: Any = None
     if preference is not None:
-        from packcli.preference import PreferenceStats, tokenize_preference_batches
+        from packcli.chat.preference import PreferenceStats, tokenize_preference_batches
 
         pref_stats = PreferenceStats()
     times = StageTimes()

@@ -302,8 +302,7 @@ def test_rendering_on_worker_processes_gives_the_same_bytes(
     bytes and report as rendering in the task's process; a template failure on a worker is
     still a `file:line` error or a quarantined line, and a hostile template's error still
     stops the run with its message."""
-    from packcli import render_pool
-    from packcli.chat import load_chat_template
+    from packcli.chat import load_chat_template, render_pool
 
     path, _ = corpus
     invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "one", *ARGS, "--num-proc", "2")

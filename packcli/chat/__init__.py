@@ -1851,7 +1851,7 @@ def encode_rendered(
                 np.asarray(enc.ids, dtype=np.int32),
                 np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2),
             )
-    from packcli.offsets import token_turns
+    from packcli.chat.offsets import token_turns
 
     spans = token_turns([t[1] for t in known], [r.assistant_spans for r in rendered])  # type: ignore[index]
     masks = _masks([len(t[0]) for t in known], spans, train_on)  # type: ignore[index]
