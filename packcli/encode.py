@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
@@ -227,8 +227,17 @@ def _finish(pending: tuple[DocBatch, Future], times: StageTimes) -> tuple[DocBat
     return batch, record_batch
 
 
+class Counts:
+    """A dataclass of counters (the report's chat and preference sections): ``add`` sums a
+    batch's into the run's."""
+
+    def add(self, other: Self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
 @dataclass
-class ChatStats:
+class ChatStats(Counts):
     """What the chat path removed before planning, for the report."""
 
     dialogues: int = 0
@@ -245,19 +254,27 @@ class ChatStats:
     eos_trained: int = 0  # of eos_added: the dialogue ends with an assistant turn
     eos_in_template: int = 0
     # Dialogues HF encoded with offsets although a fast backend was in use (its tokens did
-    # not spell the rendered text byte for byte; packcli/offsets.py).
+    # not spell the rendered text byte for byte; packcli/chat/offsets.py).
     hf_offsets: int = 0
 
-    def add(self, other: ChatStats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
-
+@dataclass(eq=False)
 class FastTokens:
-    """What the chat and preference encoders share: ``fast``, the fast backend's ids with
-    HF's character offsets derived from them (None: HF encodes with offsets)."""
+    """What the chat and preference encoders share: the tokenizer and the template they
+    render with, the tokenizer config's special tokens (template variables), the length
+    policy (``long_len``, ``overlong``), the token ids ``--bos``/``--eos`` add (None: add
+    nothing), and ``fast``, the fast backend's ids with HF's character offsets derived from
+    them (None: HF encodes with offsets)."""
 
-    fast: FastOffsets | None = None
+    tokenizer: Tokenizer
+    template: ChatTemplate | None
+    _: KW_ONLY
+    special_tokens: dict[str, str]
+    long_len: int
+    overlong: str
+    bos: int | None = None
+    eos: int | None = None
+    fast: FastOffsets | None = field(default=None, init=False, repr=False)
 
     def using(self, fast: FastOffsets | None) -> Self:
         """This encoder with ids and offsets from a fast backend (None: HF's)."""
@@ -271,13 +288,14 @@ class FastTokens:
         return None if self.fast is None else self.fast(texts)
 
 
+@dataclass(eq=False)
 class ChatEncoder(FastTokens):
     """Dialogues in, token ids + labels out, with the length policy applied.
 
     Rendering is Python (sandboxed jinja, one dialogue at a time so a dialogue the template
     rejects can be reported by line), tokenizing one Rust ``encode_batch`` with offsets (the
     loss mask comes from character spans), or a fast backend with the offsets derived from
-    its ids (``using``; packcli/offsets.py). A dialogue that cannot be trained on is kept as
+    its ids (``using``; packcli/chat/offsets.py). A dialogue that cannot be trained on is kept as
     an empty document (length 0) so document ids stay positions in the input; the plan drops
     empty documents and ``ChatStats`` counts them by reason.
 
@@ -291,26 +309,9 @@ class ChatEncoder(FastTokens):
     follows that turn (trained: the cut dialogue ends with an assistant turn).
     """
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        template: ChatTemplate,
-        *,
-        train_on: str,
-        special_tokens: dict[str, str],
-        long_len: int,
-        overlong: str,
-        bos: int | None = None,
-        eos: int | None = None,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.template = template
-        self.train_on = train_on
-        self.special_tokens = special_tokens
-        self.long_len = long_len
-        self.overlong = overlong
-        self.bos = bos
-        self.eos = eos
+    template: ChatTemplate
+    _: KW_ONLY
+    train_on: str
 
     def rendered_texts(self, dialogues: list[Any]) -> list[str]:
         """The texts this encoder tokenizes for ``dialogues`` (those the template renders):
@@ -334,7 +335,7 @@ class ChatEncoder(FastTokens):
         return rendered, failures
 
     def render_pool(self, workers: int) -> RenderPool:
-        """Worker processes that render as ``render`` does (packcli/render_pool.py)."""
+        """Worker processes that render as ``render`` does (packcli/chat/render_pool.py)."""
         from packcli.chat import control_tokens_of
         from packcli.chat.render_pool import RenderPool
 
@@ -407,10 +408,7 @@ class ChatEncoder(FastTokens):
             e_ids, e_labels = self._separate(e, ends_with_answer, stats)
             ids.append(e_ids)
             labels.append(e_labels)
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        flat_ids = np.concatenate(ids).astype(np.int32) if ids else _EMPTY
-        flat_labels = np.concatenate(labels).astype(np.int32) if labels else _EMPTY
-        return flat_ids, flat_labels, lengths, stats, failures
+        return (*flat_documents(ids, labels), stats, failures)
 
     def _adds(self, ids: np.ndarray) -> tuple[bool, bool]:
         """Whether BOS and EOS are to be added (not when the template wrote them)."""
@@ -461,6 +459,17 @@ class ChatEncoder(FastTokens):
 RENDER_DATE = datetime(2025, 1, 1, tzinfo=UTC)
 _EMPTY = np.zeros(0, dtype=np.int32)
 Rendering = list[tuple[int, "Rendered"]]  # (index in the batch, rendered dialogue)
+
+
+def flat_documents(
+    ids: list[np.ndarray], labels: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, labels, lengths)``: per-document token ids and labels as the flat int32 arrays
+    and the lengths a record batch is built from."""
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    flat_ids = np.concatenate(ids).astype(np.int32) if ids else _EMPTY
+    flat_labels = np.concatenate(labels).astype(np.int32) if labels else _EMPTY
+    return flat_ids, flat_labels, lengths
 
 
 def chat_record_batch(

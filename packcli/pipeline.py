@@ -860,7 +860,7 @@ def record_validator(cfg: RunConfig) -> Any:
     """What ``iter_batches`` checks each line with: the text field (None) or, for chat, the
     messages (the chat module loads only then)."""
     if cfg.chat.is_preference:
-        from packcli.chat.preference import validate_pair
+        from packcli.chat.validate import validate_pair
 
         return validate_pair
     if not cfg.chat.is_chat:

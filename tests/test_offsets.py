@@ -302,7 +302,7 @@ def test_token_turns_are_the_tokens_sharing_a_character(mode: str) -> None:
 def test_batch_masks_equal_one_dialogue_at_a_time() -> None:
     """The chat path's masks for a batch (one array, views per dialogue) equal building each
     dialogue's on its own, for every --train-on, with empty dialogues and turnless ones."""
-    from packcli.chat import _mask, _masks
+    from packcli.chat.mask import _mask, _masks
 
     rng = random.Random(1)
     for _ in range(300):
