@@ -298,7 +298,7 @@ def test_chat_encoder_truncates_with_room_for_the_separators(chat_tok: Path) -> 
 def test_rendering_on_worker_processes_gives_the_same_bytes(
     chat_tok: Path, corpus: tuple[Path, list], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Large chat inputs render on spawned workers (packcli/render_pool.py): same Parquet
+    """Large chat inputs render on spawned workers (packcli/chat/render_pool.py): same Parquet
     bytes and report as rendering in the task's process; a template failure on a worker is
     still a `file:line` error or a quarantined line, and a hostile template's error still
     stops the run with its message."""

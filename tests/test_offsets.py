@@ -1,4 +1,4 @@
-"""Character offsets from ids (packcli/offsets.py) equal HF's, and chat on a fast backend
+"""Character offsets from ids (packcli/chat/offsets.py) equal HF's, and chat on a fast backend
 writes the same bytes as chat on HF."""
 
 from __future__ import annotations
