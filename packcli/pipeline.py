@@ -64,6 +64,7 @@ from packcli import __version__
 from packcli.arrow_np import to_numpy
 from packcli.backends import bounded_sample, choose_encoder, preload
 from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
+from packcli.chat.encoder import ChatEncoder, ChatStats, tokenize_chat_batches
 from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.config import (
     ChatConfig,
@@ -73,14 +74,7 @@ from packcli.config import (
     TokenizeConfig,
     WriteConfig,
 )
-from packcli.encode import (
-    ChatEncoder,
-    ChatStats,
-    StageTimes,
-    prefetch,
-    tokenize_batches,
-    tokenize_chat_batches,
-)
+from packcli.encode import StageTimes, prefetch, tokenize_batches
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
 from packcli.faults import crash_point

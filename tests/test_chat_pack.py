@@ -259,7 +259,7 @@ def test_chat_bos_and_eos_rendered_by_the_template_are_not_doubled(
 
 def test_chat_encoder_truncates_with_room_for_the_separators(chat_tok: Path) -> None:
     from packcli.chat import encode_dialogue, load_chat_template
-    from packcli.encode import ChatEncoder
+    from packcli.chat.encoder import ChatEncoder
 
     tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
     chatml = load_chat_template(None, "chatml")

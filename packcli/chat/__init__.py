@@ -24,7 +24,9 @@ The data flow, one file per step:
 - ``offsets.py``: tokens' character offsets derived from a fast backend's ids, and
   character spans mapped to token ranges;
 - ``mask.py``: rendered text -> token ids, loss masks, and ``--overlong truncate`` at turns;
-- ``preference.py``: preference pairs -> one document per pair.
+- ``encoder.py``: the chat stage as the pipeline runs it: batches of dialogues -> Arrow
+  record batches of ids and labels, with the length policy and ``--bos``/``--eos``;
+- ``preference.py``: the same for preference pairs, one document per pair.
 
 Names are loaded on first use (PEP 562): importing ``packcli.chat.offsets`` from the
 pipeline, which every run does, must not import jinja2 and build the sandbox for text runs.

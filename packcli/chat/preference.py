@@ -46,18 +46,18 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.arrow_np import to_arrow
+from packcli.chat.encoder import (
+    RENDER_DATE,
+    Counts,
+    FastTokens,
+    chat_record_batch,
+    flat_documents,
+)
 from packcli.chat.mask import encode_rendered
 from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
 from packcli.chat.validate import SIDES
-from packcli.encode import (
-    RENDER_DATE,
-    Counts,
-    FastTokens,
-    StageTimes,
-    chat_record_batch,
-    flat_documents,
-)
+from packcli.encode import StageTimes
 from packcli.read import DocBatch
 from packcli.shards import PREFERENCE_SHARD_SCHEMA
 
@@ -332,7 +332,7 @@ def tokenize_preference_batches(
     on_failure: Callable[[DocBatch, int, str], None],
     times: StageTimes | None = None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
-    """As ``encode.tokenize_chat_batches``, for pairs."""
+    """As ``packcli.chat.encoder.tokenize_chat_batches``, for pairs."""
     times = times if times is not None else StageTimes()
     for batch in batches:
         t0 = time.perf_counter()
