@@ -64,6 +64,8 @@ from packcli import __version__
 from packcli.arrow_np import to_numpy
 from packcli.backends import bounded_sample, choose_encoder, preload
 from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
+from packcli.chat.encoder import ChatEncoder, ChatStats, tokenize_chat_batches
+from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.config import (
     ChatConfig,
     PlanConfig,
@@ -72,14 +74,7 @@ from packcli.config import (
     TokenizeConfig,
     WriteConfig,
 )
-from packcli.encode import (
-    ChatEncoder,
-    ChatStats,
-    StageTimes,
-    prefetch,
-    tokenize_batches,
-    tokenize_chat_batches,
-)
+from packcli.encode import StageTimes, prefetch, tokenize_batches
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.executors import Executor
 from packcli.faults import crash_point
@@ -92,7 +87,6 @@ from packcli.fs import (
     upload_output,
 )
 from packcli.lock import OUT_LOCK, hold
-from packcli.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.read import (
     DocBatch,
@@ -369,7 +363,7 @@ def _preference_encoder(
     need none, so a tokenizer without a template fails only on conversational pairs (each
     naming its line and why)."""
     from packcli.chat import ChatTemplateError, load_chat_template, special_tokens_from_config
-    from packcli.preference import PreferenceEncoder
+    from packcli.chat.preference import PreferenceEncoder
 
     template, missing = None, ""
     try:
@@ -544,7 +538,7 @@ def tokenize_task(
 def _render_pool(cfg: RunConfig, encoder: Any, pending_bytes: int) -> Any:
     """Worker processes for chat templates, when there is enough chat to render to repay
     starting them (packcli/render_pool.py) and more than one core to render on."""
-    from packcli.render_pool import MIN_POOL_BYTES
+    from packcli.chat.render_pool import MIN_POOL_BYTES
 
     if not isinstance(encoder, ChatEncoder):  # text, or preference pairs
         return None
@@ -878,7 +872,7 @@ def record_validator(cfg: RunConfig) -> Any:
     """What ``iter_batches`` checks each line with: the text field (None) or, for chat, the
     messages (the chat module loads only then)."""
     if cfg.chat.is_preference:
-        from packcli.preference import validate_pair
+        from packcli.chat.validate import validate_pair
 
         return validate_pair
     if not cfg.chat.is_chat:
@@ -913,7 +907,7 @@ def _tokenize_unit(
     preference = encoder if cfg.chat.is_preference else None  # with its backend
     pref_stats: Any = None
     if preference is not None:
-        from packcli.preference import PreferenceStats, tokenize_preference_batches
+        from packcli.chat.preference import PreferenceStats, tokenize_preference_batches
 
         pref_stats = PreferenceStats()
     times = StageTimes()

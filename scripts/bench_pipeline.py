@@ -111,7 +111,7 @@ def chat_tokenizer(tokenizer: Path, work: Path) -> Path:
 def rendered_dialogues(path: Path, tokenizer: Path, template: str) -> list[str]:
     """The texts packcli's chat path tokenizes (rendered in its sandbox)."""
     from packcli.chat import load_chat_template, render_dialogues
-    from packcli.encode import RENDER_DATE
+    from packcli.chat.encoder import RENDER_DATE
 
     tok = load_tokenizer(str(tokenizer)).tokenizer
     dialogues = [orjson.loads(line)["messages"] for line in path.open("rb") if line.strip()]

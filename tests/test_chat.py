@@ -592,7 +592,7 @@ FEATURES = """\
 def test_guards_do_not_change_the_output_of_real_features() -> None:
     import jinja2.sandbox
 
-    from packcli.chat import _tojson
+    from packcli.chat.sandbox import tojson
 
     messages = [
         _msg("system", "sys "),
@@ -605,7 +605,7 @@ def test_guards_do_not_change_the_output_of_real_features() -> None:
     plain_env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
-    plain_env.filters["tojson"] = _tojson
+    plain_env.filters["tojson"] = tojson
     expected = plain_env.from_string(FEATURES).render(messages=messages, tools=None)
     rendered = render(ChatTemplate("features", FEATURES), messages)
     assert rendered.text == expected

@@ -259,7 +259,7 @@ def test_chat_bos_and_eos_rendered_by_the_template_are_not_doubled(
 
 def test_chat_encoder_truncates_with_room_for_the_separators(chat_tok: Path) -> None:
     from packcli.chat import encode_dialogue, load_chat_template
-    from packcli.encode import ChatEncoder
+    from packcli.chat.encoder import ChatEncoder
 
     tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
     chatml = load_chat_template(None, "chatml")
@@ -298,12 +298,11 @@ def test_chat_encoder_truncates_with_room_for_the_separators(chat_tok: Path) -> 
 def test_rendering_on_worker_processes_gives_the_same_bytes(
     chat_tok: Path, corpus: tuple[Path, list], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Large chat inputs render on spawned workers (packcli/render_pool.py): same Parquet
+    """Large chat inputs render on spawned workers (packcli/chat/render_pool.py): same Parquet
     bytes and report as rendering in the task's process; a template failure on a worker is
     still a `file:line` error or a quarantined line, and a hostile template's error still
     stops the run with its message."""
-    from packcli import render_pool
-    from packcli.chat import load_chat_template
+    from packcli.chat import load_chat_template, render_pool
 
     path, _ = corpus
     invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "one", *ARGS, "--num-proc", "2")

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from packcli import chat
 from packcli.chat import (
     ChatFormatError,
     ChatTemplate,
@@ -26,6 +25,7 @@ from packcli.chat import (
     load_chat_template,
     render,
     render_batch,
+    renderer,
     validate_messages,
 )
 
@@ -192,13 +192,13 @@ def _same_shape(n: int, size: int) -> list[list[dict[str, Any]]]:
 
 def test_a_batch_renders_each_shape_once_for_the_sentinels(monkeypatch: pytest.MonkeyPatch) -> None:
     runs = []
-    real = chat._run_compiled
+    real = renderer.run_compiled
 
     def counting(*args: Any) -> Any:
         runs.append(args[2]["messages"])
         return real(*args)
 
-    monkeypatch.setattr(chat, "_run_compiled", counting)
+    monkeypatch.setattr(renderer, "run_compiled", counting)
     template = _template("qwen2.5")
     dialogues = _same_shape(20, 3)
     rendered = render_batch(template, dialogues, QWEN_SPECIALS, QWEN_CONTROLS, now=NOW)

@@ -1,4 +1,4 @@
-"""Character offsets from ids (packcli/offsets.py) equal HF's, and chat on a fast backend
+"""Character offsets from ids (packcli/chat/offsets.py) equal HF's, and chat on a fast backend
 writes the same bytes as chat on HF."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 
 from packcli import jit
 from packcli.backends import HFEncoder
-from packcli.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
+from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 
 needs_fastokens = pytest.mark.skipif("fastokens" not in INSTALLED, reason="needs fastokens")
 
@@ -269,7 +269,7 @@ def test_fast_offsets_check_records_what_it_compared(shapes: dict[str, Tokenizer
 def test_token_turns_are_the_tokens_sharing_a_character(mode: str) -> None:
     """Each span's token range is exactly the tokens that share a character with it, for
     offsets that only go forward (binary search) and offsets that go back (every token)."""
-    from packcli.offsets import token_turns
+    from packcli.chat.offsets import token_turns
 
     rng = random.Random(0)
     for _ in range(200):
@@ -302,7 +302,7 @@ def test_token_turns_are_the_tokens_sharing_a_character(mode: str) -> None:
 def test_batch_masks_equal_one_dialogue_at_a_time() -> None:
     """The chat path's masks for a batch (one array, views per dialogue) equal building each
     dialogue's on its own, for every --train-on, with empty dialogues and turnless ones."""
-    from packcli.chat import _mask, _masks
+    from packcli.chat.mask import _mask, _masks
 
     rng = random.Random(1)
     for _ in range(300):

@@ -18,7 +18,8 @@ from corpora import IM_END, chatml_tokenizer
 from tokenizers import Tokenizer
 
 from packcli.chat import ChatFormatError, load_chat_template
-from packcli.preference import response_cap, validate_pair
+from packcli.chat.preference import response_cap
+from packcli.chat.validate import validate_pair
 from packcli.shards import sha256_file
 from packcli.write import pair_segments
 

@@ -1,8 +1,8 @@
 """Chat templates rendered on worker processes.
 
-Why: rendering a dialogue in the sandbox is Python (~85-200 us a dialogue on the 2-core dev
-machine) and holds the GIL; with a fast backend it is most of the chat path's time, so one
-process renders at a fraction of what the tokenizer takes. Workers render batches of
+Why: rendering a dialogue in the sandbox is Python and holds the GIL; with a fast backend it
+is most of the chat path's time, so one process renders at a fraction of what the tokenizer
+takes. Workers render batches of
 dialogues while this process tokenizes, masks and writes the batches before them.
 
 The workers run the same ``render_batch`` as the in-process path with the same template,
@@ -36,7 +36,7 @@ def _render(dialogues: Sequence[Any]) -> tuple[Any, list[tuple[int, str]], tuple
     """``(rendered, failures, error)``: a template failure of one dialogue is a failure (the
     caller's bad-line policy); any other packcli error travels back as (kind, message), since
     exceptions with their own constructors do not always survive pickling."""
-    from packcli.chat import render_batch
+    from packcli.chat.renderer import render_batch
 
     failures: list[tuple[int, str]] = []
     try:

@@ -9,19 +9,14 @@ plus ``chosen_len``, the length of its first sequence. The planner, which reads 
 stays untouched and packs the pair as one item of the summed length; the writer emits it as
 two segments (``packcli.write``), and ``packcli verify`` checks the pair invariants.
 
-Input forms, as TRL's DPOTrainer takes them:
+Input forms (TRL's DPOTrainer's; ``packcli.chat.validate.validate_pair`` makes every
+prompt explicit):
 
-* explicit prompt, strings: ``{"prompt": str, "chosen": str, "rejected": str}``. No chat
-  template: each sequence is the tokens of ``prompt + chosen`` (TRL's non-conversational
-  path); every response token is trained (TRL's completion mask).
-* explicit prompt, messages: ``prompt`` a message list ending with a non-assistant message,
-  ``chosen``/``rejected`` message lists starting with the assistant's answer. Rendered with
-  the chat template as ``--format chat`` does: the prompt with the generation prompt, and
-  prompt + chosen, prompt + rejected as whole dialogues; the prompt's rendering must be the
-  start of both (TRL refuses such a template too).
-* implicit prompt: only ``chosen`` and ``rejected``, whole dialogues (or strings) sharing a
-  prefix. The prompt is what they share, found as TRL's ``extract_prompt`` does (the first
-  message, or character, where they differ; the messages before it are the prompt).
+* strings: no chat template; each sequence is the tokens of ``prompt + chosen`` (TRL's
+  non-conversational path); every response token is trained (TRL's completion mask).
+* messages: rendered with the chat template as ``--format chat`` does: the prompt with the
+  generation prompt, and prompt + chosen, prompt + rejected as whole dialogues; the prompt's
+  rendering must be the start of both (TRL refuses such a template too).
 
 Tokens and labels: the rendered prompt+response text is tokenized in one piece (with
 offsets, as ``--format chat``), which is what TRL's ``prompt_ids + (prompt+chosen ids)[len
@@ -44,155 +39,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Tokenizer
 
 from packcli.arrow_np import to_arrow
-from packcli.chat import (
-    ChatFormatError,
-    ChatTemplate,
-    Rendered,
-    _kind,
-    encode_rendered,
-    render_dialogues,
-    validate_messages,
+from packcli.chat.encoder import (
+    RENDER_DATE,
+    Counts,
+    FastTokens,
+    chat_record_batch,
+    flat_documents,
 )
-from packcli.encode import RENDER_DATE, FastTokens, StageTimes, chat_record_batch
+from packcli.chat.mask import encode_rendered
+from packcli.chat.renderer import Rendered, render_dialogues
+from packcli.chat.templates import ChatTemplate
+from packcli.chat.validate import SIDES
+from packcli.encode import StageTimes
 from packcli.read import DocBatch
 from packcli.shards import PREFERENCE_SHARD_SCHEMA
 
-SIDES = ("chosen", "rejected")
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation
-
-
-def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    try:
-        return validate_messages(obj, field=key)
-    except ChatFormatError as exc:
-        reason = str(exc)
-        raise ChatFormatError(
-            reason if reason.startswith("field") else f"field {key!r}: {reason}"
-        ) from exc
-
-
-def _extract_text_prompt(chosen: str, rejected: str) -> int:
-    """Where the shared prompt of two strings ends, as TRL's ``extract_prompt``: the first
-    differing character, one back when a space precedes it (the space starts the answer);
-    when neither differs within the shorter, its last character starts the answers."""
-    n = min(len(chosen), len(rejected))
-    idx = n - 1
-    for i in range(n):
-        if chosen[i] != rejected[i]:
-            idx = i - 1 if i > 0 and chosen[i - 1] == " " else i
-            break
-    return max(idx, 0)
-
-
-def _extract_message_prompt(chosen: list[dict], rejected: list[dict]) -> int:
-    """Number of shared leading messages (the implicit prompt), as TRL's ``extract_prompt``:
-    the first message where they differ, else all but the shorter one's last."""
-    n = min(len(chosen), len(rejected))
-    for i in range(n):
-        if chosen[i] != rejected[i]:
-            return i
-    return n - 1
-
-
-def validate_pair(obj: object) -> dict[str, Any]:
-    """Check one parsed jsonl line and return the pair, prompt explicit: ``{"prompt",
-    "chosen", "rejected", "implicit"}``, all strings or all message lists.
-
-    Raises ``ChatFormatError`` (a ``ValueError``: the reader names ``file:line`` and applies
-    ``--on-bad-line``) for a missing field, mixed kinds, an empty response, a malformed
-    message, a response that does not start with the assistant, or an implicit prompt that
-    is not a shared prefix ending before the assistant's answer. ``chosen == rejected`` is
-    allowed (the report counts it as ``identical``).
-    """
-    if not isinstance(obj, dict):
-        raise ChatFormatError(f"line is not a JSON object (got {_kind(obj)})")
-    for key in SIDES:
-        if key not in obj:
-            raise ChatFormatError(f"field {key!r} is missing")
-    implicit = "prompt" not in obj
-    keys = SIDES if implicit else ("prompt", *SIDES)
-    kinds = {key: _kind(obj[key]) for key in keys}
-    if set(kinds.values()) == {"string"}:
-        for key in SIDES:
-            if not obj[key]:
-                raise ChatFormatError(f"field {key!r} is empty")
-        chosen, rejected = obj["chosen"], obj["rejected"]
-        if not implicit:
-            return {
-                "prompt": obj["prompt"],
-                "chosen": chosen,
-                "rejected": rejected,
-                "implicit": False,
-            }
-        cut = _extract_text_prompt(chosen, rejected)
-        return {
-            "prompt": chosen[:cut],
-            "chosen": chosen[cut:],
-            "rejected": rejected[cut:],
-            "implicit": True,
-        }
-    if set(kinds.values()) != {"list"}:
-        got = ", ".join(f"{key} {kind}" for key, kind in kinds.items())
-        raise ChatFormatError(
-            f"fields {', '.join(keys)} must be all strings or all message lists (got {got})"
-        )
-    lists = {key: _messages(obj, key) for key in keys}
-    if implicit:
-        chosen, rejected = lists["chosen"], lists["rejected"]
-        cut = _extract_message_prompt(chosen, rejected)
-        if cut == 0:
-            raise ChatFormatError(
-                "chosen and rejected share no prompt (they differ at message 1): give "
-                "'prompt' explicitly or start both with the same messages"
-            )
-        for key, messages in (("chosen", chosen), ("rejected", rejected)):
-            role = messages[cut].get("role")
-            if role != "assistant":
-                raise ChatFormatError(
-                    f"chosen and rejected differ at message {cut + 1}, which in {key} is a "
-                    f"{role} message: an implicit prompt is the messages both share, followed "
-                    "by the assistant's answers"
-                )
-        prompt, lists = chosen[:cut], {"chosen": chosen[cut:], "rejected": rejected[cut:]}
-    else:
-        prompt = lists["prompt"]
-        if prompt[-1].get("role") == "assistant":
-            raise ChatFormatError(
-                "prompt ends with an assistant message: the responses answer it, so it must "
-                "end with a user, system or tool message"
-            )
-    for key in SIDES:
-        role = lists[key][0].get("role")
-        if role != "assistant":
-            raise ChatFormatError(
-                f"field {key!r} starts with a {role} message: a response starts with the "
-                "assistant's answer (put earlier messages in 'prompt')"
-            )
-    return {
-        "prompt": prompt,
-        "chosen": lists["chosen"],
-        "rejected": lists["rejected"],
-        "implicit": implicit,
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Encoding
-
 
 @dataclass
-class PreferenceStats:
+class PreferenceStats(Counts):
     """What the preference path did to the pairs before planning, for the report."""
 
     pairs: int = 0
@@ -211,12 +82,8 @@ class PreferenceStats:
     bos_added: int = 0  # sequences given a BOS by --bos (a prompt that starts with it is kept)
     eos_added: int = 0  # sequences given a trained EOS by --eos (not when they end with it)
     # Texts HF encoded with offsets although a fast backend was in use (its tokens did not
-    # spell the text byte for byte; packcli/offsets.py).
+    # spell the text byte for byte; packcli/chat/offsets.py).
     hf_offsets: int = 0
-
-    def add(self, other: PreferenceStats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -249,6 +116,7 @@ def _joint(prompt_ids: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> _Side |
     return _Side(ids, mask)
 
 
+@dataclass(eq=False)
 class PreferenceEncoder(FastTokens):
     """Pairs (``validate_pair``'s dicts) in; per pair one document (prompt+chosen tokens, then
     prompt+rejected tokens), its labels and ``chosen_len`` out, the length policy applied.
@@ -262,28 +130,11 @@ class PreferenceEncoder(FastTokens):
     EOS after it, trained, unless the sequence already ends with it.
     """
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        template: ChatTemplate | None,
-        *,
-        special_tokens: dict[str, str],
-        long_len: int,
-        overlong: str,
-        bos: int | None = None,
-        eos: int | None = None,
-        template_missing: str = "",
-    ) -> None:
-        """``template``: None when none was found and none was asked for; then pairs of
-        strings still work and a conversational pair fails with ``template_missing``."""
-        self.tokenizer = tokenizer
-        self.template = template
-        self.special_tokens = special_tokens
-        self.long_len = long_len
-        self.overlong = overlong
-        self.bos = bos
-        self.eos = eos
-        self.template_missing = template_missing
+    # None: no template was found and none was asked for; then pairs of strings still work
+    # and a conversational pair fails with ``template_missing``.
+    template: ChatTemplate | None
+    _: KW_ONLY
+    template_missing: str = ""
 
     def rendered_texts(self, pairs: list[dict[str, Any]]) -> list[str]:
         """The texts this encoder tokenizes for ``pairs`` (prompts, prompt+chosen,
@@ -332,11 +183,8 @@ class PreferenceEncoder(FastTokens):
             ids[i] = np.concatenate([c_ids, r_ids])
             labels[i] = np.concatenate([c_labels, r_labels])
             firsts[i] = len(c_ids)
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        flat_ids = np.concatenate(ids).astype(np.int32) if ids else _EMPTY
-        flat_labels = np.concatenate(labels).astype(np.int32) if labels else _EMPTY
-        failures = sorted(failed.items())
-        return flat_ids, flat_labels, lengths, stats, failures, firsts
+        flat_ids, flat_labels, lengths = flat_documents(ids, labels)
+        return flat_ids, flat_labels, lengths, stats, sorted(failed.items()), firsts
 
     def _texts(
         self, pairs: list[dict[str, Any]], failed: dict[int, str], stats: PreferenceStats
@@ -484,7 +332,7 @@ def tokenize_preference_batches(
     on_failure: Callable[[DocBatch, int, str], None],
     times: StageTimes | None = None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
-    """As ``encode.tokenize_chat_batches``, for pairs."""
+    """As ``packcli.chat.encoder.tokenize_chat_batches``, for pairs."""
     times = times if times is not None else StageTimes()
     for batch in batches:
         t0 = time.perf_counter()

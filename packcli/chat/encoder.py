@@ -1,0 +1,359 @@
+"""The chat stage's encoders: rendered dialogues (or preference pairs) in, token ids,
+labels and lengths out, with the length policy and ``--bos``/``--eos`` applied.
+
+Why a stage apart from the text tokenizer (``packcli.encode``): a dialogue is rendered
+(Python, sandboxed) before it is tokenized, tokenizing needs character offsets for the loss
+mask, and a dialogue is cut at turn boundaries, not at a token count. Rendering runs in this
+thread, a batch ahead of its tokens (a fast backend's ids and offsets, made on a thread), or
+on worker processes for large inputs (``packcli.chat.render_pool``). The template modules are
+imported on first use: the pipeline imports this module on every run, text runs included.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import KW_ONLY, dataclass, field, fields
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Self
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer
+
+from packcli.arrow_np import list_array
+from packcli.encode import StageTimes, batch_to_record_batch
+from packcli.read import DocBatch
+from packcli.shards import CHAT_SHARD_SCHEMA
+
+if TYPE_CHECKING:
+    from packcli.chat.mask import EncodedDialogue
+    from packcli.chat.offsets import FastOffsets
+    from packcli.chat.render_pool import RenderPool
+    from packcli.chat.renderer import Rendered
+    from packcli.chat.templates import ChatTemplate
+
+
+class Counts:
+    """A dataclass of counters (the report's chat and preference sections): ``add`` sums a
+    batch's into the run's."""
+
+    def add(self, other: Self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class ChatStats(Counts):
+    """What the chat path removed before planning, for the report."""
+
+    dialogues: int = 0
+    no_trainable: int = 0  # dropped: no assistant token to train on
+    no_trainable_tokens: int = 0
+    truncated: int = 0  # cut after the last whole assistant turn that fits the long tier
+    truncated_tokens: int = 0
+    truncate_dropped: int = 0  # not even the first assistant turn fits
+    truncate_dropped_tokens: int = 0
+    # --bos/--eos on kept dialogues: added by packcli, or already rendered by the template.
+    bos_added: int = 0
+    bos_in_template: int = 0
+    eos_added: int = 0
+    eos_trained: int = 0  # of eos_added: the dialogue ends with an assistant turn
+    eos_in_template: int = 0
+    # Dialogues HF encoded with offsets although a fast backend was in use (its tokens did
+    # not spell the rendered text byte for byte; packcli/chat/offsets.py).
+    hf_offsets: int = 0
+
+
+@dataclass(eq=False)
+class FastTokens:
+    """What the chat and preference encoders share: the tokenizer and the template they
+    render with, the tokenizer config's special tokens (template variables), the length
+    policy (``long_len``, ``overlong``), the token ids ``--bos``/``--eos`` add (None: add
+    nothing), and ``fast``, the fast backend's ids with HF's character offsets derived from
+    them (None: HF encodes with offsets)."""
+
+    tokenizer: Tokenizer
+    template: ChatTemplate | None
+    _: KW_ONLY
+    special_tokens: dict[str, str]
+    long_len: int
+    overlong: str
+    bos: int | None = None
+    eos: int | None = None
+    fast: FastOffsets | None = field(default=None, init=False, repr=False)
+
+    def using(self, fast: FastOffsets | None) -> Self:
+        """This encoder with ids and offsets from a fast backend (None: HF's)."""
+        other = copy.copy(self)
+        other.fast = fast
+        return other
+
+    def fast_tokens(self, texts: list[str]) -> list[Any] | None:
+        """Ids and offsets of ``texts`` from the fast backend (None per text it did not
+        spell), or None without one: ``encode_rendered``'s ``tokens``."""
+        return None if self.fast is None else self.fast(texts)
+
+
+@dataclass(eq=False)
+class ChatEncoder(FastTokens):
+    """Dialogues in, token ids + labels out, with the length policy applied.
+
+    Rendering is Python (sandboxed jinja, one dialogue at a time so a dialogue the template
+    rejects can be reported by line), tokenizing one Rust ``encode_batch`` with offsets (the
+    loss mask comes from character spans), or a fast backend with the offsets derived from
+    its ids (``using``; packcli/chat/offsets.py). A dialogue that cannot be trained on is kept as
+    an empty document (length 0) so document ids stay positions in the input; the plan drops
+    empty documents and ``ChatStats`` counts them by reason.
+
+    ``bos``/``eos`` (``--bos``/``--eos``, None = add nothing): BOS goes before the rendered
+    dialogue, with label -100 (nothing predicts it); EOS goes after it, trained when the
+    dialogue ends with an assistant message (the model learns to stop after its answer, as
+    it will have to at inference) or with ``--train-on all``, and label -100 after a
+    dialogue that ends with another role. Neither is added twice: a dialogue the template
+    already starts with BOS (or ends with EOS) keeps its own. Both count in the lengths, so
+    ``--overlong truncate`` keeps the last whole turn that fits with them, and the EOS then
+    follows that turn (trained: the cut dialogue ends with an assistant turn).
+    """
+
+    template: ChatTemplate
+    _: KW_ONLY
+    train_on: str
+
+    def rendered_texts(self, dialogues: list[Any]) -> list[str]:
+        """The texts this encoder tokenizes for ``dialogues`` (those the template renders):
+        the sample a fast backend is checked on."""
+        return [r.text for _, r in self.render(dialogues)[0]]
+
+    def render(self, dialogues: list[Any]) -> tuple[Rendering, list[tuple[int, str]]]:
+        """``(index, Rendered)`` of the dialogues the template renders, and ``(index,
+        reason)`` of those it refused (the caller applies the policy)."""
+        from packcli.chat.renderer import render_dialogues
+
+        failures: list[tuple[int, str]] = []
+        rendered = render_dialogues(
+            self.tokenizer,
+            self.template,
+            dialogues,
+            self.special_tokens,
+            now=RENDER_DATE,
+            on_error=lambda index, exc: failures.append((index, str(exc))),
+        )
+        return rendered, failures
+
+    def render_pool(self, workers: int) -> RenderPool:
+        """Worker processes that render as ``render`` does (packcli/chat/render_pool.py)."""
+        from packcli.chat.render_pool import RenderPool
+        from packcli.chat.renderer import control_tokens_of
+
+        controls = control_tokens_of(self.tokenizer)
+        return RenderPool(self.template, self.special_tokens, controls, RENDER_DATE, workers)
+
+    def tokens(self, rendered: Rendering) -> list[Any] | None:
+        """``fast_tokens`` of a rendering: Rust and a compiled kernel, both without the
+        GIL, so it can run while the next batch renders."""
+        return self.fast_tokens([r.text for _, r in rendered])
+
+    def __call__(
+        self, dialogues: list[Any]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
+        """``(ids, labels, lengths, stats, failures)``; ``failures`` lists (index, reason) of
+        dialogues the template refused (kept empty here; the caller applies the policy)."""
+        rendered, failures = self.render(dialogues)
+        return self.finish(dialogues, rendered, self.tokens(rendered), failures)
+
+    def finish(
+        self,
+        dialogues: list[Any],
+        rendered: Rendering,
+        tokens: list[Any] | None,
+        failures: list[tuple[int, str]],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
+        """``__call__`` after rendering and the fast backend's tokens: HF encodes what has
+        no tokens yet, then masks, length policy and separators."""
+        from packcli.chat.mask import encode_rendered
+
+        encoded: list[EncodedDialogue | None] = [None] * len(dialogues)
+        results = encode_rendered(
+            self.tokenizer,
+            [r for _, r in rendered],
+            self.train_on,  # type: ignore[arg-type]
+            tokens=tokens,
+        )
+        for (index, _), e in zip(rendered, results, strict=True):
+            encoded[index] = e
+        stats = ChatStats(dialogues=len(dialogues))
+        if tokens is not None:
+            stats.hf_offsets = sum(t is None for t in tokens)
+        ids, labels = [], []
+        for messages, e in zip(dialogues, encoded, strict=True):
+            ends_with_answer = bool(messages) and messages[-1].get("role") == "assistant"
+            if e is not None and e.n_trained == 0:
+                stats.no_trainable += 1
+                stats.no_trainable_tokens += len(e.ids)
+                e = None
+            elif (
+                e is not None
+                and self._length(e.ids) > self.long_len
+                and self.overlong == "truncate"
+            ):
+                cut = self._truncate(e)
+                # Tokens removed, counted as the plan counts them: with the separators.
+                removed = self._length(e.ids) - (self._length(cut.ids) if cut else 0)
+                if cut is None:
+                    stats.truncate_dropped += 1
+                    stats.truncate_dropped_tokens += removed
+                else:
+                    stats.truncated += 1
+                    stats.truncated_tokens += removed
+                    ends_with_answer = True  # cut after an assistant turn
+                e = cut
+            if e is None:
+                ids.append(_EMPTY)
+                labels.append(_EMPTY)
+                continue
+            e_ids, e_labels = self._separate(e, ends_with_answer, stats)
+            ids.append(e_ids)
+            labels.append(e_labels)
+        return (*flat_documents(ids, labels), stats, failures)
+
+    def _adds(self, ids: np.ndarray) -> tuple[bool, bool]:
+        """Whether BOS and EOS are to be added (not when the template wrote them)."""
+        bos = self.bos is not None and not (len(ids) and ids[0] == self.bos)
+        eos = self.eos is not None and not (len(ids) and ids[-1] == self.eos)
+        return bos, eos
+
+    def _length(self, ids: np.ndarray) -> int:
+        return len(ids) + sum(self._adds(ids))
+
+    def _truncate(self, e: EncodedDialogue) -> EncodedDialogue | None:
+        """The last whole turn that fits ``long_len`` with the separators it will get."""
+        from packcli.chat.mask import truncate_at_turns
+
+        add_bos, _ = self._adds(e.ids)
+        room = self.long_len - add_bos
+        cut = truncate_at_turns(e, room)
+        if cut is not None and len(cut.ids) + self._adds(cut.ids)[1] > room:
+            cut = truncate_at_turns(e, room - 1)  # an earlier turn, and room for the EOS
+        return cut
+
+    def _separate(
+        self, e: EncodedDialogue, ends_with_answer: bool, stats: ChatStats
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and labels with BOS/EOS added as the class docstring says."""
+        add_bos, add_eos = self._adds(e.ids)
+        ids, labels = e.ids, e.labels()
+        if self.bos is not None:
+            stats.bos_added += add_bos
+            stats.bos_in_template += not add_bos
+        if self.eos is not None:
+            stats.eos_added += add_eos
+            stats.eos_in_template += not add_eos
+        if not (add_bos or add_eos):
+            return ids, labels
+        head = np.array([self.bos] if add_bos else [], dtype=np.int32)
+        tail = np.array([self.eos] if add_eos else [], dtype=np.int32)
+        trained = add_eos and (ends_with_answer or self.train_on == "all")
+        stats.eos_trained += trained
+        tail_labels = tail if trained else np.full(len(tail), -100, dtype=np.int32)
+        return (
+            np.concatenate([head, ids, tail]),
+            np.concatenate([np.full(len(head), -100, dtype=np.int32), labels, tail_labels]),
+        )
+
+
+# Templates that print today's date see this fixed date, so reruns are byte-identical.
+RENDER_DATE = datetime(2025, 1, 1, tzinfo=UTC)
+_EMPTY = np.zeros(0, dtype=np.int32)
+Rendering = list[tuple[int, "Rendered"]]  # (index in the batch, rendered dialogue)
+
+
+def flat_documents(
+    ids: list[np.ndarray], labels: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, labels, lengths)``: per-document token ids and labels as the flat int32 arrays
+    and the lengths a record batch is built from."""
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    flat_ids = np.concatenate(ids).astype(np.int32) if ids else _EMPTY
+    flat_labels = np.concatenate(labels).astype(np.int32) if labels else _EMPTY
+    return flat_ids, flat_labels, lengths
+
+
+def chat_record_batch(
+    batch: DocBatch, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray
+) -> pa.RecordBatch:
+    base = batch_to_record_batch(batch, ids, lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    labels_arr = list_array(offsets, labels, pa.int32())
+    return pa.RecordBatch.from_arrays([*base.columns, labels_arr], schema=CHAT_SHARD_SCHEMA)
+
+
+def tokenize_chat_batches(
+    batches: Iterator[DocBatch],
+    encoder: ChatEncoder,
+    stats: ChatStats,
+    on_failure: Callable[[DocBatch, int, str], None],
+    times: StageTimes | None = None,
+    renderers: RenderPool | None = None,
+) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
+    """``on_failure(batch, index, reason)`` applies the bad-line policy to a dialogue the
+    template refused (raise, or quarantine and count); the dialogue stays an empty document.
+    Rendering and tokenizing run in the caller's thread (``encode`` in ``times``), or, given
+    ``renderers``, batches render on its worker processes, a few ahead, while this thread
+    tokenizes and masks the batches before them (same results, same order)."""
+    times = times if times is not None else StageTimes()
+    # Rendering here, with a fast backend: batch i's ids and offsets are made on a thread
+    # while batch i+1 renders (Python). Masks and lengths follow in this thread, in order.
+    pool = None
+    if renderers is None and encoder.fast is not None:
+        pool = ThreadPoolExecutor(1, "packcli-chat")
+    # Every worker busy while this thread finishes one batch.
+    ahead = 2 * renderers.workers if renderers is not None else 1
+    pending: deque[tuple[DocBatch, Any, Any]] = deque()  # batch, rendering, tokens
+
+    def start(batch: DocBatch) -> None:
+        if renderers is not None:  # tokenized when its rendering comes back
+            pending.append((batch, renderers.submit(batch.texts), None))
+            return
+        t0 = time.perf_counter()
+        rendering = encoder.render(batch.texts)
+        tokens = pool.submit(encoder.tokens, rendering[0]) if pool is not None else None
+        pending.append((batch, rendering, tokens))
+        times.encode += time.perf_counter() - t0
+
+    def finish() -> tuple[DocBatch, pa.RecordBatch]:
+        batch, rendering, tokens = pending.popleft()
+        t0 = time.perf_counter()
+        if renderers is not None:
+            rendering = renderers.result(rendering)
+            tokens = encoder.tokens(rendering[0])
+        elif tokens is not None:
+            tokens = tokens.result()
+        rendered, failures = rendering
+        ids, labels, lengths, batch_stats, failures = encoder.finish(
+            batch.texts, rendered, tokens, failures
+        )
+        t1 = time.perf_counter()
+        for index, reason in failures:
+            on_failure(batch, index, reason)
+        stats.add(batch_stats)
+        record_batch = chat_record_batch(batch, ids, labels, lengths)
+        times.encode += t1 - t0
+        times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
+        return batch, record_batch
+
+    try:
+        for batch in batches:
+            start(batch)
+            if len(pending) > ahead:
+                yield finish()
+        while pending:
+            yield finish()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    while pending:
+        yield finish()
