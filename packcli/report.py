@@ -11,13 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from packcli.config import TOKENS_PER_STEP
 from packcli.plan import Plan, RowLayout, tier_summary
 from packcli.steps import plan_steps
-
-# The default target of real tokens per optimizer step for the report's step plan
-# (``--tokens-per-step``): ~1M is a common pretraining/SFT step; any other target is one
-# ``packcli.steps.plan_steps`` call away.
-TOKENS_PER_STEP = 1 << 20
 
 
 def training_hints(layout: RowLayout, tokens_per_step: int) -> dict[str, Any] | None:
