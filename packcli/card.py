@@ -98,14 +98,10 @@ def dataset_info(
     return infos
 
 
-def card_front_matter(
-    report: dict[str, Any],
-    files: dict[str, list[dict[str, Any]]],
-    chat: bool = False,
-    preference: bool = False,
-) -> dict[str, Any]:
+def card_front_matter(infos: list[dict]) -> dict[str, Any]:
+    """The card's YAML: ``infos`` (``dataset_info``), the two configs' files and tags."""
     return {
-        "dataset_info": dataset_info(report, files, chat, preference),
+        "dataset_info": infos,
         "configs": [
             {
                 "config_name": name,
@@ -127,7 +123,8 @@ def render_card(
     """The card's markdown; ``out`` (when given) lets it embed plots from ``packcli stats``."""
     preference = run.get("format") == "preference"
     chat = run.get("format") == "chat" or preference
-    front = yaml.safe_dump(card_front_matter(report, files, chat, preference), sort_keys=False)
+    infos = dataset_info(report, files, chat, preference)
+    front = yaml.safe_dump(card_front_matter(infos), sort_keys=False)
     labels_row = (
         "| `labels` | list<int32> | token id where loss is taken, -100 elsewhere (unshifted; "
         "-100 at every segment start) |\n"

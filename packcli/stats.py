@@ -234,13 +234,20 @@ def _empty(ax: Any, what: str) -> None:
 
 def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
     """Write the PNG plots to ``OUT/stats/``; returns their paths relative to ``out``."""
-    import numpy as np
-
     require_extra("matplotlib", "packcli stats plots (or pass --no-plots)")
-    from matplotlib.ticker import MaxNLocator
-
     folder = out / STATS_DIR
     folder.mkdir(exist_ok=True)
+    _plot_doc_lengths(folder, tiers)
+    _plot_row_fill(folder, tiers)
+    _plot_segments(folder, tiers)
+    _plot_attention(folder, tiers["long"])
+    return [f"{STATS_DIR}/{name}" for name in PLOT_FILES]
+
+
+def _plot_doc_lengths(folder: Path, tiers: dict[str, TierData]) -> None:
+    """Histogram of document (long-config segment) lengths, log scale, with both capacities."""
+    import numpy as np
+
     long = tiers["long"]
     caps = {name: t.capacity for name, t in tiers.items()}
 
@@ -263,6 +270,11 @@ def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
     ax.set_title(f"Document lengths ({lengths.size:,} documents)")
     _save(fig, folder / PLOT_DOC_LENGTHS)
 
+
+def _plot_row_fill(folder: Path, tiers: dict[str, TierData]) -> None:
+    """Per config: how full the rows are (tokens / capacity)."""
+    import numpy as np
+
     fig = _figure(2)
     for ax, t in zip(fig.subplots(1, len(tiers)), tiers.values(), strict=True):
         if t.num_tokens.size:
@@ -276,6 +288,12 @@ def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
         ax.set_xlabel(f"row fill (tokens / {t.capacity:,})")
         ax.set_ylabel("rows (log scale)")
     _save(fig, folder / PLOT_ROW_FILL)
+
+
+def _plot_segments(folder: Path, tiers: dict[str, TierData]) -> None:
+    """Per config: documents (segments) per row."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     fig = _figure(2)
     for ax, t in zip(fig.subplots(1, len(tiers)), tiers.values(), strict=True):
@@ -291,6 +309,12 @@ def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
         ax.set_xlabel("segments in the row")
         ax.set_ylabel("rows")
     _save(fig, folder / PLOT_SEGMENTS)
+
+
+def _plot_attention(folder: Path, long: TierData) -> None:
+    """Attention cost (sum of squared segment lengths) per long row."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     fig = _figure(1)
     ax = fig.subplots()
@@ -315,7 +339,6 @@ def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
     ax.set_ylabel("rows")
     ax.set_title(f"Attention cost per long row ({long.capacity:,} tokens)")
     _save(fig, folder / PLOT_ATTENTION)
-    return [f"{STATS_DIR}/{name}" for name in PLOT_FILES]
 
 
 # -- tables ----------------------------------------------------------------------------------
