@@ -114,6 +114,7 @@ def card_front_matter(infos: list[dict]) -> dict[str, Any]:
     }
 
 
+# Long as one Markdown template: split, the card's text would no longer read top to bottom.
 def render_card(
     report: dict[str, Any],
     run: dict[str, Any],
@@ -206,6 +207,7 @@ def render_plots_section(out: Path) -> str:
     return f"## Statistics\n\nMade with `packcli stats`.\n\n{images}\n"
 
 
+# Long as one Markdown template (code blocks a test compiles and runs).
 def training_snippet(
     dataset: str = "path/or/repo",
     config: str = "long",

@@ -11,7 +11,7 @@ group sizes in the Parquet footer, so only one row group of one file is read (th
 columns of at most ``write.row_group_tokens`` tokens), whatever the size of the dataset.
 Text is decoded with the tokenizer recorded in ``packcli.json`` (``--tokenizer`` overrides
 it), only around the boundaries. numpy and pyarrow are imported inside the functions, so
-registering the command keeps ``packcli --help`` fast. The module is not called ``inspect``:
+the CLI's import of this module keeps ``packcli --help`` fast. The module is not called ``inspect``:
 that name would shadow the standard library.
 """
 

@@ -15,10 +15,10 @@ document split by ``--overlong split`` counts once per piece.
 
 matplotlib and rich are an optional extra (``pip install 'packcli[stats]'``), imported only
 when plots or tables are made; ``stats --json --no-plots`` needs neither. numpy and pyarrow
-are imported inside the functions as well, so that registering the command keeps
-``packcli --help`` fast (they cost ~0.3 s of startup). Plots go to ``OUT/stats/`` (written
-under a temp name, then renamed) and ``render_plots_section`` embeds them in the dataset
-card by relative path.
+are imported inside the functions as well, so that importing this module (the CLI's
+``inspect`` does, through ``rowview``) keeps ``packcli --help`` fast (they cost ~0.3 s).
+Plots go to ``OUT/stats/`` (written under a temp name, then renamed);
+``packcli.card.render_plots_section`` embeds them in the dataset card by relative path.
 """
 
 from __future__ import annotations

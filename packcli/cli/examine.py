@@ -1,7 +1,8 @@
 """The commands that read a finished output: ``verify``, ``stats`` and ``inspect``.
 
 The work is in ``packcli.verify``, ``packcli.stats`` and ``packcli.rowview`` (no CLI code
-there); they are imported inside the commands, so ``packcli --help`` does not load them.
+there), imported inside the commands; ``rowview`` is imported here for ``--chars``' default,
+which is cheap (it loads numpy and pyarrow only when it runs).
 (Not named ``inspect.py``: inside the package that would still read as the standard library.)
 """
 

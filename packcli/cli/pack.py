@@ -157,6 +157,8 @@ def _source_flags(
     )
 
 
+# Long by its signature and the typed hand-off of each flag (one line each); the work is
+# run_pack's, the printing _echo_pack_result's.
 def pack_command(
     inputs: Inputs,
     out: Out,
