@@ -20,6 +20,17 @@ if TYPE_CHECKING:
 CONFIG_NAMES = ("long", "short")
 MARKER = "packcli.json"  # config + report + file hashes; written last, marks a complete output
 STATS_DIR = "stats"  # plots written by `packcli stats`, embedded in the card
+PLOT_DOC_LENGTHS = "doc_lengths.png"
+PLOT_ROW_FILL = "row_fill.png"
+PLOT_SEGMENTS = "segments_per_row.png"
+PLOT_ATTENTION = "attention_cost.png"
+PLOT_FILES = (PLOT_DOC_LENGTHS, PLOT_ROW_FILL, PLOT_SEGMENTS, PLOT_ATTENTION)
+_PLOT_TITLES = {
+    PLOT_DOC_LENGTHS: "Document lengths",
+    PLOT_ROW_FILL: "Row fill per config",
+    PLOT_SEGMENTS: "Documents (segments) per row",
+    PLOT_ATTENTION: "Attention cost per long row",
+}
 
 
 def _arrow_bytes(tier: dict[str, Any], chat: bool, preference: bool = False) -> int:
@@ -87,14 +98,10 @@ def dataset_info(
     return infos
 
 
-def card_front_matter(
-    report: dict[str, Any],
-    files: dict[str, list[dict[str, Any]]],
-    chat: bool = False,
-    preference: bool = False,
-) -> dict[str, Any]:
+def card_front_matter(infos: list[dict]) -> dict[str, Any]:
+    """The card's YAML: ``infos`` (``dataset_info``), the two configs' files and tags."""
     return {
-        "dataset_info": dataset_info(report, files, chat, preference),
+        "dataset_info": infos,
         "configs": [
             {
                 "config_name": name,
@@ -107,6 +114,7 @@ def card_front_matter(
     }
 
 
+# Long as one Markdown template: split, the card's text would no longer read top to bottom.
 def render_card(
     report: dict[str, Any],
     run: dict[str, Any],
@@ -114,11 +122,10 @@ def render_card(
     out: Path | None = None,
 ) -> str:
     """The card's markdown; ``out`` (when given) lets it embed plots from ``packcli stats``."""
-    from packcli.stats import render_plots_section, training_snippet
-
     preference = run.get("format") == "preference"
     chat = run.get("format") == "chat" or preference
-    front = yaml.safe_dump(card_front_matter(report, files, chat, preference), sort_keys=False)
+    infos = dataset_info(report, files, chat, preference)
+    front = yaml.safe_dump(card_front_matter(infos), sort_keys=False)
     labels_row = (
         "| `labels` | list<int32> | token id where loss is taken, -100 elsewhere (unshifted; "
         "-100 at every segment start) |\n"
@@ -186,6 +193,91 @@ ds = datasets.load_dataset("path/or/repo", "long", split="train")
 
 Made with packcli {run["packcli_version"]}: `{run["command"]}`
 """
+
+
+# -- card extension --------------------------------------------------------------------------
+
+
+def render_plots_section(out: Path) -> str:
+    """Markdown embedding the plots in ``OUT/stats/`` by relative path; "" when there are none."""
+    present = [name for name in PLOT_FILES if (out / STATS_DIR / name).is_file()]
+    if not present:
+        return ""
+    images = "\n\n".join(f"![{_PLOT_TITLES[n]}]({STATS_DIR}/{n})" for n in present)
+    return f"## Statistics\n\nMade with `packcli stats`.\n\n{images}\n"
+
+
+# Long as one Markdown template (code blocks a test compiles and runs).
+def training_snippet(
+    dataset: str = "path/or/repo",
+    config: str = "long",
+    pad_token_id: int = 0,
+    preference: bool = False,
+) -> str:
+    """Markdown: how to train on the output with HF ``Trainer`` and ``PackedCollator``, with
+    TRL's ``SFTTrainer`` (the one config that keeps packcli rows intact), and for preference
+    outputs a DPO loss from ``segment_logps``."""
+    batch = 1 if config == "long" else 8
+    text = f"""## Training with it
+
+```python
+import datasets
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+from packcli.collate import PackedCollator
+
+ds = datasets.load_dataset("{dataset}", "{config}", split="train")
+model = AutoModelForCausalLM.from_pretrained("your/model", attn_implementation="sdpa")
+model.config.use_cache = False  # with a cache, position_ids do not separate documents
+args = TrainingArguments(
+    "run",
+    per_device_train_batch_size={batch},
+    remove_unused_columns=False,  # the collator needs seq_lengths, which forward() lacks
+)
+collator = PackedCollator(mode="position_ids", pad_token_id={pad_token_id})
+Trainer(model=model, args=args, train_dataset=ds, data_collator=collator).train()
+```
+
+`PackedCollator` restarts `position_ids` at every document and sets the label of each
+document's first token to -100, so no attention and no loss crosses a document boundary.
+With flash-attention use `mode="flash"` (varlen `cu_seq_lens`).
+
+With TRL (1.16) the rows need exactly this config: the default `max_length=1024` cuts longer
+rows (not their `seq_lengths`), `padding_free=False` ignores the boundaries, and
+`packing=True` packs each row again as one document; `check_sft_config` raises on each.
+
+```python
+from trl import SFTConfig, SFTTrainer
+
+from packcli.collate import check_sft_config
+
+args = SFTConfig("run", packing=False, padding_free=True, max_length=None)
+check_sft_config(args)
+SFTTrainer(model=model, args=args, train_dataset=ds).train()
+```
+"""
+    if preference:
+        text += """
+Preference pairs: `seq_roles` marks each segment 0 (document), 1 (chosen) or 2 (rejected,
+right after its chosen). `segment_logps` gives each segment's summed log-probability,
+computed as if alone; `preference_pairs` pairs them up:
+
+```python
+import torch
+import torch.nn.functional as F
+
+from packcli.collate import model_inputs, preference_pairs, segment_logps
+
+batch = PackedCollator(mode="position_ids")([ds[0], ds[1]])
+chosen, rejected = preference_pairs(batch)
+logps = segment_logps(model(**model_inputs(batch), use_cache=False).logits, batch)
+with torch.no_grad():  # reference: a frozen copy of the starting model
+    ref = segment_logps(reference(**model_inputs(batch), use_cache=False).logits, batch)
+margin = (logps[chosen] - ref[chosen]) - (logps[rejected] - ref[rejected])
+loss = -F.logsigmoid(0.1 * margin).mean()  # DPO
+```
+"""
+    return text
 
 
 def refresh_card(out: Path) -> None:

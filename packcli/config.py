@@ -33,6 +33,10 @@ MIN_SPLIT_BYTES = 1 << 20
 # 1 GB; 2**31 - 1 took 101 s for 300 documents.
 MAX_LONG_LEN = 1 << 24
 MAX_SEED = 2**63 - 1
+# The default target of real tokens per optimizer step for the report's step plan
+# (``--tokens-per-step``): ~1M is a common pretraining/SFT step; any other target is one
+# ``packcli.steps.plan_steps`` call away.
+TOKENS_PER_STEP = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -303,6 +307,15 @@ _SECTIONS: dict[str, type] = {
 }
 
 
+# Defaults that differ for ``format: chat`` and ``preference``, by section: the template
+# writes the turn markers (so no EOS of ours), and a dialogue is never split. Explicit values
+# still win. The CLI's help says them from here.
+CHAT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "plan": {"overlong": "drop"},
+    "tokenize": {"eos": "none"},
+}
+
+
 _TYPE_NAMES = {int: "an integer", str: "a string", float: "a number", bool: "true or false"}
 
 
@@ -391,10 +404,9 @@ def build_config(
         merged.update({k: v for k, v in (overrides.get(name) or {}).items() if v is not None})
         merged_values[name] = merged
     if merged_values["chat"].get("format") in ("chat", "preference"):
-        # Chat defaults differ: the template writes the turn markers, and a dialogue is
-        # never split. Explicit values still win.
-        merged_values["plan"].setdefault("overlong", "drop")
-        merged_values["tokenize"].setdefault("eos", "none")
+        for name, defaults in CHAT_DEFAULTS.items():
+            for key, value in defaults.items():
+                merged_values[name].setdefault(key, value)
     sections = {
         name: _section(cls, merged_values[name], f"{source}: section {name!r}")
         for name, cls in _SECTIONS.items()
@@ -407,3 +419,75 @@ def build_config(
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Rebuild a RunConfig from its ``to_dict`` form (as stored in ``packcli.json``)."""
     return build_config(data, source="packcli.json")
+
+
+# -- values given on the command line, typed --------------------------------------------------
+# One frozen dataclass per section, its fields named as the section's (a test checks): the CLI
+# builds these with keyword arguments, so a renamed flag or field fails at lint and type-check
+# time, not at run time. None = not given: the YAML file's value or the default applies.
+
+
+@dataclass(frozen=True)
+class ReadFlags:
+    inputs: tuple[str, ...] | None = None
+    text_field: str | None = None
+    batch_size: int | None = None
+    on_bad_line: str | None = None
+    split_bytes: int | None = None
+    input_format: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenizeFlags:
+    tokenizer: str | None = None
+    eos: str | int | None = None
+    bos: str | int | None = None
+    backend: str | None = None
+    num_proc: int | None = None
+    special_in_text: str | None = None
+
+
+@dataclass(frozen=True)
+class ChatFlags:
+    format: str | None = None
+    messages_field: str | None = None
+    chat_template: str | None = None
+    train_on: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanFlags:
+    short_len: int | None = None
+    long_len: int | None = None
+    overlong: str | None = None
+    algorithm: str | None = None
+    seed: int | None = None
+    balance: str | None = None
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """What one command's flags set, by section (a command without a section's flags leaves
+    it empty)."""
+
+    out: str
+    work_dir: str | None = None
+    read: ReadFlags = ReadFlags()
+    tokenize: TokenizeFlags = TokenizeFlags()
+    chat: ChatFlags = ChatFlags()
+    plan: PlanFlags = PlanFlags()
+
+
+def config_from_flags(config_file: Path | None, flags: RunFlags) -> RunConfig:
+    """The run config of a command: ``config_file`` (YAML) with the given flags winning."""
+    file_values: dict[str, Any] = load_yaml(config_file) if config_file else {}
+    # The one step from typed flags to names: build_config merges by key with the YAML file.
+    sections = {
+        name: dataclasses.asdict(getattr(flags, name))
+        for name in ("read", "tokenize", "chat", "plan")
+    }
+    return build_config(
+        file_values,
+        {"run": {"out": flags.out, "work_dir": flags.work_dir}, **sections},
+        source=str(config_file) if config_file else "options",
+    )

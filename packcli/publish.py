@@ -38,12 +38,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from packcli import __version__
-from packcli.card import CONFIG_NAMES, MARKER
+from packcli.card import CONFIG_NAMES, MARKER, PLOT_FILES, STATS_DIR
 from packcli.errors import ConfigError, PackcliError, VerifyError
 
 log = logging.getLogger(__name__)
@@ -51,14 +49,6 @@ log = logging.getLogger(__name__)
 REPO_TYPE = "dataset"
 # Remote files a push owns: deleted by ``prune`` when the pushed output does not have them.
 OWNED_PATTERNS = ("data/long/*.parquet", "data/short/*.parquet", "stats/*.png")
-
-PUSH_EPILOG = (
-    "Examples:\n\n"
-    "  packcli push out/ user/my-packed-corpus --dry-run\n\n"
-    "  packcli push out/ user/my-packed-corpus --private\n\n"
-    "  packcli push out/ org/corpus --revision v2\n\n"
-    "  packcli push s3://bucket/packed/ user/my-packed-corpus"
-)
 
 
 class PushError(PackcliError):
@@ -84,8 +74,6 @@ def upload_files(out: Path) -> list[UploadFile]:
 
     Does not verify the data (see ``prepare_push``); reads only ``packcli.json`` and sizes.
     """
-    from packcli.stats import PLOT_FILES, STATS_DIR
-
     marker = out / MARKER
     if not marker.is_file():
         raise PushError(
@@ -286,53 +274,3 @@ def local_output(out: str) -> Iterator[Path]:
             yield local
         except PackcliError as exc:
             raise type(exc)(reword(str(exc), local, out)) from None
-
-
-def push_command(
-    out: Annotated[
-        str,
-        typer.Argument(
-            help="Output folder written by packcli pack, or its s3:// (any fsspec) URL."
-        ),
-    ],
-    repo_id: Annotated[
-        str, typer.Argument(help="Dataset repo on the Hub, e.g. user/name (created if missing).")
-    ],
-    private: Annotated[
-        bool,
-        typer.Option("--private", help="Create the repo private (an existing repo is unchanged)."),
-    ] = False,
-    revision: Annotated[
-        str | None, typer.Option(help="Branch to push to, created if missing [main].")
-    ] = None,
-    prune: Annotated[
-        bool,
-        typer.Option(
-            help="After the upload, delete data files and plots of an earlier push that OUT "
-            "does not have (under data/long/, data/short/ and stats/ only)."
-        ),
-    ] = True,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Verify and list what would be uploaded; no upload.")
-    ] = False,
-) -> None:
-    """Verify OUT and upload it to a Hugging Face dataset repo; rerun to resume."""
-    check_repo_id(repo_id)
-    with local_output(out) as folder:
-        if dry_run:
-            files = prepare_push(folder)
-            typer.echo(f"would upload to https://huggingface.co/datasets/{repo_id}:")
-            typer.echo(format_upload_list(files))
-            if prune:
-                typer.echo(
-                    "then delete files under data/long/, data/short/ and stats/ in the repo "
-                    "that are not listed above (--no-prune keeps them)"
-                )
-            typer.echo(f"load with: {load_call(repo_id, revision=revision)}")
-            return
-        result = push(folder, repo_id, private=private, revision=revision, prune=prune)
-    typer.echo(format_upload_list(result.files))
-    if result.deleted:
-        typer.echo(f"deleted {len(result.deleted)} stale files: {', '.join(result.deleted)}")
-    typer.echo(f"pushed to {result.url}")
-    typer.echo(f"load with: {load_call(result.repo_id, revision=revision)}")

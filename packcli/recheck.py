@@ -155,7 +155,7 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     ends = np.cumsum(lengths)
     long_len = int(meta["config"]["plan"]["long_len"])
     policy = meta["config"]["plan"]["overlong"]
-    from packcli.verify import expected_pieces, segment_hashes
+    from packcli.expected import expected_pieces, segment_hashes
 
     order = np.argsort(long_segments.doc, kind="stable")
     docs_sorted = long_segments.doc[order]

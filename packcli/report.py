@@ -11,13 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from packcli.config import TOKENS_PER_STEP
 from packcli.plan import Plan, RowLayout, tier_summary
 from packcli.steps import plan_steps
-
-# The default target of real tokens per optimizer step for the report's step plan
-# (``--tokens-per-step``): ~1M is a common pretraining/SFT step; any other target is one
-# ``packcli.steps.plan_steps`` call away.
-TOKENS_PER_STEP = 1 << 20
 
 
 def training_hints(layout: RowLayout, tokens_per_step: int) -> dict[str, Any] | None:
@@ -124,6 +120,23 @@ def _n(x: int) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     """A compact human-readable report for the terminal."""
+    lines = [
+        *_corpus_lines(report),
+        *_input_problem_lines(report["input"]),
+        *_dialogue_lines(report),
+        *_tokenizer_lines(report.get("tokenizer") or {}),
+    ]
+    big = report["largest_document"]
+    if big["doc_id"] >= 0:
+        where = f" at {big['file']}:{big['line']}" if "line" in big else ""
+        if "row" in big:  # a Parquet/Arrow file: rows count from 0
+            where = f" at {big['file']} row {big['row']}"
+        lines.append(f"largest   doc {big['doc_id']}: {_n(big['tokens'])} tokens{where}")
+    return "\n".join(lines)
+
+
+def _corpus_lines(report: dict[str, Any]) -> list[str]:
+    """Documents in, rows out per tier, what the overlong policy did, the step plan."""
     inp = report["input"]
     pol = report["policy"]
     by_len = report["documents_by_length"]
@@ -159,6 +172,12 @@ def format_report(report: dict[str, Any]) -> str:
                 f"a step, {_n(hint['steps_per_epoch'])} steps an epoch (unpacked: batch size "
                 f"{_n(hint['unpacked_batch_size'])} for the same documents a step)"
             )
+    return lines
+
+
+def _input_problem_lines(inp: dict[str, Any]) -> list[str]:
+    """Lines quarantined by ``--on-bad-line skip`` and compressed files cut short."""
+    lines = []
     rejected = inp.get("rejected") or {}
     if rejected:
         reasons = ", ".join(f"{k} {v:,}" for k, v in rejected.items())
@@ -171,14 +190,25 @@ def format_report(report: dict[str, Any]) -> str:
         )
     if len(corrupt) > _CORRUPT_SHOWN:
         lines.append(f"          and {len(corrupt) - _CORRUPT_SHOWN} more file(s): packcli.json")
+    return lines
+
+
+def _removed(counts: dict[str, Any], too_long: str, cut: str, tokens: str) -> str:
+    """What the chat and the preference paths removed: the same four counters, their words."""
+    return (
+        f"dropped {_n(counts['no_trainable'])} with nothing to train, "
+        f"{_n(counts['truncate_dropped'])} {too_long}; truncated {_n(counts['truncated'])}{cut} "
+        f"({_n(counts['truncated_tokens'])} {tokens} removed)"
+    )
+
+
+def _dialogue_lines(report: dict[str, Any]) -> list[str]:
+    """Chat: dialogues and what was removed, BOS/EOS added; preference: the pairs."""
+    lines = []
     chat = report.get("chat")
     if chat:
-        lines.append(
-            f"chat      {_n(chat['dialogues'])} dialogues; dropped {_n(chat['no_trainable'])} "
-            f"with nothing to train, {_n(chat['truncate_dropped'])} too long for one turn; "
-            f"truncated {_n(chat['truncated'])} at a turn ({_n(chat['truncated_tokens'])} "
-            "tokens removed)"
-        )
+        removed = _removed(chat, "too long for one turn", " at a turn", "tokens")
+        lines.append(f"chat      {_n(chat['dialogues'])} dialogues; {removed}")
         # --bos/--eos (absent from reports of older versions, which did not apply them)
         added = [
             f"{name} added to {_n(chat.get(f'{key}_added', 0))}{extra} "
@@ -193,17 +223,21 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"          {'; '.join(added)}")
     pref = report.get("preference")
     if pref:
+        removed = _removed(pref, "too long for their prompts", "", "response tokens")
         lines.append(
             f"pairs     {_n(pref['pairs'])} preference pairs ({_n(pref['conversational'])} "
             f"conversational, {_n(pref['implicit_prompt'])} with an implicit prompt, "
-            f"{_n(pref['identical'])} identical); dropped {_n(pref['no_trainable'])} with "
-            f"nothing to train, {_n(pref['truncate_dropped'])} too long for their prompts; "
-            f"truncated {_n(pref['truncated'])} ({_n(pref['truncated_tokens'])} response "
-            "tokens removed)"
+            f"{_n(pref['identical'])} identical); {removed}"
         )
-    tok = report.get("tokenizer") or {}
-    for what in tok.get("disabled_settings", []):
-        lines.append(f"tokenizer the tokenizer file enables {what}: turned off, nothing was cut")
+    return lines
+
+
+def _tokenizer_lines(tok: dict[str, Any]) -> list[str]:
+    """Tokenizer-file settings turned off; special-token strings found inside documents."""
+    lines = [
+        f"tokenizer the tokenizer file enables {what}: turned off, nothing was cut"
+        for what in tok.get("disabled_settings", [])
+    ]
     found = (tok.get("special_strings") or {}).get("occurrences", 0)
     if found:
         mode = tok.get("special_in_text")
@@ -213,10 +247,4 @@ def format_report(report: dict[str, Any]) -> str:
             f"specials  {_n(found)} special-token strings inside documents, encoded as "
             f"{as_what} (--special-in-text {mode}): {names}"
         )
-    big = report["largest_document"]
-    if big["doc_id"] >= 0:
-        where = f" at {big['file']}:{big['line']}" if "line" in big else ""
-        if "row" in big:  # a Parquet/Arrow file: rows count from 0
-            where = f" at {big['file']} row {big['row']}"
-        lines.append(f"largest   doc {big['doc_id']}: {_n(big['tokens'])} tokens{where}")
-    return "\n".join(lines)
+    return lines

@@ -11,18 +11,15 @@ group sizes in the Parquet footer, so only one row group of one file is read (th
 columns of at most ``write.row_group_tokens`` tokens), whatever the size of the dataset.
 Text is decoded with the tokenizer recorded in ``packcli.json`` (``--tokenizer`` overrides
 it), only around the boundaries. numpy and pyarrow are imported inside the functions, so
-registering the command keeps ``packcli --help`` fast. The module is not called ``inspect``:
+the CLI's import of this module keeps ``packcli --help`` fast. The module is not called ``inspect``:
 that name would shadow the standard library.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from packcli.card import CONFIG_NAMES
 from packcli.errors import ConfigError, PackcliError
@@ -36,13 +33,6 @@ log = logging.getLogger(__name__)
 IGNORE_INDEX = -100  # label of a token that carries no loss
 PREVIEW_CHARS = 40
 _COLUMNS = ("input_ids", "seq_lengths", "doc_ids", "num_tokens")
-
-INSPECT_EPILOG = (
-    "Examples:\n\n"
-    "  packcli inspect out/ --row 0\n\n"
-    "  packcli inspect out/ --config short --row 17 --json\n\n"
-    "  packcli inspect out/ --row 3 --tokenizer path/to/tokenizer.json"
-)
 
 
 def locate_row(meta: dict[str, Any], config: str, row: int) -> tuple[str, int]:
@@ -250,33 +240,3 @@ def _visible(text: str) -> Any:
     from rich.text import Text
 
     return Text(text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t"))
-
-
-def inspect_command(
-    out: Annotated[Path, typer.Argument(help="Output folder written by packcli pack.")],
-    row: Annotated[int, typer.Option("--row", "-r", help="Row index within the config, from 0.")],
-    config: Annotated[str, typer.Option(help="Dataset config: long or short.")] = "long",
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer", "-t", help="Tokenizer to decode with [the one in packcli.json]."
-        ),
-    ] = None,
-    chars: Annotated[
-        int, typer.Option(help="Characters of text shown on each side of a boundary.")
-    ] = PREVIEW_CHARS,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the row as JSON.")] = False,
-) -> None:
-    """Show one row of OUT: segments, doc ids, offsets, no-loss spans and boundary text."""
-    if chars < 0:
-        raise ConfigError(f"--chars must be >= 0, got {chars}")
-    view = inspect_row(out, config, row, tokenizer=tokenizer, chars=chars)
-    if json_out:
-        typer.echo(json.dumps(view, indent=2, ensure_ascii=False))
-        return
-    from rich.console import Console  # render_row checked that rich is installed
-
-    renderables = render_row(view)
-    console = Console()
-    for r in renderables:
-        console.print(r)

@@ -15,25 +15,33 @@ document split by ``--overlong split`` counts once per piece.
 
 matplotlib and rich are an optional extra (``pip install 'packcli[stats]'``), imported only
 when plots or tables are made; ``stats --json --no-plots`` needs neither. numpy and pyarrow
-are imported inside the functions as well, so that registering the command keeps
-``packcli --help`` fast (they cost ~0.3 s of startup). Plots go to ``OUT/stats/`` (written
-under a temp name, then renamed) and ``render_plots_section`` embeds them in the dataset
-card by relative path.
+are imported inside the functions as well, so that importing this module (the CLI's
+``inspect`` does, through ``rowview``) keeps ``packcli --help`` fast (they cost ~0.3 s).
+Plots go to ``OUT/stats/`` (written under a temp name, then renamed);
+``packcli.card.render_plots_section`` embeds them in the dataset card by relative path.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
+from packcli.card import (
+    CONFIG_NAMES,
+    PLOT_ATTENTION,
+    PLOT_DOC_LENGTHS,
+    PLOT_FILES,
+    PLOT_ROW_FILL,
+    PLOT_SEGMENTS,
+    STATS_DIR,
+)
 
-from packcli.arrow_np import to_numpy
-from packcli.card import CONFIG_NAMES, STATS_DIR
+# The card text about plots and training lives in card.py; these names stay importable here.
+from packcli.card import render_plots_section as render_plots_section
+from packcli.card import training_snippet as training_snippet
 from packcli.errors import PackcliError
 
 if TYPE_CHECKING:
@@ -41,22 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PLOT_DOC_LENGTHS = "doc_lengths.png"
-PLOT_ROW_FILL = "row_fill.png"
-PLOT_SEGMENTS = "segments_per_row.png"
-PLOT_ATTENTION = "attention_cost.png"
-PLOT_FILES = (PLOT_DOC_LENGTHS, PLOT_ROW_FILL, PLOT_SEGMENTS, PLOT_ATTENTION)
-_PLOT_TITLES = {
-    PLOT_DOC_LENGTHS: "Document lengths",
-    PLOT_ROW_FILL: "Row fill per config",
-    PLOT_SEGMENTS: "Documents (segments) per row",
-    PLOT_ATTENTION: "Attention cost per long row",
-}
 # (name, percentile); quantiles are observed values (numpy's "inverted_cdf"), never interpolated.
 QUANTILES = (("min", 0), ("p10", 10), ("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))
 EXTRA_HINT = "pip install 'packcli[stats]'"
-
-STATS_EPILOG = "Examples:\n\n  packcli stats out/\n\n  packcli stats out/ --json --no-plots"
 
 
 class MissingExtraError(PackcliError):
@@ -103,6 +98,8 @@ class TierData:
 def _row_group_arrays(table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(num_tokens, segments per row, sum len^2 per row, flat segment lengths) of a table."""
     import numpy as np
+
+    from packcli.arrow_np import to_numpy
 
     lens_col = table.column("seq_lengths").combine_chunks()
     offsets = to_numpy(lens_col.offsets).astype(np.int64)
@@ -237,13 +234,20 @@ def _empty(ax: Any, what: str) -> None:
 
 def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
     """Write the PNG plots to ``OUT/stats/``; returns their paths relative to ``out``."""
-    import numpy as np
-
     require_extra("matplotlib", "packcli stats plots (or pass --no-plots)")
-    from matplotlib.ticker import MaxNLocator
-
     folder = out / STATS_DIR
     folder.mkdir(exist_ok=True)
+    _plot_doc_lengths(folder, tiers)
+    _plot_row_fill(folder, tiers)
+    _plot_segments(folder, tiers)
+    _plot_attention(folder, tiers["long"])
+    return [f"{STATS_DIR}/{name}" for name in PLOT_FILES]
+
+
+def _plot_doc_lengths(folder: Path, tiers: dict[str, TierData]) -> None:
+    """Histogram of document (long-config segment) lengths, log scale, with both capacities."""
+    import numpy as np
+
     long = tiers["long"]
     caps = {name: t.capacity for name, t in tiers.items()}
 
@@ -266,6 +270,11 @@ def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
     ax.set_title(f"Document lengths ({lengths.size:,} documents)")
     _save(fig, folder / PLOT_DOC_LENGTHS)
 
+
+def _plot_row_fill(folder: Path, tiers: dict[str, TierData]) -> None:
+    """Per config: how full the rows are (tokens / capacity)."""
+    import numpy as np
+
     fig = _figure(2)
     for ax, t in zip(fig.subplots(1, len(tiers)), tiers.values(), strict=True):
         if t.num_tokens.size:
@@ -279,6 +288,12 @@ def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
         ax.set_xlabel(f"row fill (tokens / {t.capacity:,})")
         ax.set_ylabel("rows (log scale)")
     _save(fig, folder / PLOT_ROW_FILL)
+
+
+def _plot_segments(folder: Path, tiers: dict[str, TierData]) -> None:
+    """Per config: documents (segments) per row."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     fig = _figure(2)
     for ax, t in zip(fig.subplots(1, len(tiers)), tiers.values(), strict=True):
@@ -294,6 +309,12 @@ def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
         ax.set_xlabel("segments in the row")
         ax.set_ylabel("rows")
     _save(fig, folder / PLOT_SEGMENTS)
+
+
+def _plot_attention(folder: Path, long: TierData) -> None:
+    """Attention cost (sum of squared segment lengths) per long row."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     fig = _figure(1)
     ax = fig.subplots()
@@ -318,94 +339,9 @@ def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
     ax.set_ylabel("rows")
     ax.set_title(f"Attention cost per long row ({long.capacity:,} tokens)")
     _save(fig, folder / PLOT_ATTENTION)
-    return [f"{STATS_DIR}/{name}" for name in PLOT_FILES]
 
 
-# -- card extension --------------------------------------------------------------------------
-
-
-def render_plots_section(out: Path) -> str:
-    """Markdown embedding the plots in ``OUT/stats/`` by relative path; "" when there are none."""
-    present = [name for name in PLOT_FILES if (out / STATS_DIR / name).is_file()]
-    if not present:
-        return ""
-    images = "\n\n".join(f"![{_PLOT_TITLES[n]}]({STATS_DIR}/{n})" for n in present)
-    return f"## Statistics\n\nMade with `packcli stats`.\n\n{images}\n"
-
-
-def training_snippet(
-    dataset: str = "path/or/repo",
-    config: str = "long",
-    pad_token_id: int = 0,
-    preference: bool = False,
-) -> str:
-    """Markdown: how to train on the output with HF ``Trainer`` and ``PackedCollator``, with
-    TRL's ``SFTTrainer`` (the one config that keeps packcli rows intact), and for preference
-    outputs a DPO loss from ``segment_logps``."""
-    batch = 1 if config == "long" else 8
-    text = f"""## Training with it
-
-```python
-import datasets
-from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
-
-from packcli.collate import PackedCollator
-
-ds = datasets.load_dataset("{dataset}", "{config}", split="train")
-model = AutoModelForCausalLM.from_pretrained("your/model", attn_implementation="sdpa")
-model.config.use_cache = False  # with a cache, position_ids do not separate documents
-args = TrainingArguments(
-    "run",
-    per_device_train_batch_size={batch},
-    remove_unused_columns=False,  # the collator needs seq_lengths, which forward() lacks
-)
-collator = PackedCollator(mode="position_ids", pad_token_id={pad_token_id})
-Trainer(model=model, args=args, train_dataset=ds, data_collator=collator).train()
-```
-
-`PackedCollator` restarts `position_ids` at every document and sets the label of each
-document's first token to -100, so no attention and no loss crosses a document boundary.
-With flash-attention use `mode="flash"` (varlen `cu_seq_lens`).
-
-With TRL (1.16) the rows need exactly this config: the default `max_length=1024` cuts longer
-rows (not their `seq_lengths`), `padding_free=False` ignores the boundaries, and
-`packing=True` packs each row again as one document; `check_sft_config` raises on each.
-
-```python
-from trl import SFTConfig, SFTTrainer
-
-from packcli.collate import check_sft_config
-
-args = SFTConfig("run", packing=False, padding_free=True, max_length=None)
-check_sft_config(args)
-SFTTrainer(model=model, args=args, train_dataset=ds).train()
-```
-"""
-    if preference:
-        text += """
-Preference pairs: `seq_roles` marks each segment 0 (document), 1 (chosen) or 2 (rejected,
-right after its chosen). `segment_logps` gives each segment's summed log-probability,
-computed as if alone; `preference_pairs` pairs them up:
-
-```python
-import torch
-import torch.nn.functional as F
-
-from packcli.collate import model_inputs, preference_pairs, segment_logps
-
-batch = PackedCollator(mode="position_ids")([ds[0], ds[1]])
-chosen, rejected = preference_pairs(batch)
-logps = segment_logps(model(**model_inputs(batch), use_cache=False).logits, batch)
-with torch.no_grad():  # reference: a frozen copy of the starting model
-    ref = segment_logps(reference(**model_inputs(batch), use_cache=False).logits, batch)
-margin = (logps[chosen] - ref[chosen]) - (logps[rejected] - ref[rejected])
-loss = -F.logsigmoid(0.1 * margin).mean()  # DPO
-```
-"""
-    return text
-
-
-# -- command ---------------------------------------------------------------------------------
+# -- tables ----------------------------------------------------------------------------------
 
 
 def _fmt(x: float | int | None, kind: str = "int") -> str:
@@ -477,34 +413,3 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
         )
     tables.append(t)
     return tables
-
-
-def stats_command(
-    out: Annotated[Path, typer.Argument(help="Output folder written by packcli pack.")],
-    json_out: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
-    plots: Annotated[
-        bool,
-        typer.Option(
-            "--plots/--no-plots",
-            help="Write PNG plots to OUT/stats/ (needs pip install 'packcli[stats]').",
-        ),
-    ] = True,
-) -> None:
-    """Row fill, document lengths, documents per row and attention cost of OUT, with plots."""
-    numbers, tiers = compute_stats(out)
-    numbers["plots"] = write_plots(out, tiers) if plots else []
-    if numbers["plots"]:
-        from packcli.card import refresh_card  # the card embeds the new plots
-
-        refresh_card(out)
-    if json_out:
-        typer.echo(json.dumps(numbers, indent=2))
-        return
-    from rich.console import Console  # render_tables checked that rich is installed
-
-    tables = render_tables(numbers)
-    console = Console()
-    for table in tables:
-        console.print(table)
-    if numbers["plots"]:
-        console.print(f"plots: {', '.join(str(out / p) for p in numbers['plots'])}")

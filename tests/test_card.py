@@ -78,9 +78,9 @@ def test_other_column_types_are_refused_not_guessed() -> None:
 def test_rendering_the_card_does_not_import_datasets() -> None:
     code = """
         import sys
-        from packcli.card import card_front_matter
+        from packcli.card import card_front_matter, dataset_info
         report = {"tiers": {n: {"rows": 1, "tokens": 1, "segments": 1} for n in ("long", "short")}}
-        card_front_matter(report, {"long": [], "short": []})
+        card_front_matter(dataset_info(report, {"long": [], "short": []}))
         print("datasets" in sys.modules)
     """
     done = subprocess.run(

@@ -17,15 +17,15 @@ from corpora import mixed_lengths, write_corpus
 from huggingface_hub.utils import filter_repo_objects
 from typer.testing import CliRunner
 
-from packcli import publish
 from packcli.cli import app as main_app
+from packcli.cli.publish import PUSH_EPILOG, push_command
 from packcli.errors import ConfigError, PackcliError
-from packcli.publish import PushError, push, push_command, upload_files
+from packcli.publish import PushError, push, upload_files
 from packcli.stats import PLOT_ROW_FILL, STATS_DIR
 
 runner = CliRunner()
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
-app.command("push", epilog=publish.PUSH_EPILOG)(push_command)
+app.command("push", epilog=PUSH_EPILOG)(push_command)
 app.command("noop")(lambda: None)  # two commands, so "push" stays a subcommand
 
 CONFIG = "write:\n  shard_tokens: 6000\n"  # several files per config

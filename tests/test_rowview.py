@@ -17,14 +17,14 @@ from corpora import mixed_lengths, write_corpus
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
-from packcli import rowview
 from packcli.cli import app as main_app
+from packcli.cli.examine import INSPECT_EPILOG, inspect_command
 from packcli.errors import ConfigError
-from packcli.rowview import inspect_command, inspect_row, masked_spans
+from packcli.rowview import inspect_row, masked_spans
 
 runner = CliRunner()
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
-app.command("inspect", epilog=rowview.INSPECT_EPILOG)(inspect_command)
+app.command("inspect", epilog=INSPECT_EPILOG)(inspect_command)
 app.command("noop")(lambda: None)  # two commands, so "inspect" stays a subcommand
 
 # Several files per config and several row groups per file, so locating a row is exercised.

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from packcli import lock, pipeline
 from packcli.cli import app
+from packcli.expected import segment_hashes
 from packcli.publish import PushError, upload_files
 from packcli.shards import sha256_file
-from packcli.verify import segment_hashes
 
 runner = CliRunner()
 SMALL = ["--short-len", "64", "--long-len", "1024", "-q"]

@@ -20,18 +20,18 @@ from typer.testing import CliRunner
 
 from packcli import stats
 from packcli.cli import app as main_app
+from packcli.cli.examine import STATS_EPILOG, stats_command
 from packcli.stats import (
     PLOT_FILES,
     STATS_DIR,
     MissingExtraError,
     render_plots_section,
-    stats_command,
     training_snippet,
 )
 
 runner = CliRunner()
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
-app.command("stats", epilog=stats.STATS_EPILOG)(stats_command)
+app.command("stats", epilog=STATS_EPILOG)(stats_command)
 app.command("noop")(lambda: None)  # two commands, so "stats" stays a subcommand
 
 CAPACITY = {"short": 64, "long": 1024}

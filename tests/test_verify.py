@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli import verify
+from packcli import expected
 
 MOD = 2**64
 
 
 def naive_hash(tokens: list[int]) -> int:
-    return sum((t + 1) * pow(verify._P, i, MOD) for i, t in enumerate(tokens)) % MOD
+    return sum((t + 1) * pow(expected._P, i, MOD) for i, t in enumerate(tokens)) % MOD
 
 
 @settings(max_examples=100, deadline=None)
@@ -25,11 +25,11 @@ def test_segment_hashes_match_definition(segs: list[list[int]], chunk: int) -> N
     flat = np.array([t for s in segs for t in s], dtype=np.int32)
     lens = np.array([len(s) for s in segs], dtype=np.int64)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(verify, "_HASH_CHUNK", chunk)
-        got = verify.segment_hashes(flat, lens)
+        mp.setattr(expected, "_HASH_CHUNK", chunk)
+        got = expected.segment_hashes(flat, lens)
     assert got.tolist() == [naive_hash(s) for s in segs]
 
 
 def test_hash_sees_order_and_values() -> None:
-    h = verify.segment_hashes(np.array([1, 2, 2, 1, 1, 3], dtype=np.int32), np.array([2, 2, 2]))
+    h = expected.segment_hashes(np.array([1, 2, 2, 1, 1, 3], dtype=np.int32), np.array([2, 2, 2]))
     assert len(set(h.tolist())) == 3

@@ -1,0 +1,12 @@
+"""The ``packcli`` command line (``packcli.cli:main`` is the console entry point).
+
+- ``app.py``: the typer app, the command table, the one error -> exit-code map, ``main``;
+- ``options.py``: the options several commands share, declared once;
+- ``pack.py``: ``pack`` and its stages ``tokenize``, ``plan``, ``write``, ``finalize``;
+- ``examine.py``: ``verify``, ``stats``, ``inspect`` (read a finished output);
+- ``publish.py``: ``push``.
+"""
+
+from packcli.cli.app import app, main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,88 @@
+"""The ``packcli`` typer app: the root options, the command table and the one place where
+errors become exit codes.
+
+Exit codes: 0 success; 1 a ``PackcliError`` (``InputError``, ``ConfigError``, ...; the
+message says what to fix) or an ``OSError`` (full disk, permissions); 2 a usage error (typer's
+convention, raised by click before a command runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from packcli import __version__
+from packcli.cli import examine, pack, publish
+from packcli.errors import PackcliError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Pack jsonl corpora into two-tier packed Hugging Face datasets with segment columns.",
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"packcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details.")] = False,
+) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _errors_to_exit(func: Callable[..., None]) -> Callable[..., None]:
+    """The one place user-facing errors become a message on stderr and exit status 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            func(*args, **kwargs)
+        except PackcliError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        except OSError as exc:  # full disk, permissions, read-only file systems
+            where = f" {exc.filename}" if exc.filename else ""
+            typer.echo(
+                f"error: cannot access{where}: {exc.strerror or exc}; nothing was marked "
+                "complete, rerun the same command to resume once this is fixed",
+                err=True,
+            )
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+# Every command, in the order of ``packcli --help``: name, function, examples.
+COMMANDS: tuple[tuple[str, Callable[..., None], str], ...] = (
+    ("pack", pack.pack_command, pack.PACK_EPILOG),
+    ("tokenize", pack.tokenize_command, pack.TOKENIZE_EPILOG),
+    ("plan", pack.plan_command, pack.PLAN_EPILOG),
+    ("write", pack.write_command, pack.WRITE_EPILOG),
+    ("finalize", pack.finalize_command, pack.FINALIZE_EPILOG),
+    ("verify", examine.verify_command, examine.VERIFY_EPILOG),
+    ("push", publish.push_command, publish.PUSH_EPILOG),
+    ("stats", examine.stats_command, examine.STATS_EPILOG),
+    ("inspect", examine.inspect_command, examine.INSPECT_EPILOG),
+)
+for _name, _func, _epilog in COMMANDS:
+    app.command(_name, epilog=_epilog)(_errors_to_exit(_func))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,136 @@
+"""The commands that read a finished output: ``verify``, ``stats`` and ``inspect``.
+
+The work is in ``packcli.verify``, ``packcli.stats`` and ``packcli.rowview`` (no CLI code
+there), imported inside the commands; ``rowview`` is imported here for ``--chars``' default,
+which is cheap (it loads numpy and pyarrow only when it runs).
+(Not named ``inspect.py``: inside the package that would still read as the standard library.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from packcli.cli.options import OutFolder
+from packcli.errors import ConfigError
+from packcli.rowview import PREVIEW_CHARS
+
+VERIFY_EPILOG = (
+    "Examples:\n\n  packcli verify out/\n\n  packcli verify out/ --no-shards --json\n\n"
+    "  packcli verify s3://bucket/packed/"
+)
+STATS_EPILOG = "Examples:\n\n  packcli stats out/\n\n  packcli stats out/ --json --no-plots"
+INSPECT_EPILOG = (
+    "Examples:\n\n"
+    "  packcli inspect out/ --row 0\n\n"
+    "  packcli inspect out/ --config short --row 17 --json\n\n"
+    "  packcli inspect out/ --row 3 --tokenizer path/to/tokenizer.json"
+)
+
+
+def verify_command(
+    out: Annotated[
+        str,
+        typer.Argument(help="Output folder written by packcli pack, or its s3:// (fsspec) URL."),
+    ],
+    shards: Annotated[
+        bool,
+        typer.Option(help="Also check every token against the tokenized shards when present."),
+    ] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Check every packing invariant of OUT; exit 1 with a precise message on the first failure."""
+    from packcli.fs import is_url, local_path
+    from packcli.verify import verify_output, verify_remote
+
+    if is_url(out):
+        summary = verify_remote(out, use_shards=shards)
+    else:
+        summary = verify_output(Path(local_path(out)), use_shards=shards)
+    if json_out:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    for name, s in summary["configs"].items():
+        typer.echo(
+            f"{name:<6} {s['rows']:>10,} rows {s['tokens']:>15,} tokens "
+            f"{s['segments']:>12,} segments"
+        )
+    against = (
+        "and against the tokenized shards"
+        if summary["checked_against_shards"]
+        else ("(tokenized shards not present: token identity checked between configs only)")
+    )
+    typer.echo(f"OK: all invariants hold {against}")
+    recheck = summary["checked_against_input"]
+    if "checked" in recheck:
+        typer.echo(f"    {recheck['checked']} input documents encoded again match the output")
+    else:
+        typer.echo(f"    input documents not encoded again: {recheck['skipped']}")
+
+
+def stats_command(
+    out: OutFolder,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
+    plots: Annotated[
+        bool,
+        typer.Option(
+            "--plots/--no-plots",
+            help="Write PNG plots to OUT/stats/ (needs pip install 'packcli[stats]').",
+        ),
+    ] = True,
+) -> None:
+    """Row fill, document lengths, documents per row and attention cost of OUT, with plots."""
+    from packcli.stats import compute_stats, render_tables, write_plots
+
+    numbers, tiers = compute_stats(out)
+    numbers["plots"] = write_plots(out, tiers) if plots else []
+    if numbers["plots"]:
+        from packcli.card import refresh_card  # the card embeds the new plots
+
+        refresh_card(out)
+    if json_out:
+        typer.echo(json.dumps(numbers, indent=2))
+        return
+    tables = render_tables(numbers)
+    from rich.console import Console  # render_tables checked that rich is installed
+
+    console = Console()
+    for table in tables:
+        console.print(table)
+    if numbers["plots"]:
+        console.print(f"plots: {', '.join(str(out / p) for p in numbers['plots'])}")
+
+
+def inspect_command(
+    out: OutFolder,
+    row: Annotated[int, typer.Option("--row", "-r", help="Row index within the config, from 0.")],
+    config: Annotated[str, typer.Option(help="Dataset config: long or short.")] = "long",
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer", "-t", help="Tokenizer to decode with [the one in packcli.json]."
+        ),
+    ] = None,
+    chars: Annotated[
+        int, typer.Option(help="Characters of text shown on each side of a boundary.")
+    ] = PREVIEW_CHARS,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the row as JSON.")] = False,
+) -> None:
+    """Show one row of OUT: segments, doc ids, offsets, no-loss spans and boundary text."""
+    from packcli.rowview import inspect_row, render_row
+
+    if chars < 0:
+        raise ConfigError(f"--chars must be >= 0, got {chars}")
+    view = inspect_row(out, config, row, tokenizer=tokenizer, chars=chars)
+    if json_out:
+        typer.echo(json.dumps(view, indent=2, ensure_ascii=False))
+        return
+    renderables = render_row(view)
+    from rich.console import Console  # render_row checked that rich is installed
+
+    console = Console()
+    for r in renderables:
+        console.print(r)
