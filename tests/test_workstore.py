@@ -216,8 +216,7 @@ def two_node_cluster(
     s3: dict[str, str], tmp_path: Path
 ) -> Iterator[tuple[str, dict[str, str], list[Path]]]:
     """A Ray head and a worker node, one CPU each, with separate temp folders and caches;
-    the S3 endpoint reaches their tasks through the nodes' environment. ``HOME`` is a temp
-    folder, so no token or config of this machine's user applies."""
+    the S3 endpoint reaches their tasks through the nodes' environment."""
     pytest.importorskip("ray")
     port = _free_port()
     address = f"127.0.0.1:{port}"
@@ -225,11 +224,14 @@ def two_node_cluster(
     home.mkdir()
     # Ray's sockets live in its temp folder, and a socket path has at most 107 bytes.
     short = Path(tempfile.mkdtemp(prefix="pk-ray-", dir="/tmp"))
+    # Ray 2.5x turns token auth on in a process that started a local cluster (an earlier
+    # test's ray.init), and keeps the token under HOME: this cluster is plain and private.
+    isolated = {"HOME": str(home), "RAY_AUTH_MODE": "disabled"}
     caches = [tmp_path / "head-cache", tmp_path / "worker-cache"]
     nodes: list[subprocess.Popen[bytes]] = []
     common = ["--num-cpus", "1"]
     try:
-        head_env = _env(s3, caches[0], HOME=str(home))
+        head_env = _env(s3, caches[0], **isolated)
         nodes.append(
             _ray_node(
                 ["--head", "--port", str(port), "--include-dashboard", "false",
@@ -238,7 +240,7 @@ def two_node_cluster(
             )
         )  # fmt: skip
         _wait_for_nodes(address, 1, head_env, nodes[0], tmp_path / "head.log")
-        worker_env = _env(s3, caches[1], HOME=str(home))
+        worker_env = _env(s3, caches[1], **isolated)
         nodes.append(
             _ray_node(
                 ["--address", address, "--temp-dir", str(short / "worker"),
@@ -247,7 +249,7 @@ def two_node_cluster(
             )
         )  # fmt: skip
         _wait_for_nodes(address, 2, head_env, nodes[1], tmp_path / "worker.log")
-        yield address, _env(s3, tmp_path / "driver-cache", HOME=str(home)), caches
+        yield address, _env(s3, tmp_path / "driver-cache", **isolated), caches
     finally:
         for node in reversed(nodes):
             _stop(node)

@@ -43,7 +43,8 @@ WorkDir = Annotated[
     str | None,
     typer.Option(
         help="Work folder for shards and plan [OUT/.packcli]; with a URL --out, the local "
-        "folder the output is made in [~/.cache/packcli/outputs/NAME-HASH]."
+        "folder the output is made in [~/.cache/packcli/outputs/NAME-HASH], or a URL: "
+        "then every task reads and writes it on the store (machines that share no disk)."
     ),
 ]
 ConfigFile = Annotated[
