@@ -275,7 +275,7 @@ class RunConfig:
         from packcli.fs import local_path, staging_root
 
         if self.remote_work:
-            from packcli.workstore import mirror_root
+            from packcli.stages.workstore import mirror_root
 
             return mirror_root(self.remote_work) / "out"
         if self.remote_out:
@@ -287,7 +287,7 @@ class RunConfig:
         """Work folder for tokenized shards; hidden inside the output unless set (a remote
         output's: inside its local staging folder); a URL one's: this process's mirror."""
         if self.remote_work:
-            from packcli.workstore import mirror_root
+            from packcli.stages.workstore import mirror_root
 
             return mirror_root(self.remote_work) / "work"
         if self.remote_out:

@@ -56,7 +56,7 @@ def _sample(
 ) -> list[tuple[int, int, Any]]:
     """(doc id, line, text or dialogue) of the first documents of ``path`` and of the
     document at ``largest_line`` (which may be further in; a row for Parquet/Arrow)."""
-    from packcli.pipeline import read_unit, record_validator
+    from packcli.stages.units import read_unit, record_validator
 
     picked: list[tuple[int, int, Any]] = []
     if fmt != "jsonl":
@@ -107,7 +107,7 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     or tokenizer is no longer what the run used); raises ``VerifyError`` on a difference.
     """
     from packcli.config import build_config
-    from packcli.pipeline import _resolve_tokenizing
+    from packcli.stages.prepare import resolve_tokenizing
 
     run = meta["run"]
     inputs = run.get("inputs") or []
@@ -128,7 +128,7 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
         values["tokenize"]["special_in_text"] = "special"
     try:
         cfg = build_config(values)
-        tok = _resolve_tokenizing(cfg)
+        tok = resolve_tokenizing(cfg)
     except PackcliError as exc:
         return {"skipped": f"cannot load the run's tokenizer or settings: {exc}"}
     if recorded["sha256"] not in _fingerprints(tok.loaded):

@@ -77,14 +77,20 @@ HARNESS = textwrap.dedent(
         phases.append((name, w, c, sorted(loaded() - before)))
 
     imported("import packcli.cli", "packcli.cli")
-    imported("import packcli.pipeline", "packcli.pipeline")
-    from packcli import pipeline
+    imported("import packcli.stages.run", "packcli.stages.run")
+    import importlib, pkgutil
+    import packcli.stages
+    stages = [importlib.import_module(m.name)
+              for m in pkgutil.iter_modules(packcli.stages.__path__, "packcli.stages.")]
     missing = []
     for name, attr in {phases!r}:
-        if hasattr(pipeline, attr):
-            setattr(pipeline, attr, timed(name, getattr(pipeline, attr)))
-        else:
+        # Patched wherever a stage module looks the function up (its own or an import).
+        holders = [m for m in stages if hasattr(m, attr)]
+        if not holders:
             missing.append(attr)
+        wrapped = timed(name, getattr(holders[0], attr)) if holders else None
+        for m in holders:
+            setattr(m, attr, wrapped)
     from packcli.cli import main
     sys.argv = ["packcli", *{argv!r}]
     code = 0
@@ -103,10 +109,10 @@ HARNESS = textwrap.dedent(
     """
 )
 
-# (label, attribute of packcli.pipeline); the wrapped functions are looked up by name.
+# (label, function name in the packcli.stages modules); the functions are looked up by name.
 PHASES = [
     ("tokenize: load tokenizer", "load_tokenizer"),
-    ("tokenize: choose backend + self-check", "_choose_backend"),
+    ("tokenize: choose backend + self-check", "choose_backend"),
     ("tokenize: read/encode/shards", "_tokenize_unit"),
     ("tokenize task (rest)", "tokenize_task"),
     ("plan: plan_two_tier", "plan_two_tier"),

@@ -62,8 +62,8 @@ from make_sample_corpus import main as make_corpus_main  # noqa: E402
 from packcli import jit  # noqa: E402
 from packcli.backends import _MAKERS, HFEncoder  # noqa: E402
 from packcli.config import PlanConfig, TokenizeConfig, build_config  # noqa: E402
-from packcli.pipeline import RunResult, run_pack  # noqa: E402
 from packcli.plan import plan_two_tier  # noqa: E402
+from packcli.stages.run import RunResult, run_pack  # noqa: E402
 from packcli.tokenizer import load_tokenizer  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT / "packcli" / "assets" / "demo_tokenizer.json"

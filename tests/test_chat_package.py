@@ -15,7 +15,7 @@ def test_the_pipeline_imports_chat_offsets_without_jinja2() -> None:
     """Every run imports ``packcli.chat.offsets`` through the pipeline; the package's
     ``__init__`` must not build the template sandbox for it."""
     code = (
-        "import sys, packcli.pipeline; "
+        "import sys, packcli.stages.run; "
         "print(sorted(m for m in ('jinja2', 'packcli.chat.sandbox') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -463,7 +463,7 @@ def test_a_different_plan_under_the_same_settings_rewrites_the_files(
     files behind the new report; an unchanged plan reuses every file."""
     import dataclasses
 
-    from packcli import pipeline
+    from packcli.stages import plan as pipeline
 
     out = tmp_path / "out"
     args = ["pack", str(corpus_dir / "*.jsonl*"), "-t", toy_tokenizer_path, "-o", out, *SMALL]

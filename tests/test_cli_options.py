@@ -98,7 +98,7 @@ def test_every_pack_flag_reaches_its_config_field(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Each flag given a value other than its default arrives in the RunConfig pack runs with."""
-    import packcli.pipeline
+    import packcli.stages.run
 
     seen: list[RunConfig] = []
 
@@ -106,7 +106,7 @@ def test_every_pack_flag_reaches_its_config_field(
         seen.append(cfg)
         raise SystemExit(0)
 
-    monkeypatch.setattr(packcli.pipeline, "run_pack", fake_run_pack)
+    monkeypatch.setattr(packcli.stages.run, "run_pack", fake_run_pack)
     flags = {
         "--tokenizer": "tok.json",
         "--text-field": "body",
@@ -169,7 +169,7 @@ def test_cli_import_loads_neither_numpy_nor_pyarrow() -> None:
     commands import their libraries when they run (stats pulled in numpy, ~0.2 s)."""
     code = (
         "import sys, packcli.cli; "
-        "print(sorted(m for m in ('numpy', 'pyarrow', 'packcli.pipeline') if m in sys.modules))"
+        "print(sorted(m for m in ('numpy', 'pyarrow', 'packcli.stages.run') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -148,7 +148,7 @@ def tiny_units(monkeypatch: pytest.MonkeyPatch) -> None:
     """Units of any size (real runs refuse --split-bytes under 1 MiB), and no grouping of
     small files, so a few KB of Parquet make several row-group units."""
     monkeypatch.setattr("packcli.config.MIN_SPLIT_BYTES", 1)
-    monkeypatch.setattr("packcli.pipeline.GROUP_BYTES", 1)
+    monkeypatch.setattr("packcli.stages.units.GROUP_BYTES", 1)
 
 
 @pytest.mark.usefixtures("tiny_units")
@@ -431,7 +431,7 @@ def test_hub_dataset_from_the_offline_cache(
 # --------------------------------------------------------------------------- crash safety
 
 TINY_UNITS = (
-    "import sys, packcli.config as c, packcli.pipeline as p; c.MIN_SPLIT_BYTES = 1; "
+    "import sys, packcli.config as c, packcli.stages.units as p; c.MIN_SPLIT_BYTES = 1; "
     "p.GROUP_BYTES = 1; from packcli.cli import main; main()"
 )
 

@@ -19,11 +19,13 @@ import pytest
 from corpora import mixed_lengths, write_corpus
 from typer.testing import CliRunner
 
-from packcli import lock, pipeline
 from packcli.cli import app
+from packcli.errors import PackcliError
 from packcli.expected import segment_hashes
 from packcli.publish import PushError, upload_files
 from packcli.shards import sha256_file
+from packcli.stages import lock, plan
+from packcli.stages import units as unit_files
 
 runner = CliRunner()
 SMALL = ["--short-len", "64", "--long-len", "1024", "-q"]
@@ -167,9 +169,9 @@ def test_a_rerun_that_changes_nothing_never_uncompletes(
     """The same command, failing after tokenizing (everything reused): still complete."""
 
     def boom(*args: object, **kwargs: object) -> None:
-        raise pipeline.PackcliError("planner failed")
+        raise PackcliError("planner failed")
 
-    monkeypatch.setattr(pipeline, "plan_two_tier", boom)
+    monkeypatch.setattr(plan, "plan_two_tier", boom)
     assert "planner failed" in fails(*pack_args(corpus, toy_tokenizer_path, out))
     assert (out / "packcli.json").is_file()
     assert "against the tokenized shards" in ok("verify", out)
@@ -224,7 +226,7 @@ def test_a_killed_holder_leaves_no_stale_lock(
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from packcli.lock import hold\n"
+            "import sys, time; from pathlib import Path; from packcli.stages.lock import hold\n"
             "with hold(Path(sys.argv[1]), Path(sys.argv[1]) / '.packcli'):\n"
             "    print('held', flush=True); time.sleep(60)",
             str(out),
@@ -450,7 +452,7 @@ def test_tiny_files_share_units_and_shards(
     (reject,) = (grouped / "rejected.jsonl").read_text().splitlines()
     assert (Path(json.loads(reject)["file"]), json.loads(reject)["line"]) == (paths[11], 3)
 
-    monkeypatch.setattr(pipeline, "GROUP_BYTES", 1)  # every file a unit of its own
+    monkeypatch.setattr(unit_files, "GROUP_BYTES", 1)  # every file a unit of its own
     ok("pack", *args, "-o", single)
     assert len(json.loads((single / ".packcli/tokens/stage.json").read_text())["units"]) == 60
     assert data_hashes(grouped) == data_hashes(single)
@@ -463,7 +465,7 @@ def test_adding_a_small_file_redoes_only_its_group(
     toy_tokenizer_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Group boundaries depend on each file alone: one file more changes one group."""
-    monkeypatch.setattr(pipeline, "GROUP_BYTES", 400)  # several groups of these files
+    monkeypatch.setattr(unit_files, "GROUP_BYTES", 400)  # several groups of these files
     tiny_files(tmp_path / "tiny", 40)
     out = tmp_path / "out"
     args = ["pack", tmp_path / "tiny", "-t", toy_tokenizer_path, "-o", out, *SMALL]

@@ -195,9 +195,9 @@ def test_freed_memory_goes_back_to_the_os_on_glibc() -> None:
     unit and shard (peak RSS measured in scripts/bench_pipeline.py --memory)."""
     import platform
 
-    from packcli import pipeline
+    from packcli.stages import tokenize
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("malloc_trim is glibc's")
-    assert pipeline._malloc_trim() is not None
-    pipeline.release_free_memory()
+    assert tokenize._malloc_trim() is not None
+    tokenize.release_free_memory()

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from packcli.cli import app
 from packcli.errors import ConfigError
 from packcli.shards import sha256_file
-from packcli.tasks import assign_by_size, resolve_task
+from packcli.stages.tasks import assign_by_size, resolve_task
 
 runner = CliRunner()
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"
@@ -128,7 +128,7 @@ def test_adding_a_file_reuses_the_others_and_keeps_provenance(
     reused as they are, and the report still names the right file and line. (Files this
     small would share a unit; with a 1-byte group size each file is a unit of its own, as
     files of GROUP_BYTES and more are; groups: tests/test_safety.py.)"""
-    monkeypatch.setattr("packcli.pipeline.GROUP_BYTES", 1)
+    monkeypatch.setattr("packcli.stages.units.GROUP_BYTES", 1)
     corpus = tmp_path / "c"
     corpus.mkdir()
     write_corpus(corpus / "b.jsonl", [5, 8, 400, 3], seed=1)  # the longest: b.jsonl line 3

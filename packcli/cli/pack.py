@@ -59,10 +59,10 @@ from packcli.config import (
     config_from_flags,
 )
 from packcli.errors import ConfigError
-from packcli.tasks import resolve_task
+from packcli.stages.tasks import resolve_task
 
 if TYPE_CHECKING:
-    from packcli.pipeline import RunResult
+    from packcli.stages.run import RunResult
 
 PACK_EPILOG = (
     "Examples:\n\n"
@@ -204,8 +204,8 @@ def pack_command(
     quiet: Quiet = False,
 ) -> None:
     """Read, tokenize, two-tier pack and write a Hugging Face dataset to OUT (all stages)."""
-    from packcli.executors import Executor
-    from packcli.pipeline import run_pack
+    from packcli.stages.executors import Executor
+    from packcli.stages.run import run_pack
 
     plan = PlanFlags(
         short_len=short_len,
@@ -305,8 +305,10 @@ def tokenize_command(
     quiet: Quiet = False,
 ) -> None:
     """Stage 1 of 4: tokenize this task's share of the input files into shards."""
-    from packcli.lock import hold
-    from packcli.pipeline import check_output, claim_output, prepare_tokenize, tokenize_task
+    from packcli.stages.lock import hold
+    from packcli.stages.prepare import prepare_tokenize
+    from packcli.stages.tokenize import tokenize_task
+    from packcli.stages.work import check_output, claim_output
 
     flags = _source_flags(
         out,
@@ -354,9 +356,9 @@ def plan_command(
     quiet: Quiet = False,
 ) -> None:
     """Stage 2 of 4: the global plan over all documents' lengths (one task)."""
-    from packcli.lock import hold
-    from packcli.pipeline import plan_stage
     from packcli.plan import tier_summary
+    from packcli.stages.lock import hold
+    from packcli.stages.plan import plan_stage
 
     plan = PlanFlags(
         short_len=short_len,
@@ -383,8 +385,9 @@ def write_command(
     quiet: Quiet = False,
 ) -> None:
     """Stage 3 of 4: write this task's share of the Parquet files from the saved plan."""
-    from packcli.lock import hold
-    from packcli.pipeline import check_output, write_stage
+    from packcli.stages.lock import hold
+    from packcli.stages.work import check_output
+    from packcli.stages.write import write_stage
 
     cfg = config_from_flags(config, RunFlags(out=out, work_dir=work_dir))
     index, count = resolve_task(task_index, num_tasks)
@@ -401,9 +404,10 @@ def finalize_command(
     tokens_per_step: TokensPerStep = TOKENS_PER_STEP,
 ) -> None:
     """Stage 4 of 4: check all files are written; write the dataset card and packcli.json."""
-    from packcli.lock import hold
-    from packcli.pipeline import check_output, finalize_stage
     from packcli.report import format_report
+    from packcli.stages.finalize import finalize_stage
+    from packcli.stages.lock import hold
+    from packcli.stages.work import check_output
 
     cfg = config_from_flags(None, RunFlags(out=out, work_dir=work_dir))
     check_output(cfg)

@@ -49,7 +49,7 @@ from packcli.errors import PackcliError
 log = logging.getLogger(__name__)
 
 # Lock files stay when a mirror is emptied: the command holding them is still running.
-_KEEP = frozenset({".packcli.lock", "lock", "locks"})
+_KEEP = frozenset({".packcli.stages.lock", "lock", "locks"})
 _SHARD_MANIFEST = re.compile(r"^shard-\d+\.json$")
 _PUT_THREADS = 8
 UNITS = "tokens/files"

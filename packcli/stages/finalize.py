@@ -1,0 +1,223 @@
+"""The finalize stage: checks every output file is written, removes strays, gathers the
+quarantined lines, builds the report and the card, and writes ``packcli.json`` last (then
+uploads a remote output)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packcli import __version__
+from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
+from packcli.config import (
+    RunConfig,
+)
+from packcli.errors import PackcliError
+from packcli.faults import crash_point
+from packcli.fs import (
+    redact,
+    upload_output,
+)
+from packcli.plan import Plan, RowLayout
+from packcli.read import (
+    shift_reject_lines,
+)
+from packcli.report import TOKENS_PER_STEP, build_report
+from packcli.shards import (
+    TokenShards,
+    atomic_write_bytes,
+    atomic_write_json,
+)
+from packcli.stages.index import collect_tokens
+from packcli.stages.plan import load_plan, stored_config
+from packcli.stages.work import REJECTED, read_json, recorded_read, require_out
+from packcli.stages.workstore import (
+    WorkStore,
+    in_mirror,
+    work_store,
+)
+from packcli.stages.write import parquet_jobs, write_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+@in_mirror
+def finalize_stage(
+    cfg: RunConfig,
+    *,
+    command: str = "",
+    plan: Plan | None = None,
+    tokens_per_step: int = TOKENS_PER_STEP,
+) -> dict:
+    """Check every output file is written, remove strays, write the card and the marker.
+    ``tokens_per_step``: the report's step-plan target (not a setting of the data)."""
+    out = require_out(cfg)
+    store = work_store(cfg)
+    store.pull_records()  # the stages' records, the plan and the quarantined lines
+    shards = collect_tokens(cfg)
+    if plan is None:
+        plan, _ = load_plan(cfg.work_path, shards)
+    cfg = stored_config(cfg)
+    fingerprint = write_fingerprint(cfg, shards)
+    files: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIG_NAMES}
+    missing = []
+    for name, i, _, _, _ in parquet_jobs(cfg, plan):
+        record = read_json(cfg.work_path / "write" / f"{name}-{i:05d}.json")
+        if record.get("fingerprint") != fingerprint:
+            missing.append(f"{name}-{i:05d}")
+            continue
+        files[name].append({k: v for k, v in record.items() if k != "fingerprint"})
+    if missing:
+        raise PackcliError(
+            f"write task(s) not finished: {len(missing)} output file(s) missing, "
+            f"e.g. {missing[0]}; run `packcli write` for every task first"
+        )
+    for name in CONFIG_NAMES:  # files of an earlier, different plan; temp files of crashes
+        keep = {f["file"] for f in files[name]}
+        for f in (out / "data" / name).glob("*"):
+            if f.name not in keep and (f.suffix == ".parquet" or ".tmp-" in f.name):
+                f.unlink()
+    # Records a killed task was writing (every write task is done now, so none is live).
+    for f in (cfg.work_path / "write").glob(".*.tmp-*"):
+        f.unlink()
+    _gather_rejects(cfg, out, shards)
+    lengths = shards.column("length").astype(np.int64)
+    largest = int(lengths.argmax())
+    report = build_report(
+        plan,
+        lengths,
+        short_len=cfg.plan.short_len,
+        long_len=cfg.plan.long_len,
+        input_stats={
+            "files": len(shards.success["files"]),
+            "blank_lines": shards.success["read_stats"]["blank_lines"],
+            "bytes": sum(f["size"] for f in shards.success["files"]),
+            "rejected_lines": sum(shards.success["read_stats"].get("rejected", {}).values()),
+            "rejected": shards.success["read_stats"].get("rejected", {}),
+            # Only when a file failed, so other reports (and their bytes) stay as they were.
+            **(
+                {"corrupt_streams": corrupt}
+                if (corrupt := shards.success["read_stats"].get("corrupt_streams"))
+                else {}
+            ),
+        },
+        chat=shards.success.get("chat"),
+        tokenizer=tokenizer_report(shards.success),
+        largest_provenance={
+            "file": (entry := shards.success["files"][shards.value("file_index", largest)])["path"],
+            # A row (0-based) of a Parquet/Arrow file, a line (1-based) of a jsonl file.
+            ("row" if "format" in entry else "line"): shards.value("line", largest),
+        },
+        preference=shards.success.get("preference"),
+        tokens_per_step=tokens_per_step,
+    )
+    if "preference" in shards.success:
+        _count_pair_segments(report, plan, shards)
+    run_info = {
+        "packcli_version": __version__,
+        "command": command,
+        "tokenizer": shards.success["tokenizer"],
+        "tokenizer_backend": shards.success.get("backend", {}),
+        "format": cfg.chat.format,
+        "inputs": shards.success["files"],
+        "tokens_fingerprint": shards.success["fingerprint"],
+        # Inputs + tokenizer + every setting the Parquet bytes depend on.
+        "fingerprint": fingerprint,
+        "work_dir": redact(cfg.remote_work)
+        if cfg.remote_work
+        else _relative_to_out(cfg.work_path, out),
+    }
+    for stale in (out / STATS_DIR).glob("*.png"):  # plots of an earlier run; `stats` remakes them
+        stale.unlink()
+    crash_point("finalize")
+    card = render_card(report, run_info, files, out)
+    atomic_write_bytes(out / "README.md", card.encode("utf-8"))
+    atomic_write_json(
+        out / MARKER,
+        {"config": _recorded_config(cfg), "run": run_info, "report": report, "files": files},
+    )
+    if cfg.remote_out:  # every file is final here: put them, packcli.json last
+        placed = {
+            f"data/{name}/{f['file']}": int(f["bytes"])
+            for name in CONFIG_NAMES
+            for f in files[name]
+            if isinstance(store, WorkStore)  # the write tasks put them there
+        }
+        upload_output(
+            out, cfg.work_path, cfg.remote_out, threads=cfg.tokenize.threads, placed=placed
+        )
+    return report
+
+
+def _recorded_config(cfg: RunConfig) -> dict[str, Any]:
+    """``cfg`` as ``packcli.json`` records it (URLs redacted)."""
+    data = cfg.to_dict()
+    data["out"] = redact(data["out"])
+    data["read"] = recorded_read(cfg.read)
+    return data
+
+
+def _count_pair_segments(report: dict[str, Any], plan: Plan, shards: TokenShards) -> None:
+    """The plan places a pair as one piece; the output holds it as two segments, which is
+    what ``tiers.*.segments`` counts (and ``preference.kept_pairs``, the pairs written)."""
+    is_pair = shards.column("chosen_len") > 0
+    for name in CONFIG_NAMES:
+        layout: RowLayout = getattr(plan, name)
+        pairs = int(is_pair[plan.piece_doc[layout.row_pieces]].sum())
+        report["tiers"][name]["segments"] += pairs
+        if name == "long":
+            report["preference"]["kept_pairs"] = pairs
+
+
+def tokenizer_report(index: dict[str, Any]) -> dict[str, Any]:
+    """What the tokenizer did that the user should know: settings of the tokenizer file that
+    were turned off, and special-token strings met inside documents (by token, most first)."""
+    info = index.get("tokenizer", {})
+    found = index.get("special_strings") or {}
+    return {
+        "disabled_settings": info.get("disabled", []),
+        "special_in_text": info.get("special_in_text"),
+        "special_strings": {
+            "occurrences": sum(found.values()),
+            "by_token": dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))[:20]),
+        },
+    }
+
+
+def _gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
+    """``OUT/rejected.jsonl``: every quarantined line of every input file, in input order
+    (written atomically; removed when nothing was rejected). A unit that is a byte span of a
+    file numbered its lines from the span; they become the file's own line numbers here."""
+    target = out / REJECTED
+    parts = [
+        (cfg.work_path / "tokens" / "files" / unit["key"] / REJECTED, unit["first_line"])
+        for unit in shards.success.get("units", [])
+    ]
+    parts = [(p, first_line) for p, first_line in parts if p.is_file()]
+    if not parts:
+        target.unlink(missing_ok=True)
+        return
+    tmp = target.with_name(f".{REJECTED}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as sink:
+        for part, first_line in parts:
+            with open(part, "rb") as fh:
+                if first_line:
+                    shift_reject_lines(fh, sink, first_line)
+                else:
+                    shutil.copyfileobj(fh, sink)
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(tmp, target)
+
+
+def _relative_to_out(path: Path, out: Path) -> str:
+    """Record the work folder relative to the output when inside it, so outputs can move."""
+    try:
+        return str(path.resolve().relative_to(out.resolve()))
+    except ValueError:
+        return str(path.resolve())

@@ -1,0 +1,126 @@
+"""The tokenize stage's index: checks that every unit is tokenized and numbers the documents
+globally, in input order (``tokens/_SUCCESS.json``), with the summed read statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from typing import Any
+
+from packcli.config import (
+    RunConfig,
+)
+from packcli.encode import StageTimes
+from packcli.errors import PackcliError
+from packcli.fs import (
+    redact,
+)
+from packcli.shards import (
+    SUCCESS,
+    TokenShards,
+    atomic_write_json,
+)
+from packcli.stages.units import unit_paths
+from packcli.stages.work import read_json, uncomplete
+from packcli.stages.workstore import (
+    work_store,
+)
+
+log = logging.getLogger(__name__)
+
+
+def collect_tokens(cfg: RunConfig) -> TokenShards:
+    """Check that every input file is tokenized and write the global shard index."""
+    folder = cfg.work_path / "tokens"
+    store = work_store(cfg)
+    store.pull_records("tokens")
+    stage = read_json(folder / "stage.json")
+    if not stage:
+        where = redact(f"{cfg.remote_work}/tokens") if cfg.remote_work else folder
+        raise PackcliError(f"no tokenize stage in {where}: run `packcli tokenize` first")
+    index_path = folder / SUCCESS
+    if read_json(index_path).get("fingerprint") == stage["fingerprint"]:
+        return TokenShards(folder, store)
+    shards: list[dict[str, Any]] = []
+    missing = []
+    totals = {"documents": 0, "blank_lines": 0, "bytes_read": 0}
+    rejected: dict[str, int] = {}
+    corrupt_streams: list[dict[str, Any]] = []
+    chat: dict[str, int] | None = None
+    preference: dict[str, int] | None = None
+    specials: Counter[str] = Counter()
+    next_doc = 0
+    lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
+    times = StageTimes()
+    units = []
+    for unit in stage["units"]:
+        done = read_json(folder / "files" / unit["key"] / SUCCESS)
+        if done.get("fingerprint") != unit["fingerprint"]:
+            more = len(unit_paths(unit)) - 1
+            where = f" bytes {unit['span']}" if unit["span"] else ""
+            if unit.get("row_groups"):
+                where = f" row groups {unit['row_groups']}"
+            missing.append(unit["path"] + where + (f" and {more} more file(s)" if more else ""))
+            continue
+        first_line = lines_before[unit["file_index"]]
+        lines_before[unit["file_index"]] += done["read_stats"]["lines"]
+        units.append({"key": unit["key"], "first_line": first_line})
+        for m in done["shards"]:
+            shards.append(
+                {
+                    **m,
+                    "file": f"files/{unit['key']}/{m['file']}",
+                    "first_doc_id": next_doc + m["first_doc_index"],
+                    "first_line": first_line,  # the shard's line column counts from its unit
+                    "file_index": unit["file_index"],  # in this run's input list
+                    # The unit's first file index when tokenized (the column's base).
+                    "tokenized_file_index": done.get("file_index"),
+                }
+            )
+        next_doc += done["num_docs"]
+        for key in totals:
+            totals[key] += done["read_stats"][key]
+        for reason, n in done["read_stats"].get("rejected", {}).items():
+            rejected[reason] = rejected.get(reason, 0) + n
+        corrupt_streams += done["read_stats"].get("corrupt_streams", [])
+        if done.get("chat") is not None:
+            chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
+        if done.get("preference") is not None:
+            preference = {
+                k: (preference or {}).get(k, 0) + v for k, v in done["preference"].items()
+            }
+        specials.update(done.get("special_strings", {}))
+        times.add(done.get("times", {}))
+    if missing:
+        raise PackcliError(
+            f"tokenize task(s) not finished: {len(missing)} of {len(stage['units'])} input "
+            f"unit(s) have no complete shards, e.g. {missing[0]}"
+        )
+    uncomplete(cfg)  # the index a finished output was checked against changes
+    atomic_write_json(
+        index_path,
+        {
+            "fingerprint": stage["fingerprint"],
+            "files": stage["files"],
+            "shards": shards,
+            "read_stats": {
+                "files": len(stage["files"]),
+                **totals,
+                "rejected": dict(sorted(rejected.items())),
+                "corrupt_streams": corrupt_streams,
+            },
+            "chat": chat,
+            # Only for preference outputs, so other indexes (and reports) stay as they were.
+            **({"preference": preference} if preference is not None else {}),
+            "special_strings": dict(sorted(specials.items())),
+            "units": units,
+            # Busy seconds of the tokenize stage's parts, summed over units (when they ran).
+            "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
+            "tokens": sum(m["num_tokens"] for m in shards),
+            "tokenizer": stage["tokenizer"],
+            "backend": read_json(folder / "backend.json"),
+        },
+    )
+    store.push(f"tokens/{SUCCESS}")
+    return TokenShards(folder, store)

@@ -1,0 +1,100 @@
+"""``packcli pack``: every stage in one command, tokenize and write as tasks on an executor
+(this process or Ray), plan and finalize here, under locks on the output and work folders."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from packcli.config import (
+    RunConfig,
+)
+from packcli.encode import StageTimes
+from packcli.report import TOKENS_PER_STEP
+from packcli.stages.executors import Executor
+from packcli.stages.finalize import finalize_stage
+from packcli.stages.lock import hold
+from packcli.stages.plan import plan_stage
+from packcli.stages.prepare import Prepared, prepare_tokenize
+from packcli.stages.tokenize import tokenize_task
+from packcli.stages.work import check_output, claim_output, require_out
+from packcli.stages.workstore import (
+    in_mirror,
+)
+from packcli.stages.write import write_stage, write_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    report: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
+    reused_tokens: bool = False
+    # Busy seconds inside the tokenize stage (read, encode, assemble, write, wait).
+    tokenize_times: dict[str, float] = field(default_factory=dict)
+
+
+@in_mirror
+def run_pack(
+    cfg: RunConfig,
+    *,
+    quiet: bool = False,
+    overwrite: bool = False,
+    command: str = "",
+    executor: Executor | None = None,
+    num_tasks: int | None = None,
+    tokens_per_step: int = TOKENS_PER_STEP,
+) -> RunResult:
+    """The whole job from one command: tokenize and write as ``num_tasks`` tasks each on the
+    executor (one in-process task by default), plan and finalize in this process.
+
+    Everything a user can get wrong is checked before any file is touched, and the output and
+    work folders are locked for the whole job (a second run on either fails at once)."""
+    out = require_out(cfg)
+    check_output(cfg, overwrite)
+    prepared = prepare_tokenize(cfg)
+    claim_output(cfg)
+    with hold(out, cfg.work_path):
+        return _run_locked(
+            cfg, prepared, quiet, command, executor or Executor("local"), num_tasks, tokens_per_step
+        )
+
+
+def _run_locked(
+    cfg: RunConfig,
+    prepared: Prepared,
+    quiet: bool,
+    command: str,
+    executor: Executor,
+    num_tasks: int | None,
+    tokens_per_step: int = TOKENS_PER_STEP,
+) -> RunResult:
+    n = num_tasks or executor.default_tasks()
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    # In this process the tokenizer is already loaded; Ray tasks load their own.
+    task = functools.partial(tokenize_task, prepared=prepared)
+    reused = all(
+        executor.map(task if executor.kind == "local" else tokenize_task, (cfg,), n, quiet=quiet)
+    )
+    timings["tokenize"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    plan, shards = plan_stage(cfg, quiet=quiet)
+    timings["plan"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if executor.kind == "local" and n == 1:
+        write_task(cfg, plan, shards, quiet=quiet)  # reuse the plan already in memory
+    else:
+        executor.map(write_stage, (cfg,), n, quiet=quiet)
+    timings["write"] = time.perf_counter() - t0
+    report = finalize_stage(cfg, command=command, plan=plan, tokens_per_step=tokens_per_step)
+    return RunResult(
+        report=report,
+        timings=timings,
+        reused_tokens=reused,
+        tokenize_times=StageTimes.ordered(shards.success.get("times", {})),
+    )

@@ -1,0 +1,171 @@
+"""The work folder and the output folder: their layout, records and ownership.
+
+What every stage shares: fingerprints (what a result depends on), reading records back,
+progress bars, and the rule that packcli writes only into folders that carry its marks
+(``check_output``/``claim_output``); ``uncomplete`` removes the completion marker just
+before something it vouches for changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from packcli.card import MARKER
+from packcli.config import (
+    ReadConfig,
+    RunConfig,
+)
+from packcli.errors import ConfigError
+from packcli.fs import (
+    check_remote_output,
+    redact,
+)
+from packcli.shards import (
+    atomic_write_json,
+)
+from packcli.stages.lock import OUT_LOCK
+from packcli.stages.workstore import (
+    WorkStore,
+    check_remote_work,
+    work_store,
+)
+
+log = logging.getLogger(__name__)
+
+
+REJECTED = "rejected.jsonl"
+
+
+def fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, unreadable, not UTF-8 or not JSON
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def progress_bar(quiet: bool, **kwargs: Any) -> tqdm:
+    """A progress bar on stderr; off with --quiet, and by itself when stderr is not a
+    terminal (batch jobs' logs stay free of carriage-return noise)."""
+    return tqdm(disable=True if quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)
+
+
+WORK_MARKER = "packcli-work.json"
+
+
+def _is_work_folder(work: Path, out: Path | None) -> bool:
+    """Whether ``work`` holds packcli's marker (naming ``out``, when given: a work folder
+    elsewhere claims only the output it was made for). A work folder of a packcli without
+    markers is recognised by its tokenize stage record."""
+    marker = read_json(work / WORK_MARKER)
+    if marker.get("packcli_work") == 1:
+        return out is None or marker.get("out") == str(out.resolve())
+    stage = read_json(work / "tokens" / "stage.json")
+    return out is None and "settings" in stage and "units" in stage
+
+
+def _is_output(out: Path) -> bool:
+    """Whether ``out`` holds a packcli.json that packcli wrote (not merely a file of that name)."""
+    run = read_json(out / MARKER).get("run")
+    return isinstance(run, dict) and "packcli_version" in run
+
+
+def _only_starting(out: Path) -> bool:
+    """True when ``out`` holds nothing but what a run starting this instant makes before its
+    marker is in place (the lock file, an empty work folder or its marker's temp file), so
+    concurrent tokenize tasks on a new folder do not refuse each other."""
+    for entry in out.iterdir():
+        if entry.name == OUT_LOCK:
+            continue
+        if (
+            entry.name == ".packcli"
+            and entry.is_dir()
+            and all(f.name.startswith(f".{WORK_MARKER}.tmp-") for f in entry.iterdir())
+        ):
+            continue
+        return False
+    return True
+
+
+def check_output_folder(out: Path, overwrite: bool, work: Path | None = None) -> None:
+    """Refuse to write into a non-empty folder that is not a packcli output.
+
+    Ours means packcli's own marks: a packcli.json it wrote, or a work folder marker (inside
+    ``out``, or the ``--work-dir`` one naming ``out``). A folder that merely has a ``data/``
+    subfolder is not ours: packcli would replace its README.md and delete its Parquet files.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
+    if not out.exists() or overwrite or _only_starting(out):
+        return
+    if _is_output(out) or _is_work_folder(out / ".packcli", None):
+        return
+    if work is not None and _is_work_folder(work, out):
+        return
+    raise ConfigError(
+        f"output folder {out} is not empty and is not a packcli output (no packcli.json or "
+        "work folder marker of packcli); choose another --out or pass --overwrite"
+    )
+
+
+def check_output(cfg: RunConfig, overwrite: bool = False) -> None:
+    """``check_output_folder`` for ``cfg``'s output: the local folder, and for a remote
+    ``--out`` also the prefix on the store (foreign files there are refused alike)."""
+    check_output_folder(cfg.out_path, overwrite, cfg.work_path)
+    if cfg.remote_out:
+        check_remote_output(cfg.remote_out, overwrite)
+    if cfg.remote_work:
+        check_remote_work(cfg.remote_work, work_marker(cfg), WORK_MARKER, overwrite)
+
+
+def claim_output(cfg: RunConfig) -> None:
+    """Create the output and work folders and mark the work folder as packcli's, naming its
+    output (idempotent: every task of a stage writes the same bytes)."""
+    out = require_out(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    work = cfg.work_path
+    work.mkdir(parents=True, exist_ok=True)
+    marker = work_marker(cfg)
+    if read_json(work / WORK_MARKER) != marker:
+        atomic_write_json(work / WORK_MARKER, marker)
+    store = work_store(cfg)
+    if isinstance(store, WorkStore):
+        store.claim(marker, WORK_MARKER)
+
+
+def work_marker(cfg: RunConfig) -> dict[str, Any]:
+    """The work folder's marker: it names the output it was made for (a URL work folder's,
+    the output's redacted URL)."""
+    out = redact(cfg.out) if cfg.remote_work else str(cfg.out_path.resolve())
+    return {"packcli_work": 1, "out": out}
+
+
+def uncomplete(cfg: RunConfig) -> None:
+    """Remove the completion marker just before this run changes something it vouches for
+    (tokenized shards, the shard index, a Parquet file): a run that fails validation, or that
+    reuses everything, leaves a finished output finished. Write tasks on a URL work folder
+    put Parquet files straight under the remote output, so its marker goes too."""
+    (cfg.out_path / MARKER).unlink(missing_ok=True)
+    work_store(cfg).uncomplete()
+
+
+def require_out(cfg: RunConfig) -> Path:
+    if not cfg.out:
+        raise ConfigError("no output folder given: pass --out OUT")
+    return cfg.out_path
+
+
+def recorded_read(read: ReadConfig) -> dict[str, Any]:
+    """The read settings as recorded: input URLs without any secret they carry."""
+    return {**dataclasses.asdict(read), "inputs": [redact(str(s)) for s in read.inputs]}
