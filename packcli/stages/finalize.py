@@ -64,60 +64,10 @@ def finalize_stage(
         plan, _ = load_plan(cfg.work_path, shards)
     cfg = stored_config(cfg)
     fingerprint = write_fingerprint(cfg, shards)
-    files: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIG_NAMES}
-    missing = []
-    for name, i, _, _, _ in parquet_jobs(cfg, plan):
-        record = read_json(cfg.work_path / "write" / f"{name}-{i:05d}.json")
-        if record.get("fingerprint") != fingerprint:
-            missing.append(f"{name}-{i:05d}")
-            continue
-        files[name].append({k: v for k, v in record.items() if k != "fingerprint"})
-    if missing:
-        raise PackcliError(
-            f"write task(s) not finished: {len(missing)} output file(s) missing, "
-            f"e.g. {missing[0]}; run `packcli write` for every task first"
-        )
-    for name in CONFIG_NAMES:  # files of an earlier, different plan; temp files of crashes
-        keep = {f["file"] for f in files[name]}
-        for f in (out / "data" / name).glob("*"):
-            if f.name not in keep and (f.suffix == ".parquet" or ".tmp-" in f.name):
-                f.unlink()
-    # Records a killed task was writing (every write task is done now, so none is live).
-    for f in (cfg.work_path / "write").glob(".*.tmp-*"):
-        f.unlink()
+    files = _written_files(cfg, plan, fingerprint)
+    _remove_strays(cfg, out, files)
     _gather_rejects(cfg, out, shards)
-    lengths = shards.column("length").astype(np.int64)
-    largest = int(lengths.argmax())
-    report = build_report(
-        plan,
-        lengths,
-        short_len=cfg.plan.short_len,
-        long_len=cfg.plan.long_len,
-        input_stats={
-            "files": len(shards.success["files"]),
-            "blank_lines": shards.success["read_stats"]["blank_lines"],
-            "bytes": sum(f["size"] for f in shards.success["files"]),
-            "rejected_lines": sum(shards.success["read_stats"].get("rejected", {}).values()),
-            "rejected": shards.success["read_stats"].get("rejected", {}),
-            # Only when a file failed, so other reports (and their bytes) stay as they were.
-            **(
-                {"corrupt_streams": corrupt}
-                if (corrupt := shards.success["read_stats"].get("corrupt_streams"))
-                else {}
-            ),
-        },
-        chat=shards.success.get("chat"),
-        tokenizer=tokenizer_report(shards.success),
-        largest_provenance={
-            "file": (entry := shards.success["files"][shards.value("file_index", largest)])["path"],
-            # A row (0-based) of a Parquet/Arrow file, a line (1-based) of a jsonl file.
-            ("row" if "format" in entry else "line"): shards.value("line", largest),
-        },
-        preference=shards.success.get("preference"),
-        tokens_per_step=tokens_per_step,
-    )
-    if "preference" in shards.success:
-        _count_pair_segments(report, plan, shards)
+    report = _report(cfg, plan, shards, tokens_per_step)
     run_info = {
         "packcli_version": __version__,
         "command": command,
@@ -151,6 +101,78 @@ def finalize_stage(
         upload_output(
             out, cfg.work_path, cfg.remote_out, threads=cfg.tokenize.threads, placed=placed
         )
+    return report
+
+
+def _written_files(cfg: RunConfig, plan: Plan, fingerprint: str) -> dict[str, list[dict[str, Any]]]:
+    """Every output file's write record (what ``packcli.json`` lists), per config; fails
+    naming one that is missing or was written for another plan or settings."""
+    files: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIG_NAMES}
+    missing = []
+    for name, i, _, _, _ in parquet_jobs(cfg, plan):
+        record = read_json(cfg.work_path / "write" / f"{name}-{i:05d}.json")
+        if record.get("fingerprint") != fingerprint:
+            missing.append(f"{name}-{i:05d}")
+            continue
+        files[name].append({k: v for k, v in record.items() if k != "fingerprint"})
+    if missing:
+        raise PackcliError(
+            f"write task(s) not finished: {len(missing)} output file(s) missing, "
+            f"e.g. {missing[0]}; run `packcli write` for every task first"
+        )
+    return files
+
+
+def _remove_strays(cfg: RunConfig, out: Path, files: dict[str, list[dict[str, Any]]]) -> None:
+    """Parquet files of an earlier, different plan, temp files of crashes, records a killed
+    task was writing (every write task is done now, so none is live)."""
+    for name in CONFIG_NAMES:
+        keep = {f["file"] for f in files[name]}
+        for f in (out / "data" / name).glob("*"):
+            if f.name not in keep and (f.suffix == ".parquet" or ".tmp-" in f.name):
+                f.unlink()
+    for f in (cfg.work_path / "write").glob(".*.tmp-*"):
+        f.unlink()
+
+
+def _report(
+    cfg: RunConfig, plan: Plan, shards: TokenShards, tokens_per_step: int
+) -> dict[str, Any]:
+    """The run's report, from the plan, the documents' lengths and the stage's index."""
+    lengths = shards.column("length").astype(np.int64)
+    largest = int(lengths.argmax())
+    read_stats = shards.success["read_stats"]
+    entry = shards.success["files"][shards.value("file_index", largest)]
+    report = build_report(
+        plan,
+        lengths,
+        short_len=cfg.plan.short_len,
+        long_len=cfg.plan.long_len,
+        input_stats={
+            "files": len(shards.success["files"]),
+            "blank_lines": read_stats["blank_lines"],
+            "bytes": sum(f["size"] for f in shards.success["files"]),
+            "rejected_lines": sum(read_stats.get("rejected", {}).values()),
+            "rejected": read_stats.get("rejected", {}),
+            # Only when a file failed, so other reports (and their bytes) stay as they were.
+            **(
+                {"corrupt_streams": corrupt}
+                if (corrupt := read_stats.get("corrupt_streams"))
+                else {}
+            ),
+        },
+        chat=shards.success.get("chat"),
+        tokenizer=tokenizer_report(shards.success),
+        largest_provenance={
+            "file": entry["path"],
+            # A row (0-based) of a Parquet/Arrow file, a line (1-based) of a jsonl file.
+            ("row" if "format" in entry else "line"): shards.value("line", largest),
+        },
+        preference=shards.success.get("preference"),
+        tokens_per_step=tokens_per_step,
+    )
+    if "preference" in shards.success:
+        _count_pair_segments(report, plan, shards)
     return report
 
 

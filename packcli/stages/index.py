@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from packcli.config import (
@@ -30,6 +31,37 @@ from packcli.stages.workstore import (
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Totals:
+    """The units' read and encode counts, summed into the index."""
+
+    read: dict[str, int] = field(
+        default_factory=lambda: {"documents": 0, "blank_lines": 0, "bytes_read": 0}
+    )
+    rejected: dict[str, int] = field(default_factory=dict)
+    corrupt_streams: list[dict[str, Any]] = field(default_factory=list)
+    chat: dict[str, int] | None = None
+    preference: dict[str, int] | None = None
+    specials: Counter[str] = field(default_factory=Counter)
+    times: StageTimes = field(default_factory=StageTimes)
+
+    def add(self, done: dict[str, Any]) -> None:
+        """Add one unit's completion record."""
+        for key in self.read:
+            self.read[key] += done["read_stats"][key]
+        for reason, n in done["read_stats"].get("rejected", {}).items():
+            self.rejected[reason] = self.rejected.get(reason, 0) + n
+        self.corrupt_streams += done["read_stats"].get("corrupt_streams", [])
+        if done.get("chat") is not None:
+            self.chat = {k: (self.chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
+        if done.get("preference") is not None:
+            self.preference = {
+                k: (self.preference or {}).get(k, 0) + v for k, v in done["preference"].items()
+            }
+        self.specials.update(done.get("special_strings", {}))
+        self.times.add(done.get("times", {}))
+
+
 def collect_tokens(cfg: RunConfig) -> TokenShards:
     """Check that every input file is tokenized and write the global shard index."""
     folder = cfg.work_path / "tokens"
@@ -44,24 +76,14 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
         return TokenShards(folder, store)
     shards: list[dict[str, Any]] = []
     missing = []
-    totals = {"documents": 0, "blank_lines": 0, "bytes_read": 0}
-    rejected: dict[str, int] = {}
-    corrupt_streams: list[dict[str, Any]] = []
-    chat: dict[str, int] | None = None
-    preference: dict[str, int] | None = None
-    specials: Counter[str] = Counter()
+    totals = _Totals()
     next_doc = 0
     lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
-    times = StageTimes()
     units = []
     for unit in stage["units"]:
         done = read_json(folder / "files" / unit["key"] / SUCCESS)
         if done.get("fingerprint") != unit["fingerprint"]:
-            more = len(unit_paths(unit)) - 1
-            where = f" bytes {unit['span']}" if unit["span"] else ""
-            if unit.get("row_groups"):
-                where = f" row groups {unit['row_groups']}"
-            missing.append(unit["path"] + where + (f" and {more} more file(s)" if more else ""))
+            missing.append(_unit_name(unit))
             continue
         first_line = lines_before[unit["file_index"]]
         lines_before[unit["file_index"]] += done["read_stats"]["lines"]
@@ -79,19 +101,7 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                 }
             )
         next_doc += done["num_docs"]
-        for key in totals:
-            totals[key] += done["read_stats"][key]
-        for reason, n in done["read_stats"].get("rejected", {}).items():
-            rejected[reason] = rejected.get(reason, 0) + n
-        corrupt_streams += done["read_stats"].get("corrupt_streams", [])
-        if done.get("chat") is not None:
-            chat = {k: (chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
-        if done.get("preference") is not None:
-            preference = {
-                k: (preference or {}).get(k, 0) + v for k, v in done["preference"].items()
-            }
-        specials.update(done.get("special_strings", {}))
-        times.add(done.get("times", {}))
+        totals.add(done)
     if missing:
         raise PackcliError(
             f"tokenize task(s) not finished: {len(missing)} of {len(stage['units'])} input "
@@ -106,17 +116,17 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             "shards": shards,
             "read_stats": {
                 "files": len(stage["files"]),
-                **totals,
-                "rejected": dict(sorted(rejected.items())),
-                "corrupt_streams": corrupt_streams,
+                **totals.read,
+                "rejected": dict(sorted(totals.rejected.items())),
+                "corrupt_streams": totals.corrupt_streams,
             },
-            "chat": chat,
+            "chat": totals.chat,
             # Only for preference outputs, so other indexes (and reports) stay as they were.
-            **({"preference": preference} if preference is not None else {}),
-            "special_strings": dict(sorted(specials.items())),
+            **({"preference": totals.preference} if totals.preference is not None else {}),
+            "special_strings": dict(sorted(totals.specials.items())),
             "units": units,
             # Busy seconds of the tokenize stage's parts, summed over units (when they ran).
-            "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
+            "times": {k: round(v, 3) for k, v in dataclasses.asdict(totals.times).items()},
             "tokens": sum(m["num_tokens"] for m in shards),
             "tokenizer": stage["tokenizer"],
             "backend": read_json(folder / "backend.json"),
@@ -124,3 +134,12 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     )
     store.push(f"tokens/{SUCCESS}")
     return TokenShards(folder, store)
+
+
+def _unit_name(unit: dict[str, Any]) -> str:
+    """A unit as an error names it: its first file, and its span, row groups or group size."""
+    more = len(unit_paths(unit)) - 1
+    where = f" bytes {unit['span']}" if unit["span"] else ""
+    if unit.get("row_groups"):
+        where = f" row groups {unit['row_groups']}"
+    return unit["path"] + where + (f" and {more} more file(s)" if more else "")

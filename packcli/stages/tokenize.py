@@ -11,7 +11,8 @@ import functools
 import logging
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,22 +103,7 @@ def tokenize_task(
     claim_output(cfg)
     store = work_store(cfg)
     folder = cfg.work_path / "tokens"
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(
-        folder / "stage.json",
-        {
-            "fingerprint": fingerprint({"stage": stage_fp, "units": units}),
-            "settings": tok.settings,
-            "tokenizer": tok.record,
-            "config": {
-                "read": recorded_read(cfg.read),
-                "tokenize": cfg.to_dict()["tokenize"],
-                "chat": dataclasses.asdict(cfg.chat),
-            },
-            "files": files,
-            "units": units,
-        },
-    )
+    _write_stage_record(cfg, tok, stage_fp, files, units)
     store.push("tokens/stage.json")
     store.pull(f"tokens/{SUCCESS}", "tokens/backend.json")
     task_of = assign_by_size([u["size"] for u in units], num_tasks)
@@ -161,6 +147,34 @@ def tokenize_task(
     if not pending:
         log.info("reusing tokenized shards for all %d input unit(s) of this task", len(mine))
     return not pending
+
+
+def _write_stage_record(
+    cfg: RunConfig,
+    tok: Tokenizing,
+    stage_fp: str,
+    files: list[dict[str, Any]],
+    units: list[dict[str, Any]],
+) -> None:
+    """``tokens/stage.json``: the stage's settings, tokenizer, input files and units (the
+    same bytes from every task of the same run)."""
+    folder = cfg.work_path / "tokens"
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(
+        folder / "stage.json",
+        {
+            "fingerprint": fingerprint({"stage": stage_fp, "units": units}),
+            "settings": tok.settings,
+            "tokenizer": tok.record,
+            "config": {
+                "read": recorded_read(cfg.read),
+                "tokenize": cfg.to_dict()["tokenize"],
+                "chat": dataclasses.asdict(cfg.chat),
+            },
+            "files": files,
+            "units": units,
+        },
+    )
 
 
 def _render_pool(cfg: RunConfig, encoder: Any, pending_bytes: int) -> Any:
@@ -212,6 +226,17 @@ class _TokenizeProgress:
         )
 
 
+@dataclass
+class _UnitCounts:
+    """What tokenizing one unit counts, for its completion record."""
+
+    read: ReadStats = field(default_factory=ReadStats)
+    chat: ChatStats = field(default_factory=ChatStats)
+    preference: Any = None  # PreferenceStats, for preference runs
+    times: StageTimes = field(default_factory=StageTimes)
+    specials: Counter[str] = field(default_factory=Counter)
+
+
 def _tokenize_unit(
     cfg: RunConfig,
     unit: dict[str, Any],
@@ -223,7 +248,6 @@ def _tokenize_unit(
     """Tokenize one input unit (a file or a byte span of one) that is not complete yet,
     resuming after its finished shards. ``renderers``: chat rendering workers, or None."""
     folder = cfg.work_path / "tokens" / "files" / unit["key"]
-    success = folder / SUCCESS
     done_shards = _resumable_shards(folder, unit["fingerprint"])
     resume_doc = done_shards[-1]["last_doc_index"] + 1 if done_shards else 0
     if done_shards:
@@ -232,62 +256,24 @@ def _tokenize_unit(
             unit["path"],
             len(done_shards),
         )
-    stats = ReadStats()
-    chat_stats = ChatStats()
-    preference = encoder if cfg.chat.is_preference else None  # with its backend
-    pref_stats: Any = None
-    if preference is not None:
-        from packcli.chat.preference import PreferenceStats, tokenize_preference_batches
+    counts = _UnitCounts()
+    if cfg.chat.is_preference:
+        from packcli.chat.preference import PreferenceStats
 
-        pref_stats = PreferenceStats()
-    times = StageTimes()
-    specials: Counter[str] = Counter()
+        counts.preference = PreferenceStats()
     done_bytes = 0
-    path = unit["path"]
-    skip = cfg.read.on_bad_line == "skip"
-    schema = CHAT_SHARD_SCHEMA if isinstance(encoder, ChatEncoder) else SHARD_SCHEMA
-    if preference is not None:
-        schema = PREFERENCE_SHARD_SCHEMA
     with (
         RejectSink(folder / REJECTED) as sink,
-        ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, schema) as writer,
+        ShardWriter(
+            folder, cfg.tokenize.shard_tokens, done_shards, _schema(cfg, encoder)
+        ) as writer,
     ):
-        source = read_unit(cfg, unit, cfg.read.batch_size, stats, sink)
-        batches = prefetch(_skip_documents(source, resume_doc, unit["file_index"]), times=times)
-
-        def template_failed(batch: DocBatch, index: int, reason: str) -> None:
-            line = int(batch.line[index])
-            doc_path = unit_paths(unit)[int(batch.file_index[index]) - unit["file_index"]]
-            if not skip:
-                if "format" in unit:  # a row of a Parquet/Arrow file (range)
-                    row = line + stats.rows_before
-                    raise InputError(f"{doc_path}: row {row}: {reason}")
-                line += count_newlines(doc_path, stats.first_line_byte)  # a file line
-                raise InputError(f"{doc_path}:{line}: {reason}")
-            stats.rejected["template_error"] = stats.rejected.get("template_error", 0) + 1
-            record = batch.texts[index]
-            if preference is None:
-                record = {cfg.chat.messages_field: record}
-            sink.add(doc_path, line, "template_error", orjson.dumps(record), reason)
-
-        if preference is not None:
-            tokenized = tokenize_preference_batches(
-                batches, preference, pref_stats, template_failed, times
-            )
-        elif isinstance(encoder, ChatEncoder):
-            tokenized = tokenize_chat_batches(
-                batches, encoder, chat_stats, template_failed, times, renderers
-            )
-        else:
-            tokenized = tokenize_batches(
-                batches,
-                encoder,
-                bos=tok.bos,
-                eos=tok.eos,
-                times=times,
-                count_specials=(SpecialStringCounter.of(tok.loaded.tokenizer), specials),
-            )
-        for batch, record_batch in tokenized:
+        source = read_unit(cfg, unit, cfg.read.batch_size, counts.read, sink)
+        batches = prefetch(
+            _skip_documents(source, resume_doc, unit["file_index"]), times=counts.times
+        )
+        failed = _template_failed(cfg, unit, counts.read, sink)
+        for batch, record_batch in _encoded(cfg, batches, encoder, tok, counts, failed, renderers):
             shards_before = len(writer.manifests)
             writer.add(record_batch)
             if len(writer.manifests) > shards_before:
@@ -297,39 +283,108 @@ def _tokenize_unit(
             tokens = int(to_numpy(record_batch.column("length")).sum())
             progress.update(batch.progress_bytes - done_bytes, tokens)
             done_bytes = batch.progress_bytes
-    times.write += writer.flush_seconds
+    counts.times.write += writer.flush_seconds
     progress.update(unit["size"] - done_bytes, 0)
     log.info(
         "tokenized %s%s: busy seconds %s",
-        path,
+        unit["path"],
         f" bytes {unit['span']}" if unit["span"] else "",
-        ", ".join(f"{k} {v:.2f}" for k, v in dataclasses.asdict(times).items()),
+        ", ".join(f"{k} {v:.2f}" for k, v in dataclasses.asdict(counts.times).items()),
     )
-    atomic_write_json(
-        success,
-        {
-            "fingerprint": unit["fingerprint"],
-            "path": path,
-            "span": unit["span"],
-            # The shards' file_index column is this plus the file's place in the unit.
-            "file_index": unit["file_index"],
-            "num_docs": sum(m["num_docs"] for m in writer.manifests),
-            "num_tokens": sum(m["num_tokens"] for m in writer.manifests),
-            "shards": writer.manifests,
-            "read_stats": {
-                "documents": stats.documents,
-                "blank_lines": stats.blank_lines,
-                "bytes_read": stats.bytes_read,
-                "lines": stats.lines,
-                "rejected": dict(sorted(stats.rejected.items())),
-                "corrupt_streams": stats.corrupt_streams,
-            },
-            "chat": dataclasses.asdict(chat_stats) if isinstance(encoder, ChatEncoder) else None,
-            **({"preference": dataclasses.asdict(pref_stats)} if pref_stats is not None else {}),
-            "special_strings": dict(sorted(specials.items())),
-            "times": {k: round(v, 3) for k, v in dataclasses.asdict(times).items()},
+    atomic_write_json(folder / SUCCESS, _unit_record(unit, writer.manifests, encoder, counts))
+
+
+def _schema(cfg: RunConfig, encoder: Any) -> Any:
+    """The shards' schema: text, chat (with labels) or preference (with the pair split)."""
+    if cfg.chat.is_preference:
+        return PREFERENCE_SHARD_SCHEMA
+    return CHAT_SHARD_SCHEMA if isinstance(encoder, ChatEncoder) else SHARD_SCHEMA
+
+
+def _template_failed(
+    cfg: RunConfig, unit: dict[str, Any], stats: ReadStats, sink: RejectSink
+) -> Callable[[DocBatch, int, str], None]:
+    """What a dialogue the chat template cannot render does: stop the run naming its file and
+    line (row), or, under ``--on-bad-line skip``, go to the quarantine and be counted."""
+
+    def failed(batch: DocBatch, index: int, reason: str) -> None:
+        line = int(batch.line[index])
+        doc_path = unit_paths(unit)[int(batch.file_index[index]) - unit["file_index"]]
+        if cfg.read.on_bad_line != "skip":
+            if "format" in unit:  # a row of a Parquet/Arrow file (range)
+                row = line + stats.rows_before
+                raise InputError(f"{doc_path}: row {row}: {reason}")
+            line += count_newlines(doc_path, stats.first_line_byte)  # a file line
+            raise InputError(f"{doc_path}:{line}: {reason}")
+        stats.rejected["template_error"] = stats.rejected.get("template_error", 0) + 1
+        record = batch.texts[index]
+        if not cfg.chat.is_preference:
+            record = {cfg.chat.messages_field: record}
+        sink.add(doc_path, line, "template_error", orjson.dumps(record), reason)
+
+    return failed
+
+
+def _encoded(
+    cfg: RunConfig,
+    batches: Iterator[DocBatch],
+    encoder: Any,
+    tok: Tokenizing,
+    counts: _UnitCounts,
+    failed: Callable[[DocBatch, int, str], None],
+    renderers: Any,
+) -> Iterator[tuple[DocBatch, Any]]:
+    """(batch, its shard rows) for the run's format: preference pairs, chat, or text."""
+    if cfg.chat.is_preference:
+        from packcli.chat.preference import tokenize_preference_batches
+
+        return tokenize_preference_batches(
+            batches, encoder, counts.preference, failed, counts.times
+        )
+    if isinstance(encoder, ChatEncoder):
+        return tokenize_chat_batches(batches, encoder, counts.chat, failed, counts.times, renderers)
+    return tokenize_batches(
+        batches,
+        encoder,
+        bos=tok.bos,
+        eos=tok.eos,
+        times=counts.times,
+        count_specials=(SpecialStringCounter.of(tok.loaded.tokenizer), counts.specials),
+    )
+
+
+def _unit_record(
+    unit: dict[str, Any], manifests: list[dict[str, Any]], encoder: Any, counts: _UnitCounts
+) -> dict[str, Any]:
+    """The unit's completion record (``_SUCCESS.json``): its shards and what reading and
+    encoding it counted; written last, so its presence marks the unit complete."""
+    stats = counts.read
+    return {
+        "fingerprint": unit["fingerprint"],
+        "path": unit["path"],
+        "span": unit["span"],
+        # The shards' file_index column is this plus the file's place in the unit.
+        "file_index": unit["file_index"],
+        "num_docs": sum(m["num_docs"] for m in manifests),
+        "num_tokens": sum(m["num_tokens"] for m in manifests),
+        "shards": manifests,
+        "read_stats": {
+            "documents": stats.documents,
+            "blank_lines": stats.blank_lines,
+            "bytes_read": stats.bytes_read,
+            "lines": stats.lines,
+            "rejected": dict(sorted(stats.rejected.items())),
+            "corrupt_streams": stats.corrupt_streams,
         },
-    )
+        "chat": dataclasses.asdict(counts.chat) if isinstance(encoder, ChatEncoder) else None,
+        **(
+            {"preference": dataclasses.asdict(counts.preference)}
+            if counts.preference is not None
+            else {}
+        ),
+        "special_strings": dict(sorted(counts.specials.items())),
+        "times": {k: round(v, 3) for k, v in dataclasses.asdict(counts.times).items()},
+    }
 
 
 def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
