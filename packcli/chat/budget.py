@@ -15,14 +15,13 @@ from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jinja2.exceptions import SecurityError
 from jinja2.runtime import LoopContext
 from jinja2.utils import Namespace
 
-if TYPE_CHECKING:
-    from packcli.chat.spans import Span
+Span = tuple[int, int]  # a character range [start, end) of the rendered text
 
 
 @dataclass(frozen=True)

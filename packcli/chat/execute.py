@@ -12,19 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 
-from packcli.chat.budget import METER, BudgetExceeded, Meter
+from packcli.chat.budget import METER, BudgetExceeded, Meter, Span
 from packcli.chat.errors import ChatFormatError, ChatTemplateError
 from packcli.chat.sandbox import ENV, Guard, TemplateRaised
-
-if TYPE_CHECKING:
-    from packcli.chat.spans import Span
-
 
 _FORBIDDEN = {
     nodes.Include: "{% include %}",

@@ -18,11 +18,11 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from packcli.chat.budget import DEFAULT_LIMITS, Meter, RenderLimits
+from packcli.chat.budget import DEFAULT_LIMITS, Meter, RenderLimits, Span
 from packcli.chat.errors import ChatFormatError
 from packcli.chat.execute import compile_template, count_input_chars, run_compiled
 from packcli.chat.markers import TurnMarkers, turn_markers
-from packcli.chat.spans import Span, located_spans
+from packcli.chat.spans import located_spans
 from packcli.chat.templates import ChatTemplate
 
 

@@ -36,13 +36,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from packcli.chat.budget import Span
 from packcli.chat.errors import ChatFormatError
 from packcli.chat.markers import TurnMarkers
-
-Span = tuple[int, int]  # a character range [start, end) of the rendered text
-
-
-Span = tuple[int, int]
 
 
 def _find_before(text: str, needle: str, start: int, end: int, latest: int) -> int:
