@@ -10,8 +10,13 @@ cannot drift from the code.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
@@ -198,3 +203,83 @@ TokensPerStep = Annotated[
     ),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+
+
+# -- groups: options several commands take together ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class DocumentOptions:
+    """What a document is: its text field and the special tokens around it."""
+
+    text_field: TextField = None
+    eos: Eos = None
+    bos: Bos = None
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """How the input is read and encoded (``pack`` and ``tokenize``)."""
+
+    batch_size: BatchSize = None
+    tokenizer_backend: Backend = None
+    num_proc: NumProc = None
+    special_in_text: SpecialInText = None
+    on_bad_line: OnBadLine = None
+    split_bytes: SplitBytes = None
+    input_format: InputFormat = None
+    format_: Format = None
+    messages_field: MessagesField = None
+    chat_template: ChatTemplateOpt = None
+    train_on: TrainOn = None
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The planner's settings (``pack`` and ``plan``)."""
+
+    short_len: ShortLen = None
+    long_len: LongLen = None
+    overlong: Overlong = None
+    algorithm: Algorithm = None
+    seed: Seed = None
+    balance: Balance = None
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def grouped(fn: F) -> F:
+    """Let a command take option groups: each parameter annotated with one of the groups
+    above stands, in the command's signature that typer reads, for the group's options in
+    their order; the command receives the group as one typed value. So ``pack`` and
+    ``tokenize`` (and ``pack`` and ``plan``) declare their shared options once, here, and
+    keep their order in ``--help``."""
+    hints = get_type_hints(fn, include_extras=True)
+    groups = {
+        name: hint
+        for name, hint in hints.items()
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type)
+    }
+    spread: list[inspect.Parameter] = []
+    for param in inspect.signature(fn).parameters.values():
+        group = groups.get(param.name)
+        if group is None:
+            spread.append(param.replace(annotation=hints.get(param.name, param.annotation)))
+            continue
+        fields = get_type_hints(group, include_extras=True)
+        spread += [
+            inspect.Parameter(
+                f.name, param.POSITIONAL_OR_KEYWORD, default=f.default, annotation=fields[f.name]
+            )
+            for f in dataclasses.fields(group)
+        ]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        for name, group in groups.items():
+            kwargs[name] = group(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(group)})
+        return fn(**kwargs)
+
+    command.__signature__ = inspect.Signature(spread)  # type: ignore[attr-defined]
+    return command  # type: ignore[return-value]

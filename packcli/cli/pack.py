@@ -18,35 +18,19 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from packcli.cli.options import (
-    Algorithm,
-    Backend,
-    Balance,
-    BatchSize,
-    Bos,
-    ChatTemplateOpt,
     ConfigFile,
-    Eos,
-    Format,
-    InputFormat,
+    DocumentOptions,
+    EncodeOptions,
     Inputs,
-    LongLen,
-    MessagesField,
-    NumProc,
     NumTasks,
-    OnBadLine,
     Out,
-    Overlong,
+    PlanOptions,
     Quiet,
-    Seed,
-    ShortLen,
-    SpecialInText,
-    SplitBytes,
     TaskIndex,
-    TextField,
     TokenizerOpt,
     TokensPerStep,
-    TrainOn,
     WorkDir,
+    grouped,
 )
 from packcli.config import (
     TOKENS_PER_STEP,
@@ -108,82 +92,64 @@ def _command() -> str:
 def _source_flags(
     out: str,
     work_dir: str | None,
-    *,
     inputs: list[str],
     tokenizer: str | None,
-    text_field: str | None,
-    eos: str | None,
-    bos: str | None,
-    batch_size: int | None,
-    tokenizer_backend: str | None,
-    num_proc: int | None,
-    special_in_text: str | None,
-    on_bad_line: str | None,
-    split_bytes: int | None,
-    input_format: str | None,
-    format_: str | None,
-    messages_field: str | None,
-    chat_template: str | None,
-    train_on: str | None,
-    plan: PlanFlags | None = None,
+    document: DocumentOptions,
+    encode: EncodeOptions,
+    plan: PlanOptions | None = None,
 ) -> RunFlags:
-    """The read, tokenize and chat flags that ``pack`` and ``tokenize`` share, by section."""
+    """The flags of ``pack`` and ``tokenize`` (and ``pack``'s plan flags), by config section."""
     return RunFlags(
         out=out,
         work_dir=work_dir,
         read=ReadFlags(
             inputs=tuple(inputs),
-            text_field=text_field,
-            batch_size=batch_size,
-            on_bad_line=on_bad_line,
-            split_bytes=split_bytes,
-            input_format=input_format,
+            text_field=document.text_field,
+            batch_size=encode.batch_size,
+            on_bad_line=encode.on_bad_line,
+            split_bytes=encode.split_bytes,
+            input_format=encode.input_format,
         ),
         tokenize=TokenizeFlags(
             tokenizer=tokenizer,
-            eos=_special(eos),
-            bos=_special(bos),
-            backend=tokenizer_backend,
-            num_proc=num_proc,
-            special_in_text=special_in_text,
+            eos=_special(document.eos),
+            bos=_special(document.bos),
+            backend=encode.tokenizer_backend,
+            num_proc=encode.num_proc,
+            special_in_text=encode.special_in_text,
         ),
         chat=ChatFlags(
-            format=format_,
-            messages_field=messages_field,
-            chat_template=chat_template,
-            train_on=train_on,
+            format=encode.format_,
+            messages_field=encode.messages_field,
+            chat_template=encode.chat_template,
+            train_on=encode.train_on,
         ),
-        plan=plan or PlanFlags(),
+        plan=_plan_flags(plan),
     )
 
 
-# Long by its signature and the typed hand-off of each flag (one line each); the work is
-# run_pack's, the printing _echo_pack_result's.
+def _plan_flags(plan: PlanOptions | None) -> PlanFlags:
+    if plan is None:
+        return PlanFlags()
+    return PlanFlags(
+        short_len=plan.short_len,
+        long_len=plan.long_len,
+        overlong=plan.overlong,
+        algorithm=plan.algorithm,
+        seed=plan.seed,
+        balance=plan.balance,
+    )
+
+
+@grouped
 def pack_command(
     inputs: Inputs,
     out: Out,
     tokenizer: TokenizerOpt = None,
     config: ConfigFile = None,
-    text_field: TextField = None,
-    eos: Eos = None,
-    bos: Bos = None,
-    short_len: ShortLen = None,
-    long_len: LongLen = None,
-    overlong: Overlong = None,
-    algorithm: Algorithm = None,
-    seed: Seed = None,
-    balance: Balance = None,
-    batch_size: BatchSize = None,
-    tokenizer_backend: Backend = None,
-    num_proc: NumProc = None,
-    special_in_text: SpecialInText = None,
-    on_bad_line: OnBadLine = None,
-    split_bytes: SplitBytes = None,
-    input_format: InputFormat = None,
-    format_: Format = None,
-    messages_field: MessagesField = None,
-    chat_template: ChatTemplateOpt = None,
-    train_on: TrainOn = None,
+    document: DocumentOptions = DocumentOptions(),
+    plan: PlanOptions = PlanOptions(),
+    encode: EncodeOptions = EncodeOptions(),
     work_dir: WorkDir = None,
     overwrite: Annotated[
         bool, typer.Option(help="Allow writing into a non-empty folder that is not ours.")
@@ -207,35 +173,7 @@ def pack_command(
     from packcli.stages.executors import Executor
     from packcli.stages.run import run_pack
 
-    plan = PlanFlags(
-        short_len=short_len,
-        long_len=long_len,
-        overlong=overlong,
-        algorithm=algorithm,
-        seed=seed,
-        balance=balance,
-    )
-    flags = _source_flags(
-        out,
-        work_dir,
-        inputs=inputs,
-        tokenizer=tokenizer,
-        text_field=text_field,
-        eos=eos,
-        bos=bos,
-        batch_size=batch_size,
-        tokenizer_backend=tokenizer_backend,
-        num_proc=num_proc,
-        special_in_text=special_in_text,
-        on_bad_line=on_bad_line,
-        split_bytes=split_bytes,
-        input_format=input_format,
-        format_=format_,
-        messages_field=messages_field,
-        chat_template=chat_template,
-        train_on=train_on,
-        plan=plan,
-    )
+    flags = _source_flags(out, work_dir, inputs, tokenizer, document, encode, plan)
     cfg = config_from_flags(config, flags)
     result = run_pack(
         cfg,
@@ -280,25 +218,14 @@ def _echo_pack_result(cfg: RunConfig, result: RunResult) -> None:
     typer.echo(f"wrote     {out}  (load with datasets.load_dataset({out!r}, 'long'))")
 
 
+@grouped
 def tokenize_command(
     inputs: Inputs,
     out: Out,
     tokenizer: TokenizerOpt = None,
     config: ConfigFile = None,
-    text_field: TextField = None,
-    eos: Eos = None,
-    bos: Bos = None,
-    batch_size: BatchSize = None,
-    tokenizer_backend: Backend = None,
-    num_proc: NumProc = None,
-    special_in_text: SpecialInText = None,
-    on_bad_line: OnBadLine = None,
-    split_bytes: SplitBytes = None,
-    input_format: InputFormat = None,
-    format_: Format = None,
-    messages_field: MessagesField = None,
-    chat_template: ChatTemplateOpt = None,
-    train_on: TrainOn = None,
+    document: DocumentOptions = DocumentOptions(),
+    encode: EncodeOptions = EncodeOptions(),
     work_dir: WorkDir = None,
     task_index: TaskIndex = None,
     num_tasks: NumTasks = None,
@@ -310,26 +237,7 @@ def tokenize_command(
     from packcli.stages.tokenize import tokenize_task
     from packcli.stages.work import check_output, claim_output
 
-    flags = _source_flags(
-        out,
-        work_dir,
-        inputs=inputs,
-        tokenizer=tokenizer,
-        text_field=text_field,
-        eos=eos,
-        bos=bos,
-        batch_size=batch_size,
-        tokenizer_backend=tokenizer_backend,
-        num_proc=num_proc,
-        special_in_text=special_in_text,
-        on_bad_line=on_bad_line,
-        split_bytes=split_bytes,
-        input_format=input_format,
-        format_=format_,
-        messages_field=messages_field,
-        chat_template=chat_template,
-        train_on=train_on,
-    )
+    flags = _source_flags(out, work_dir, inputs, tokenizer, document, encode)
     cfg = config_from_flags(config, flags)
     index, count = resolve_task(task_index, num_tasks)
     check_output(cfg)
@@ -343,15 +251,11 @@ def tokenize_command(
     typer.echo(f"tokenize task {index} of {count} done" + (" (reused)" if reused else ""))
 
 
+@grouped
 def plan_command(
     out: Out,
     config: ConfigFile = None,
-    short_len: ShortLen = None,
-    long_len: LongLen = None,
-    overlong: Overlong = None,
-    algorithm: Algorithm = None,
-    seed: Seed = None,
-    balance: Balance = None,
+    plan: PlanOptions = PlanOptions(),
     work_dir: WorkDir = None,
     quiet: Quiet = False,
 ) -> None:
@@ -360,15 +264,8 @@ def plan_command(
     from packcli.stages.lock import hold
     from packcli.stages.plan import plan_stage
 
-    plan = PlanFlags(
-        short_len=short_len,
-        long_len=long_len,
-        overlong=overlong,
-        algorithm=algorithm,
-        seed=seed,
-        balance=balance,
-    )
-    cfg = config_from_flags(config, RunFlags(out=out, work_dir=work_dir, plan=plan))
+    flags = RunFlags(out=out, work_dir=work_dir, plan=_plan_flags(plan))
+    cfg = config_from_flags(config, flags)
     with hold(cfg.out_path, cfg.work_path):
         planned, _ = plan_stage(cfg, quiet=quiet)
     for name in ("short", "long"):

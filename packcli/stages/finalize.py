@@ -14,33 +14,18 @@ import numpy as np
 
 from packcli import __version__
 from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
-from packcli.config import (
-    RunConfig,
-)
+from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
-from packcli.fs import (
-    redact,
-    upload_output,
-)
+from packcli.fs import redact, upload_output
 from packcli.plan import Plan, RowLayout
-from packcli.read import (
-    shift_reject_lines,
-)
+from packcli.read import shift_reject_lines
 from packcli.report import TOKENS_PER_STEP, build_report
-from packcli.shards import (
-    TokenShards,
-    atomic_write_bytes,
-    atomic_write_json,
-)
+from packcli.shards import TokenShards, atomic_write_bytes, atomic_write_json
 from packcli.stages.index import collect_tokens
 from packcli.stages.plan import load_plan, stored_config
 from packcli.stages.work import REJECTED, read_json, recorded_read, require_out
-from packcli.stages.workstore import (
-    WorkStore,
-    in_mirror,
-    work_store,
-)
+from packcli.stages.workstore import WorkStore, in_mirror, work_store
 from packcli.stages.write import parquet_jobs, write_fingerprint
 
 log = logging.getLogger(__name__)

@@ -118,11 +118,7 @@ def _flock(path: Path, shared: bool, what: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def hold(
-    out: Path,
-    work: Path,
-    *,
-    shared: bool = False,
-    task: tuple[str, int] | None = None,
+    out: Path, work: Path, *, shared: bool = False, task: tuple[str, int] | None = None
 ) -> Iterator[None]:
     """Lock the output folder and the work folder (shared or exclusive) for a command, and
     its own task index exclusively when ``task`` is ``(stage, index)``."""

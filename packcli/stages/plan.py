@@ -24,16 +24,10 @@ from packcli.config import (
 from packcli.errors import InputError, PackcliError
 from packcli.faults import crash_point
 from packcli.plan import Plan, RowLayout, plan_two_tier
-from packcli.shards import (
-    TokenShards,
-    atomic_write_json,
-)
+from packcli.shards import TokenShards, atomic_write_json
 from packcli.stages.index import collect_tokens
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out
-from packcli.stages.workstore import (
-    in_mirror,
-    work_store,
-)
+from packcli.stages.workstore import in_mirror, work_store
 
 log = logging.getLogger(__name__)
 

@@ -16,21 +16,11 @@ from packcli import __version__
 from packcli.backends import bounded_sample, choose_encoder, preload
 from packcli.chat.encoder import ChatEncoder
 from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
-from packcli.config import (
-    RunConfig,
-)
+from packcli.config import RunConfig
 from packcli.errors import ConfigError
-from packcli.fs import (
-    input_size,
-)
-from packcli.read import (
-    ReadStats,
-    file_format,
-    resolve_inputs,
-)
-from packcli.shards import (
-    SUCCESS,
-)
+from packcli.fs import input_size
+from packcli.read import ReadStats, file_format, resolve_inputs
+from packcli.shards import SUCCESS
 from packcli.stages.units import input_column, read_unit
 from packcli.stages.work import require_out
 from packcli.tokenizer import (
@@ -271,11 +261,7 @@ def choose_backend(
 
 
 def _chat_offsets(
-    cfg: RunConfig,
-    tok: Tokenizing,
-    fast: FastOffsets,
-    sample: list[str],
-    record: dict[str, Any],
+    cfg: RunConfig, tok: Tokenizing, fast: FastOffsets, sample: list[str], record: dict[str, Any]
 ) -> tuple[Any, dict[str, Any]]:
     """The chat encoder on ``fast`` once its offsets equal HF's on the sample and the
     adversarial texts, else on HF (``auto``) or a ``ConfigError`` (a named backend)."""

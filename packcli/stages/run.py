@@ -9,9 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from packcli.config import (
-    RunConfig,
-)
+from packcli.config import RunConfig
 from packcli.encode import StageTimes
 from packcli.report import TOKENS_PER_STEP
 from packcli.stages.executors import Executor
@@ -21,9 +19,7 @@ from packcli.stages.plan import plan_stage
 from packcli.stages.prepare import Prepared, prepare_tokenize
 from packcli.stages.tokenize import tokenize_task
 from packcli.stages.work import check_output, claim_output, require_out
-from packcli.stages.workstore import (
-    in_mirror,
-)
+from packcli.stages.workstore import in_mirror
 from packcli.stages.write import write_stage, write_task
 
 log = logging.getLogger(__name__)

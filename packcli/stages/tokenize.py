@@ -22,18 +22,11 @@ from tqdm import tqdm
 
 from packcli.arrow_np import to_numpy
 from packcli.chat.encoder import ChatEncoder, ChatStats, tokenize_chat_batches
-from packcli.config import (
-    RunConfig,
-)
+from packcli.config import RunConfig
 from packcli.encode import StageTimes, prefetch, tokenize_batches
 from packcli.errors import InputError
 from packcli.faults import crash_point
-from packcli.read import (
-    DocBatch,
-    ReadStats,
-    RejectSink,
-    count_newlines,
-)
+from packcli.read import DocBatch, ReadStats, RejectSink, count_newlines
 from packcli.shards import (
     CHAT_SHARD_SCHEMA,
     PREFERENCE_SHARD_SCHEMA,
@@ -57,14 +50,8 @@ from packcli.stages.work import (
     require_out,
     uncomplete,
 )
-from packcli.stages.workstore import (
-    LocalWork,
-    in_mirror,
-    work_store,
-)
-from packcli.tokenizer import (
-    SpecialStringCounter,
-)
+from packcli.stages.workstore import LocalWork, in_mirror, work_store
+from packcli.tokenizer import SpecialStringCounter
 
 log = logging.getLogger(__name__)
 

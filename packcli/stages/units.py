@@ -16,13 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from packcli.config import (
-    RunConfig,
-)
-from packcli.fs import (
-    as_input,
-    input_entry,
-)
+from packcli.config import RunConfig
+from packcli.fs import as_input, input_entry
 from packcli.read import (
     DocBatch,
     ReadStats,

@@ -18,24 +18,12 @@ from typing import Any
 from tqdm import tqdm
 
 from packcli.card import MARKER
-from packcli.config import (
-    ReadConfig,
-    RunConfig,
-)
+from packcli.config import ReadConfig, RunConfig
 from packcli.errors import ConfigError
-from packcli.fs import (
-    check_remote_output,
-    redact,
-)
-from packcli.shards import (
-    atomic_write_json,
-)
+from packcli.fs import check_remote_output, redact
+from packcli.shards import atomic_write_json
 from packcli.stages.lock import OUT_LOCK
-from packcli.stages.workstore import (
-    WorkStore,
-    check_remote_work,
-    work_store,
-)
+from packcli.stages.workstore import WorkStore, check_remote_work, work_store
 
 log = logging.getLogger(__name__)
 

@@ -8,24 +8,14 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from packcli.card import CONFIG_NAMES
-from packcli.config import (
-    RunConfig,
-)
+from packcli.config import RunConfig
 from packcli.faults import crash_point
 from packcli.plan import Plan
-from packcli.shards import (
-    TokenShards,
-    atomic_write_json,
-    sha256_file,
-)
+from packcli.shards import TokenShards, atomic_write_json, sha256_file
 from packcli.stages.index import collect_tokens
 from packcli.stages.plan import load_plan, plan_fingerprint
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
-from packcli.stages.workstore import (
-    WorkStore,
-    in_mirror,
-    work_store,
-)
+from packcli.stages.workstore import WorkStore, in_mirror, work_store
 from packcli.write import TokenSource, file_ranges, write_config_file
 
 log = logging.getLogger(__name__)
