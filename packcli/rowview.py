@@ -21,8 +21,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packcli.card import CONFIG_NAMES
 from packcli.errors import ConfigError, PackcliError
+from packcli.names import CONFIG_NAMES
 from packcli.stats import capacities, read_meta, require_extra
 
 if TYPE_CHECKING:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packcli.arrow_np import list_array, to_arrow, to_numpy
+from packcli.atomic import atomic_path
 from packcli.config import PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
 from packcli.plan import Plan, RowLayout, plan_two_tier
@@ -278,15 +279,17 @@ def write_config_file(
     rows_per_group = max(1, config.row_group_tokens // layout.capacity)
     compression = None if config.compression == "none" else config.compression
     level = config.compression_level if compression in ("zstd", "gzip") else None
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     schema = row_schema(source)
-    with pq.ParquetWriter(
-        str(tmp),
-        schema,
-        compression=compression,
-        compression_level=level,
-        use_dictionary=False,
-    ) as writer:
+    with (
+        atomic_path(final) as tmp,
+        pq.ParquetWriter(
+            str(tmp),
+            schema,
+            compression=compression,
+            compression_level=level,
+            use_dictionary=False,
+        ) as writer,
+    ):
         if f1 == f0:
             writer.write_table(schema.empty_table())
         for g0 in range(f0, f1, rows_per_group):
@@ -294,9 +297,6 @@ def write_config_file(
             writer.write_table(rows_to_table(plan, layout, g0, g1, source), row_group_size=g1 - g0)
             if on_tokens is not None:
                 on_tokens(int(layout.row_tokens[g0:g1].sum()))
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
 
 
 def pack_table(
