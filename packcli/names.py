@@ -30,7 +30,9 @@ BAD_LINE_POLICIES: tuple[str, ...] = ("error", "skip")
 BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "gigatoken")
 """Tokenizer backends of ``--backend``: ``auto`` picks the fastest that matches HF exactly."""
 BACKEND_ALIASES: dict[str, str] = {"tiktoken": "fastokens"}
-"""Other names accepted for a backend (the old name of ``fastokens``)."""
+"""Old names accepted for a backend: ``tiktoken`` was the fast path (a tiktoken encoding
+derived from tokenizer.json), replaced by fastokens, which reproduces HF on every tokenizer
+it did and on more, faster."""
 
 SPECIAL_IN_TEXT: tuple[str, ...] = ("text", "special")
 """Values of ``--special-in-text``: how a special token's string inside a document is encoded."""

@@ -41,8 +41,9 @@ import numpy as np
 
 from packcli.balance import balance_attention, balance_ratio
 from packcli.binpack import group_by_residue, pack_granular, pack_into_open_bins, pack_lengths
-from packcli.config import PlanConfig
 from packcli.jit import kernel, pick
+from packcli.names import CONFIG_NAMES
+from packcli.plan_config import PlanConfig
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class RowLayout:
         return len(self.row_offsets) - 1
 
 
-CONFIGS: tuple[str, ...] = ("long", "short")
+CONFIGS = CONFIG_NAMES  # the configs a plan makes, the default first
 
 
 @dataclass(frozen=True)

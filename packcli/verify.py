@@ -38,7 +38,7 @@ from packcli.errors import VerifyError
 from packcli.expected import expected_pieces, segment_hashes
 from packcli.marker import read_json_object
 from packcli.marker import read_marker as read_marker  # re-export: its old home
-from packcli.names import CONFIG_NAMES
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.shards import TokenShards, sha256_file
 
 
@@ -188,7 +188,7 @@ def _check_pairs(
     lo = to_numpy(labels_col.offsets)
     labels = to_numpy(labels_col.values)[lo[0] : lo[-1]]
     starts = np.cumsum(seq_lens) - seq_lens
-    trained = np.flatnonzero(labels != -100)
+    trained = np.flatnonzero(labels != IGNORE_INDEX)
     # Per segment: its leading untrained tokens (the prompt, template tokens, a BOS).
     first = np.searchsorted(trained, starts)
     first_at = np.where(first < trained.size, trained[np.minimum(first, trained.size - 1)], -1)
@@ -222,10 +222,10 @@ def _check_labels(
     labels = to_numpy(col.values)[o[0] : o[-1]]
     row_of_token = np.repeat(np.arange(n_ids.size), n_ids)
     starts = np.cumsum(seq_lens) - seq_lens
-    if (bad := labels[starts] != -100).any():
+    if (bad := labels[starts] != IGNORE_INDEX).any():
         r = row0 + int(row_of_token[starts[np.argmax(bad)]])
         _fail(where, f"row {r}: a segment's first token has a label (loss across a boundary)")
-    trained = labels != -100
+    trained = labels != IGNORE_INDEX
     if (bad := trained & (labels != tokens)).any():
         r = row0 + int(row_of_token[np.argmax(bad)])
         _fail(where, f"row {r}: a label differs from its token (labels are unshifted)")

@@ -27,6 +27,7 @@ from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.atomic import atomic_path
 from packcli.config import PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.shards import LazyShards, ShardTokens, TokenShards
 
@@ -210,7 +211,7 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
     ]
     if source.has_labels:
         labels = source.gather(docs, starts, lens, labels=True)
-        labels[np.cumsum(lens) - lens] = -100  # no loss on a segment's first token
+        labels[np.cumsum(lens) - lens] = IGNORE_INDEX  # no loss on a segment's first token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
     if roles is not None:
         columns.append(list_array(seg_offsets, roles, pa.int8()))
@@ -304,7 +305,7 @@ def pack_table(
     config: PlanConfig,
     column: str = "input_ids",
     *,
-    configs: tuple[str, ...] = ("long", "short"),
+    configs: tuple[str, ...] = CONFIG_NAMES,
 ) -> tuple[pa.Table | None, pa.Table | None, Plan]:
     """In-memory two-tier packing of already tokenized documents: ``(long, short, plan)``.
 
@@ -331,6 +332,6 @@ def pack_table(
         name: rows_to_table(plan, getattr(plan, name), 0, getattr(plan, name).num_rows, source)
         if name in configs
         else None
-        for name in ("long", "short")
+        for name in CONFIG_NAMES
     }
     return tables["long"], tables["short"], plan
