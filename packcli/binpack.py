@@ -447,13 +447,6 @@ def pack_into_open_bins(
     return _scatter(order, assign), int(n_bins)
 
 
-def bin_loads(assignment: np.ndarray, lengths: np.ndarray, n_bins: int | None = None) -> np.ndarray:
-    """Total length per bin (for checks and reports)."""
-    a = np.asarray(assignment, dtype=np.int64)
-    n = int(a.max()) + 1 if n_bins is None and a.size else (n_bins or 0)
-    return np.bincount(a, weights=np.asarray(lengths, dtype=np.int64), minlength=n).astype(np.int64)
-
-
 def pack_granular(
     lengths: np.ndarray, capacity: int, granule: int
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -382,11 +382,6 @@ def build_config(
     return RunConfig(**{k: str(v) for k, v in top.items()}, **sections)
 
 
-def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Rebuild a RunConfig from its ``to_dict`` form (as stored in ``packcli.json``)."""
-    return build_config(data, source="packcli.json")
-
-
 # -- values given on the command line, typed --------------------------------------------------
 # One frozen dataclass per section, its fields named as the section's (a test checks): the CLI
 # builds these with keyword arguments, so a renamed flag or field fails at lint and type-check

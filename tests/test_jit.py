@@ -229,7 +229,8 @@ def test_plan_and_rows_same_on_either_side_of_the_threshold(
 
     with jit.forced("python"):
         ref_arrays, ref_tables = run()
-    with jit.small_work(threshold):
+    with pytest.MonkeyPatch.context() as mp:  # both sides of the threshold on small inputs
+        mp.setattr(jit, "SMALL_WORK", threshold)
         got_arrays, got_tables = run()
     assert_same(ref_arrays, got_arrays)
     assert all(a.equals(b) for a, b in zip(ref_tables, got_tables, strict=True))
