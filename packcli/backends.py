@@ -41,16 +41,13 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from packcli.errors import ConfigError
+from packcli.names import BACKEND_ALIASES, BACKENDS
 
 log = logging.getLogger(__name__)
 
-BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "gigatoken")
 # What ``auto`` tries, fastest first (scripts/bench_pipeline.py measures every installed
 # backend against HF on the same texts). gigatoken is left out until its caches are bounded.
 FAST_ORDER: tuple[str, ...] = ("fastokens",)
-# Old name of the fast path (a tiktoken encoding derived from tokenizer.json), replaced by
-# fastokens, which reproduces HF on every tokenizer it did and on more, faster.
-ALIASES = {"tiktoken": "fastokens"}
 
 # Characters of a truncated text shown in a mismatch message.
 _SHOW_CHARS = 80
@@ -377,7 +374,7 @@ def preload(backend: str, tokenizer_file: Path | None, input_bytes: int) -> _Loa
     own load of it (which holds the GIL for ~0.8 s at 128k): when ``choose_encoder`` will
     want fastokens (the same size rule), it then waits ~0.8 s less. The file's text is what
     HF loads; truncation/padding are turned off in both, and the self-check still decides."""
-    if ALIASES.get(backend, backend) not in ("auto", "fastokens") or tokenizer_file is None:
+    if BACKEND_ALIASES.get(backend, backend) not in ("auto", "fastokens") or tokenizer_file is None:
         return None
     try:
         size = tokenizer_file.stat().st_size
@@ -412,7 +409,7 @@ def choose_encoder(
     started. The fast backend loads in a background thread while HF encodes the
     self-check's reference.
     """
-    backend = ALIASES.get(backend, backend)
+    backend = BACKEND_ALIASES.get(backend, backend)
     if backend not in BACKENDS:
         raise ConfigError(
             f"tokenizer backend must be one of {', '.join(BACKENDS)}, got {backend!r}"

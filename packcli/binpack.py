@@ -63,33 +63,27 @@ def _validate(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 
 @kernel
-def _order_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    """Counting sort: item indices by decreasing length, ties in input order (stable)."""
-    counts = np.zeros(capacity + 2, dtype=np.int64)
-    for x in lengths:
-        counts[capacity - x + 1] += 1
-    counts = np.cumsum(counts)  # O(capacity): vectorized, so cheap as plain Python too
-    order = np.empty(lengths.shape[0], dtype=np.int64)
-    for i in range(lengths.shape[0]):
-        key = capacity - lengths[i]
-        order[counts[key]] = i
-        counts[key] += 1
-    return order
-
-
-@kernel
-def _stable_order(keys: np.ndarray, n_keys: int) -> np.ndarray:
-    """Counting sort: indices by increasing key (0..n_keys-1), ties in input order."""
-    counts = np.zeros(n_keys + 1, dtype=np.int64)
+def counting_sort(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stable counting sort, O(N + K), of ``keys`` in ``0..n_keys-1``: ``order`` lists the
+    indices by increasing key (input order kept within a key) and ``offsets[k]:offsets[k+1]``
+    is key k's slice of it. The one counting sort of the planner (binpack and plan)."""
+    offsets = np.zeros(n_keys + 1, dtype=np.int64)
     for k in keys:
-        counts[k + 1] += 1
-    counts = np.cumsum(counts)
+        offsets[k + 1] += 1
+    offsets = np.cumsum(offsets)  # O(K): vectorized, so cheap as plain Python too
+    fill = offsets[:-1].copy()
     order = np.empty(keys.shape[0], dtype=np.int64)
     for i in range(keys.shape[0]):
         k = keys[i]
-        order[counts[k]] = i
-        counts[k] += 1
-    return order
+        order[fill[k]] = i
+        fill[k] += 1
+    return order, offsets
+
+
+@kernel
+def _order_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """Item indices by decreasing length, ties in input order (stable)."""
+    return counting_sort(capacity - lengths, capacity + 1)[0]
 
 
 @kernel
@@ -356,8 +350,8 @@ def _residue_groups(
     res = sizes % granule
     # By (residue, size, index), as two stable counting sorts (numba's argsort is
     # O(N log N) with a large constant: 1 s of the 10M-document plan).
-    by_size = _stable_order(sizes, capacity + 1)
-    order = by_size[_stable_order(res[by_size], granule)]
+    by_size = counting_sort(sizes, capacity + 1)[0]
+    order = by_size[counting_sort(res[by_size], granule)[0]]
     head = np.zeros(granule + 1, dtype=np.int64)
     for i in range(n):
         head[res[i] + 1] += 1
@@ -445,13 +439,6 @@ def pack_into_open_bins(
     order = pick(_order_decreasing, arr.size // 8)(arr, capacity)
     assign, n_bins = pick(_best_fit, arr.size + rem.size)(arr[order], capacity, rem)
     return _scatter(order, assign), int(n_bins)
-
-
-def bin_loads(assignment: np.ndarray, lengths: np.ndarray, n_bins: int | None = None) -> np.ndarray:
-    """Total length per bin (for checks and reports)."""
-    a = np.asarray(assignment, dtype=np.int64)
-    n = int(a.max()) + 1 if n_bins is None and a.size else (n_bins or 0)
-    return np.bincount(a, weights=np.asarray(lengths, dtype=np.int64), minlength=n).astype(np.int64)
 
 
 def pack_granular(

@@ -6,20 +6,23 @@ The YAML ``configs`` section is what makes ``datasets.load_dataset(out, "long")`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from packcli import __version__
+from packcli.atomic import atomic_write_bytes
+from packcli.marker import load_marker
+
+# Re-exported: the output's names live in packcli.names (fs.py needs them without the card).
+from packcli.names import CONFIG_NAMES as CONFIG_NAMES
+from packcli.names import MARKER as MARKER
+from packcli.names import STATS_DIR as STATS_DIR
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-CONFIG_NAMES = ("long", "short")
-MARKER = "packcli.json"  # config + report + file hashes; written last, marks a complete output
-STATS_DIR = "stats"  # plots written by `packcli stats`, embedded in the card
 PLOT_DOC_LENGTHS = "doc_lengths.png"
 PLOT_ROW_FILL = "row_fill.png"
 PLOT_SEGMENTS = "segments_per_row.png"
@@ -283,8 +286,6 @@ loss = -F.logsigmoid(0.1 * margin).mean()  # DPO
 def refresh_card(out: Path) -> None:
     """Re-render ``OUT/README.md`` from ``packcli.json`` (e.g. after ``packcli stats`` made
     plots), atomically."""
-    from packcli.shards import atomic_write_bytes
-
-    meta = json.loads((out / MARKER).read_text(encoding="utf-8"))
+    meta = load_marker(out)
     text = render_card(meta["report"], meta["run"], meta["files"], out)
     atomic_write_bytes(out / "README.md", text.encode("utf-8"))

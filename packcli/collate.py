@@ -78,6 +78,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from packcli.names import IGNORE_INDEX as IGNORE_INDEX  # public here: trainers import it
+
 if TYPE_CHECKING:
     import torch
 
@@ -85,7 +87,6 @@ Mode = Literal["flash", "position_ids", "mask4d"]
 MODES: tuple[str, ...] = ("flash", "position_ids", "mask4d")
 LossNormalization = Literal["token", "sequence"]
 LOSS_NORMALIZATIONS: tuple[str, ...] = ("token", "sequence")
-IGNORE_INDEX = -100
 # seq_roles values, as packcli writes them (packcli.write.PREFERENCE_ROW_SCHEMA).
 ROLE_DOCUMENT, ROLE_CHOSEN, ROLE_REJECTED = 0, 1, 2
 

@@ -20,19 +20,26 @@ from typing import Any
 import yaml
 
 from packcli.errors import ConfigError
+from packcli.names import (
+    BACKEND_ALIASES,
+    BACKENDS,
+    BAD_LINE_POLICIES,
+    DATA_FORMATS,
+    INPUT_FORMATS,
+    SPECIAL_IN_TEXT,
+    TRAIN_ON,
+    one_of,
+)
 
-OVERLONG_POLICIES = ("split", "truncate", "drop")
-# Mirrors packcli.read.INPUT_FORMATS (not imported: the config loads without the readers).
-INPUT_FORMATS = ("auto", "jsonl", "parquet", "arrow", "hf-disk", "hub")
-PLAN_ALGORITHMS = ("bfd", "ffd", "wrapped")
+# The plan's settings live beside the planner (plan.py must not import this YAML reader);
+# re-exported here, where the other stages' settings are.
+from packcli.plan_config import MAX_LONG_LEN as MAX_LONG_LEN
+from packcli.plan_config import MAX_SEED as MAX_SEED
+from packcli.plan_config import PlanConfig as PlanConfig
+
 # Smaller byte spans only add per-unit overhead (a folder, records, threads): --split-bytes 1
 # made 280k units of a 280 KB file (12 minutes, 3.3 GB of work folder).
 MIN_SPLIT_BYTES = 1 << 20
-# The planner's time and memory grow with the row capacity (its structures are indexed by
-# free room): 2**24 adds ~2 s and ~130 MB to planning 74 documents; 2**27 added ~26 s and
-# 1 GB; 2**31 - 1 took 101 s for 300 documents.
-MAX_LONG_LEN = 1 << 24
-MAX_SEED = 2**63 - 1
 # The default target of real tokens per optimizer step for the report's step plan
 # (``--tokens-per-step``): ~1M is a common pretraining/SFT step; any other target is one
 # ``packcli.steps.plan_steps`` call away.
@@ -61,8 +68,10 @@ class ReadConfig:
                 f"read.input_format must be one of {', '.join(INPUT_FORMATS)}, "
                 f"got {self.input_format!r}"
             )
-        if self.on_bad_line not in ("error", "skip"):
-            raise ConfigError(f"read.on_bad_line must be error or skip, got {self.on_bad_line!r}")
+        if self.on_bad_line not in BAD_LINE_POLICIES:
+            raise ConfigError(
+                f"read.on_bad_line must be {one_of(BAD_LINE_POLICIES)}, got {self.on_bad_line!r}"
+            )
         object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
         if not self.text_field:
             raise ConfigError("read.text_field must be a non-empty field name")
@@ -102,13 +111,12 @@ class TokenizeConfig:
             raise ConfigError(
                 f"tokenize.num_proc must be >= 0 (0 = all cores), got {self.num_proc}"
             )
-        if self.backend not in ("auto", "hf", "fastokens", "gigatoken", "tiktoken"):
+        if self.backend not in (*BACKENDS, *BACKEND_ALIASES):
+            raise ConfigError(f"tokenize.backend must be {one_of(BACKENDS)}, got {self.backend!r}")
+        if self.special_in_text not in SPECIAL_IN_TEXT:
             raise ConfigError(
-                f"tokenize.backend must be auto, hf, fastokens or gigatoken, got {self.backend!r}"
-            )
-        if self.special_in_text not in ("text", "special"):
-            raise ConfigError(
-                f"tokenize.special_in_text must be text or special, got {self.special_in_text!r}"
+                f"tokenize.special_in_text must be {one_of(SPECIAL_IN_TEXT)}, "
+                f"got {self.special_in_text!r}"
             )
         if self.shard_tokens < 1024:
             raise ConfigError(f"tokenize.shard_tokens must be >= 1024, got {self.shard_tokens}")
@@ -118,44 +126,6 @@ class TokenizeConfig:
                 raise ConfigError(f"tokenize.{name} must be a token string or an id, got {value!r}")
             if isinstance(value, int) and value < 0:
                 raise ConfigError(f"tokenize.{name} id must be >= 0, got {value}")
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    short_len: int = 4096
-    long_len: int = 131072
-    overlong: str = "split"
-    algorithm: str = "bfd"
-    seed: int = 0
-    balance: str = "none"  # none | attention (see packcli/balance.py)
-
-    def __post_init__(self) -> None:
-        if self.balance not in ("none", "attention"):
-            raise ConfigError(f"plan.balance must be none or attention, got {self.balance!r}")
-        if self.short_len < 1:
-            raise ConfigError(f"plan.short_len must be >= 1, got {self.short_len}")
-        if self.long_len <= self.short_len:
-            raise ConfigError(
-                "tiers must be increasing: short_len < long_len, got "
-                f"short_len={self.short_len}, long_len={self.long_len}"
-            )
-        if self.long_len > MAX_LONG_LEN:
-            raise ConfigError(
-                f"plan.long_len must be at most {MAX_LONG_LEN} (2**24; planning time and memory "
-                f"grow with the row capacity), got {self.long_len}"
-            )
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ConfigError(f"plan.seed must be in 0..{MAX_SEED}, got {self.seed}")
-        if self.overlong not in OVERLONG_POLICIES:
-            raise ConfigError(
-                f"plan.overlong must be one of {', '.join(OVERLONG_POLICIES)}, "
-                f"got {self.overlong!r}"
-            )
-        if self.algorithm not in PLAN_ALGORITHMS:
-            raise ConfigError(
-                f"plan.algorithm must be one of {', '.join(PLAN_ALGORITHMS)}, "
-                f"got {self.algorithm!r}"
-            )
 
 
 @dataclass(frozen=True)
@@ -177,10 +147,6 @@ class WriteConfig:
             )
 
 
-FORMATS = ("text", "chat", "preference")
-TRAIN_ON = ("assistant", "last", "all")
-
-
 @dataclass(frozen=True)
 class ChatConfig:
     """``format: chat`` reads one dialogue per line (``messages_field``), renders it with a
@@ -195,9 +161,9 @@ class ChatConfig:
     train_on: str = "assistant"
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
+        if self.format not in DATA_FORMATS:
             raise ConfigError(
-                f"chat.format must be one of {', '.join(FORMATS)}, got {self.format!r}"
+                f"chat.format must be one of {', '.join(DATA_FORMATS)}, got {self.format!r}"
             )
         if self.train_on not in TRAIN_ON:
             raise ConfigError(
@@ -414,11 +380,6 @@ def build_config(
     top = {k: file_values.get(k) for k in ("out", "work_dir") if file_values.get(k) is not None}
     top.update({k: v for k, v in (overrides.get("run") or {}).items() if v is not None})
     return RunConfig(**{k: str(v) for k, v in top.items()}, **sections)
-
-
-def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Rebuild a RunConfig from its ``to_dict`` form (as stored in ``packcli.json``)."""
-    return build_config(data, source="packcli.json")
 
 
 # -- values given on the command line, typed --------------------------------------------------

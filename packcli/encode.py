@@ -30,13 +30,6 @@ from packcli.shards import SHARD_SCHEMA
 from packcli.tokenizer import SpecialStringCounter
 
 
-def encode_texts(
-    encoder: Encoder, texts: list[str], *, bos: int | None, eos: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of ``texts`` back to back (int32) and each document's length (int64)."""
-    return assemble(encoder(texts), bos=bos, eos=eos)
-
-
 def assemble(flat: Flat, *, bos: int | None, eos: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Add the separators to a backend's flat output, with numpy (no per-token Python)."""
     ids, offsets = flat

@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from packcli.errors import ConfigError, InputError, PackcliError
+from packcli.marker import load_marker
+from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -390,8 +392,6 @@ def listing(fs: Any, prefix: str) -> dict[str, dict[str, Any]]:
 def check_remote_output(url: str, overwrite: bool) -> None:
     """Refuse a remote prefix that holds files and no packcli marks (its ``packcli.json``, or
     the marker a started upload leaves), as a local ``--out`` is refused."""
-    from packcli.card import MARKER
-
     fs, prefix = locate(url)
     try:
         if fs.isfile(prefix):
@@ -439,9 +439,7 @@ def output_files(out: Path) -> dict[str, tuple[int, str | None]]:
     """The files of a finished local output that make the dataset, by relative path, with
     their size and (Parquet) sha256 from ``packcli.json``: the card, the Parquet files it
     lists, ``rejected.jsonl`` and ``stats/*.png`` not older than ``packcli.json``."""
-    from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR
-
-    meta = json.loads((out / MARKER).read_text(encoding="utf-8"))
+    meta = load_marker(out)
     files: dict[str, tuple[int, str | None]] = {}
     for name in CONFIG_NAMES:
         for f in meta["files"][name]:
@@ -470,7 +468,6 @@ def upload_output(
     The remote ``packcli.json`` is deleted first whenever anything else changes, so it
     never vouches for files that are not (yet) those it lists. ``placed``: files the write
     tasks already put there (a URL work folder), by size: checked, never put from here."""
-    from packcli.card import MARKER
     from packcli.faults import crash_point
     from packcli.shards import sha256_file
 
@@ -554,8 +551,6 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
     ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them: plots on
     the store are always the current output's (``upload_output`` puts only fresh ones and
     deletes the others)."""
-    from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR
-
     fs, prefix = locate(url)
     try:
         remote = listing(fs, prefix)
@@ -566,7 +561,7 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
         wanted = [MARKER]
         _fetch(fs, prefix, dest, MARKER)
         try:
-            meta = json.loads((dest / MARKER).read_text(encoding="utf-8"))
+            meta = load_marker(dest)
             listed = [f"data/{n}/{f['file']}" for n in CONFIG_NAMES for f in meta["files"][n]]
         except (ValueError, KeyError, TypeError):
             return wanted  # verify names what is wrong with it

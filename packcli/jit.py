@@ -115,15 +115,3 @@ def forced(mode: str | None) -> Iterator[None]:
         yield
     finally:
         _forced = before
-
-
-@contextmanager
-def small_work(threshold: int) -> Iterator[None]:
-    """Use ``threshold`` instead of ``SMALL_WORK`` inside the block (tests: both sides of the
-    threshold on small inputs); not thread-safe."""
-    global SMALL_WORK
-    before, SMALL_WORK = SMALL_WORK, threshold
-    try:
-        yield
-    finally:
-        SMALL_WORK = before

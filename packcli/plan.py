@@ -40,9 +40,16 @@ from typing import Any
 import numpy as np
 
 from packcli.balance import balance_attention, balance_ratio
-from packcli.binpack import group_by_residue, pack_granular, pack_into_open_bins, pack_lengths
-from packcli.config import PlanConfig
+from packcli.binpack import (
+    counting_sort,
+    group_by_residue,
+    pack_granular,
+    pack_into_open_bins,
+    pack_lengths,
+)
 from packcli.jit import kernel, pick
+from packcli.names import CONFIG_NAMES
+from packcli.plan_config import PlanConfig
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ class RowLayout:
         return len(self.row_offsets) - 1
 
 
-CONFIGS: tuple[str, ...] = ("long", "short")
+CONFIGS = CONFIG_NAMES  # the configs a plan makes, the default first
 
 
 @dataclass(frozen=True)
@@ -120,22 +127,7 @@ def make_pieces(
 def _group_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """Stable counting sort: ``order`` lists indices grouped by key (input order kept within
     a key) and ``offsets[k]:offsets[k+1]`` is key k's slice of it. O(N + K)."""
-    return pick(_group_by_kernel, keys.shape[0] // 8)(keys, n_keys)  # ~1/8 of a best-fit item
-
-
-@kernel
-def _group_by_kernel(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.zeros(n_keys + 1, dtype=np.int64)
-    for k in keys:
-        offsets[k + 1] += 1
-    offsets = np.cumsum(offsets)  # O(K): vectorized, so cheap as plain Python too
-    fill = offsets[:-1].copy()
-    order = np.empty(keys.shape[0], dtype=np.int64)
-    for i in range(keys.shape[0]):
-        k = keys[i]
-        order[fill[k]] = i
-        fill[k] += 1
-    return order, offsets
+    return pick(counting_sort, keys.shape[0] // 8)(keys, n_keys)  # ~1/8 of a best-fit item
 
 
 @kernel

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import glob
-import json
 import logging
 import os
 import tempfile
@@ -41,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from packcli import __version__
-from packcli.card import CONFIG_NAMES, MARKER, PLOT_FILES, STATS_DIR
+from packcli.card import PLOT_FILES
 from packcli.errors import ConfigError, PackcliError, VerifyError
+from packcli.marker import load_marker
+from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def upload_files(out: Path) -> list[UploadFile]:
             "run packcli pack to completion first"
         )
     try:
-        meta = json.loads(marker.read_text(encoding="utf-8"))
+        meta = load_marker(out)
         listed = {name: [f["file"] for f in meta["files"][name]] for name in CONFIG_NAMES}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PushError(f"{marker}: unreadable or not written by packcli ({exc})") from exc

@@ -21,8 +21,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packcli.card import CONFIG_NAMES
 from packcli.errors import ConfigError, PackcliError
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.stats import capacities, read_meta, require_extra
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100  # label of a token that carries no loss
 PREVIEW_CHARS = 40
 _COLUMNS = ("input_ids", "seq_lengths", "doc_ids", "num_tokens")
 

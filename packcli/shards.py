@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.arrow_np import to_numpy
+from packcli.atomic import atomic_path, atomic_write_json
+from packcli.atomic import atomic_write_bytes as atomic_write_bytes  # re-export: pipeline.py
 from packcli.errors import PackcliError
 
 SHARD_SCHEMA = pa.schema(
@@ -46,20 +47,6 @@ CHAT_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("labels", pa.list_(pa.int32()))
 # the length of its first sequence (0: not a pair, e.g. a dropped one); see preference.py.
 PREFERENCE_SHARD_SCHEMA = CHAT_SHARD_SCHEMA.append(pa.field("chosen_len", pa.int32()))
 SUCCESS = "_SUCCESS.json"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp name in the same folder, fsync, then rename into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -130,14 +117,14 @@ class ShardWriter:
     def _write_shard(self) -> None:
         index = len(self.manifests)
         final = self.folder / shard_name(index)
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         # One record batch per file, so readers get zero-copy contiguous columns.
         table = pa.Table.from_batches(self._pending, schema=self.schema).combine_chunks()
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, self.schema) as writer:
+        with (
+            atomic_path(final) as tmp,
+            pa.OSFile(str(tmp), "wb") as sink,
+            pa.ipc.new_file(sink, self.schema) as writer,
+        ):
             writer.write_table(table)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
         doc_index = table.column("doc_index")
         manifest = {
             "file": final.name,

@@ -24,25 +24,24 @@ Plots go to ``OUT/stats/`` (written under a temp name, then renamed);
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packcli.atomic import atomic_path
 from packcli.card import (
-    CONFIG_NAMES,
     PLOT_ATTENTION,
     PLOT_DOC_LENGTHS,
     PLOT_FILES,
     PLOT_ROW_FILL,
     PLOT_SEGMENTS,
-    STATS_DIR,
 )
 
 # The card text about plots and training lives in card.py; these names stay importable here.
 from packcli.card import render_plots_section as render_plots_section
 from packcli.card import training_snippet as training_snippet
 from packcli.errors import PackcliError
+from packcli.names import CONFIG_NAMES, STATS_DIR
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,7 +71,7 @@ def require_extra(module: str, purpose: str) -> Any:
 
 def read_meta(out: Path) -> dict[str, Any]:
     """``packcli.json`` of a complete output, or a ``PackcliError`` saying what is wrong."""
-    from packcli.verify import read_marker
+    from packcli.marker import read_marker
 
     # Fails here, not halfway, on a foreign or damaged packcli.json (one line naming it).
     return read_marker(out)
@@ -214,9 +213,8 @@ def compute_stats(out: Path) -> tuple[dict[str, Any], dict[str, TierData]]:
 
 
 def _save(fig: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
 
 
 def _figure(panels: int) -> Any:

@@ -114,10 +114,17 @@ class LoadedTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
 
-def _config_beside(tokenizer_file: Path) -> dict:
+def config_candidates(tokenizer_file: Path) -> list[Path]:
+    """Where the config of ``tokenizer_file`` may lie, in the order looked at (the first that
+    exists is it): ``tokenizer_config.json`` beside it, then ``<stem>_config.json``. Special
+    tokens (here) and chat templates (``packcli.chat.templates``) both come from it."""
     folder = tokenizer_file.parent
     stem = tokenizer_file.name.removesuffix(".json")
-    for candidate in (folder / "tokenizer_config.json", folder / f"{stem}_config.json"):
+    return [folder / n for n in dict.fromkeys(("tokenizer_config.json", f"{stem}_config.json"))]
+
+
+def _config_beside(tokenizer_file: Path) -> dict:
+    for candidate in config_candidates(tokenizer_file):
         if candidate.is_file():
             try:
                 return json.loads(candidate.read_text(encoding="utf-8"))

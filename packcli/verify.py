@@ -25,7 +25,6 @@ hide itself. The first failure raises ``VerifyError`` with a precise message.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packcli.arrow_np import to_numpy
-from packcli.card import CONFIG_NAMES, MARKER
 from packcli.errors import VerifyError
 from packcli.expected import expected_pieces, segment_hashes
+from packcli.marker import read_json_object
+from packcli.marker import read_marker as read_marker  # re-export: its old home
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.shards import TokenShards, sha256_file
 
 
@@ -187,7 +188,7 @@ def _check_pairs(
     lo = to_numpy(labels_col.offsets)
     labels = to_numpy(labels_col.values)[lo[0] : lo[-1]]
     starts = np.cumsum(seq_lens) - seq_lens
-    trained = np.flatnonzero(labels != -100)
+    trained = np.flatnonzero(labels != IGNORE_INDEX)
     # Per segment: its leading untrained tokens (the prompt, template tokens, a BOS).
     first = np.searchsorted(trained, starts)
     first_at = np.where(first < trained.size, trained[np.minimum(first, trained.size - 1)], -1)
@@ -221,10 +222,10 @@ def _check_labels(
     labels = to_numpy(col.values)[o[0] : o[-1]]
     row_of_token = np.repeat(np.arange(n_ids.size), n_ids)
     starts = np.cumsum(seq_lens) - seq_lens
-    if (bad := labels[starts] != -100).any():
+    if (bad := labels[starts] != IGNORE_INDEX).any():
         r = row0 + int(row_of_token[starts[np.argmax(bad)]])
         _fail(where, f"row {r}: a segment's first token has a label (loss across a boundary)")
-    trained = labels != -100
+    trained = labels != IGNORE_INDEX
     if (bad := trained & (labels != tokens)).any():
         r = row0 + int(row_of_token[np.argmax(bad)])
         _fail(where, f"row {r}: a label differs from its token (labels are unshifted)")
@@ -353,59 +354,6 @@ def _check_nesting(short: Segments, long: Segments, short_len: int) -> None:
         _fail("nesting", f"short row {short.row[i]} is not intact and contiguous in one long row")
 
 
-# What verify (and push, through it) reads from packcli.json: (path, type).
-_MARKER_FIELDS: list[tuple[tuple[str, ...], type]] = [
-    (("config", "plan", "short_len"), int),
-    (("config", "plan", "long_len"), int),
-    (("config", "plan", "overlong"), str),
-    (("run", "tokenizer", "vocab_size"), int),
-    (("run",), dict),
-    (("report", "input", "tokens"), int),
-    (("report", "policy", "truncated_tokens"), int),
-    (("report", "policy", "dropped_tokens"), int),
-] + [
-    (path, int)
-    for name in CONFIG_NAMES
-    for path in (("report", "tiers", name, "rows"), ("report", "tiers", name, "tokens"))
-]
-_FILE_FIELDS = {"file": str, "sha256": str, "rows": int}
-
-
-def read_marker(out: Path) -> dict[str, Any]:
-    """``packcli.json`` of ``out`` after checking every field verify reads, so a damaged,
-    truncated or foreign file fails with one line naming it, not with a traceback."""
-    marker = out / MARKER
-    if not marker.is_file():
-        raise VerifyError(f"{out}: no packcli.json, so the output is missing or incomplete")
-    fix = "rewrite it with `packcli finalize -o OUT` (needs the work folder) or rerun packcli pack"
-    try:
-        meta = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-        raise VerifyError(f"{marker}: unreadable or not JSON ({exc}); {fix}") from exc
-
-    def bad(what: str) -> VerifyError:
-        return VerifyError(f"{marker}: damaged or not written by packcli ({what}); {fix}")
-
-    for path, kind in _MARKER_FIELDS:
-        value: Any = meta
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise bad(f"{'.'.join(path)} missing or not {kind.__name__}")
-    files = meta.get("files")
-    for name in CONFIG_NAMES:
-        entries = files.get(name) if isinstance(files, dict) else None
-        if not isinstance(entries, list):
-            raise bad(f"files.{name} missing or not a list")
-        for entry in entries:
-            for key, kind in _FILE_FIELDS.items():
-                if not isinstance(entry, dict) or not isinstance(entry.get(key), kind):
-                    raise bad(f"an entry of files.{name} has no valid {key!r}")
-            if Path(entry["file"]).name != entry["file"] or entry["file"] in ("", ".", ".."):
-                raise bad(f"files.{name} names {entry['file']!r}, not a file of data/{name}/")
-    return meta
-
-
 def verify_remote(url: str, *, use_shards: bool = True) -> dict[str, Any]:
     """Verify an output on object storage: its ``packcli.json`` and data files are
     downloaded to a temp folder (the disk needs room for the dataset) and checked there;
@@ -474,7 +422,7 @@ def verify_output(
 
     recorded = Path(meta["run"].get("work_dir") or ".packcli")
     tokens_dir = (recorded if recorded.is_absolute() else out / recorded) / "tokens"
-    if work is not None and _read_json_quiet(work / "tokens" / "_SUCCESS.json").get(
+    if work is not None and read_json_object(work / "tokens" / "_SUCCESS.json").get(
         "fingerprint"
     ) == meta["run"].get("tokens_fingerprint"):
         tokens_dir = work / "tokens"
@@ -493,11 +441,3 @@ def verify_output(
 
     summary["checked_against_input"] = check_against_input(meta, segments["long"])
     return summary
-
-
-def _read_json_quiet(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -24,8 +24,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packcli.arrow_np import list_array, to_arrow, to_numpy
+from packcli.atomic import atomic_path
 from packcli.config import PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.plan import Plan, RowLayout, plan_two_tier
 from packcli.shards import LazyShards, ShardTokens, TokenShards
 
@@ -209,7 +211,7 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
     ]
     if source.has_labels:
         labels = source.gather(docs, starts, lens, labels=True)
-        labels[np.cumsum(lens) - lens] = -100  # no loss on a segment's first token
+        labels[np.cumsum(lens) - lens] = IGNORE_INDEX  # no loss on a segment's first token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
     if roles is not None:
         columns.append(list_array(seg_offsets, roles, pa.int8()))
@@ -278,15 +280,17 @@ def write_config_file(
     rows_per_group = max(1, config.row_group_tokens // layout.capacity)
     compression = None if config.compression == "none" else config.compression
     level = config.compression_level if compression in ("zstd", "gzip") else None
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     schema = row_schema(source)
-    with pq.ParquetWriter(
-        str(tmp),
-        schema,
-        compression=compression,
-        compression_level=level,
-        use_dictionary=False,
-    ) as writer:
+    with (
+        atomic_path(final) as tmp,
+        pq.ParquetWriter(
+            str(tmp),
+            schema,
+            compression=compression,
+            compression_level=level,
+            use_dictionary=False,
+        ) as writer,
+    ):
         if f1 == f0:
             writer.write_table(schema.empty_table())
         for g0 in range(f0, f1, rows_per_group):
@@ -294,9 +298,6 @@ def write_config_file(
             writer.write_table(rows_to_table(plan, layout, g0, g1, source), row_group_size=g1 - g0)
             if on_tokens is not None:
                 on_tokens(int(layout.row_tokens[g0:g1].sum()))
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
 
 
 def pack_table(
@@ -304,7 +305,7 @@ def pack_table(
     config: PlanConfig,
     column: str = "input_ids",
     *,
-    configs: tuple[str, ...] = ("long", "short"),
+    configs: tuple[str, ...] = CONFIG_NAMES,
 ) -> tuple[pa.Table | None, pa.Table | None, Plan]:
     """In-memory two-tier packing of already tokenized documents: ``(long, short, plan)``.
 
@@ -331,6 +332,6 @@ def pack_table(
         name: rows_to_table(plan, getattr(plan, name), 0, getattr(plan, name).num_rows, source)
         if name in configs
         else None
-        for name in ("long", "short")
+        for name in CONFIG_NAMES
     }
     return tables["long"], tables["short"], plan

@@ -11,12 +11,18 @@ from hypothesis import strategies as st
 
 from packcli import binpack, jit
 from packcli.binpack import (
-    bin_loads,
     group_by_residue,
     pack_granular,
     pack_into_open_bins,
     pack_lengths,
 )
+
+
+def bin_loads(assignment: np.ndarray, lengths: np.ndarray, n_bins: int | None = None) -> np.ndarray:
+    """Total length per bin."""
+    a = np.asarray(assignment, dtype=np.int64)
+    n = int(a.max()) + 1 if n_bins is None and a.size else (n_bins or 0)
+    return np.bincount(a, weights=np.asarray(lengths, dtype=np.int64), minlength=n).astype(np.int64)
 
 
 def naive_bfd(lengths: list[int], capacity: int, open_rem: list[int] | None = None) -> list[int]:

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from packcli.backends import FastokensEncoder, HFEncoder
-from packcli.encode import encode_texts, prefetch
+from packcli.encode import assemble, prefetch
 from packcli.errors import ConfigError
 from packcli.tokenizer import load_tokenizer, resolve_special
 
@@ -23,7 +23,7 @@ def test_encode_matches_per_document_encoding(
     toy_tokenizer_path: Path, bos: int | None, eos: int | None, backend: type
 ) -> None:
     tok = Tokenizer.from_file(str(toy_tokenizer_path))
-    flat, lengths = encode_texts(backend(tok), TEXTS, bos=bos, eos=eos)
+    flat, lengths = assemble(backend(tok)(TEXTS), bos=bos, eos=eos)
     assert flat.dtype == np.int32 and lengths.sum() == flat.size
     starts = np.cumsum(lengths) - lengths
     for text, s, n in zip(TEXTS, starts, lengths, strict=True):
@@ -43,8 +43,8 @@ def test_vocabulary_over_65536_keeps_ids(tmp_path: Path) -> None:
     tok.save(str(tmp_path / "tokenizer.json"))
     loaded = load_tokenizer(str(tmp_path))
     eos = resolve_special(loaded, "<eos>", "eos")
-    flat, lengths = encode_texts(
-        HFEncoder(loaded.tokenizer), ["w69999 w65536 w1", "w70"], bos=None, eos=eos
+    flat, lengths = assemble(
+        HFEncoder(loaded.tokenizer)(["w69999 w65536 w1", "w70"]), bos=None, eos=eos
     )
     assert flat.tolist() == [69999, 65536, 1, 70_001, 70, 70_001]
     assert lengths.tolist() == [4, 2]

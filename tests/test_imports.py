@@ -8,8 +8,7 @@ from pathlib import Path
 import packcli
 
 ROOT = Path(packcli.__file__).parent
-# card -> write -> config -> fs -> card remains (fs.py and write.py are outside this check's
-# modules); everything else that reads a finished output or makes the CLI must stay out.
+# Everything that reads a finished output or makes the CLI must stay out of circles.
 CHECKED = ("packcli.cli", "packcli.publish", "packcli.stats", "packcli.rowview", "packcli.report")
 CHECKED_EXACT = ("packcli.verify", "packcli.recheck", "packcli.expected")
 
@@ -52,3 +51,49 @@ def test_no_import_circles_through_the_cli_and_publish_modules() -> None:
     assert "packcli.stats" in checked and "packcli.cli.app" in checked
     circles = [(m, n) for m in checked for n in graph[m] if _reaches(graph, n, m)]
     assert circles == []
+
+
+# Being split into packages right now (issue 17); their circles are theirs to break.
+EXEMPT = ("packcli.read", "packcli.pipeline", "packcli.chat")
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                out.append(sorted([v, *comp]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles_anywhere_but_in_the_modules_being_split() -> None:
+    circles = _circles(_imports())
+    assert circles == [c for c in circles if all(m.startswith(EXEMPT) for m in c)]
+    # The check sees circles: the graph has the ones of the parts being split.
+    assert _circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_the_planner_reads_no_config_files() -> None:
+    """plan.py is pure: it must not import config.py (which reads YAML), directly or not."""
+    graph = _imports()
+    assert not _reaches(graph, "packcli.plan", "packcli.config")

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 
 from packcli.arrow_np import list_array
 from packcli.encode import StageTimes, batch_to_record_batch
+from packcli.names import IGNORE_INDEX
 from packcli.read import DocBatch
 from packcli.shards import CHAT_SHARD_SCHEMA
 
@@ -258,10 +259,10 @@ class ChatEncoder(FastTokens):
         tail = np.array([self.eos] if add_eos else [], dtype=np.int32)
         trained = add_eos and (ends_with_answer or self.train_on == "all")
         stats.eos_trained += trained
-        tail_labels = tail if trained else np.full(len(tail), -100, dtype=np.int32)
+        tail_labels = tail if trained else np.full(len(tail), IGNORE_INDEX, dtype=np.int32)
         return (
             np.concatenate([head, ids, tail]),
-            np.concatenate([np.full(len(head), -100, dtype=np.int32), labels, tail_labels]),
+            np.concatenate([np.full(len(head), IGNORE_INDEX, dtype=np.int32), labels, tail_labels]),
         )
 
 

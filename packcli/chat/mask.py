@@ -25,8 +25,8 @@ from packcli.chat.offsets import token_turns
 from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
 from packcli.errors import ConfigError
+from packcli.names import IGNORE_INDEX, TRAIN_ON
 
-TRAIN_ON = ("assistant", "last", "all")
 TrainOn = Literal["assistant", "last", "all"]
 
 
@@ -50,7 +50,7 @@ class EncodedDialogue:
 
     def labels(self) -> np.ndarray:
         """Token ids where trained, -100 elsewhere (the causal shift is the trainer's)."""
-        return np.where(self.mask, self.ids, -100).astype(np.int32)
+        return np.where(self.mask, self.ids, IGNORE_INDEX).astype(np.int32)
 
 
 def _mask(n_tokens: int, turns: np.ndarray, train_on: str) -> np.ndarray:

@@ -58,6 +58,7 @@ from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
 from packcli.chat.validate import SIDES
 from packcli.encode import StageTimes
+from packcli.names import IGNORE_INDEX
 from packcli.read import DocBatch
 from packcli.shards import PREFERENCE_SHARD_SCHEMA
 
@@ -87,7 +88,6 @@ class PreferenceStats(Counts):
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
-_NO_LOSS = -100
 
 
 def response_cap(budget: int, rc: int, rr: int) -> int:
@@ -281,14 +281,14 @@ class PreferenceEncoder(FastTokens):
             ids = np.concatenate([head, side.ids, tail]).astype(np.int32)
             labels = np.concatenate(
                 [
-                    np.full(len(head), _NO_LOSS, dtype=np.int32),
-                    np.where(side.mask, side.ids, _NO_LOSS).astype(np.int32),
+                    np.full(len(head), IGNORE_INDEX, dtype=np.int32),
+                    np.where(side.mask, side.ids, IGNORE_INDEX).astype(np.int32),
                     tail,
                 ]
             )
             seqs.append((ids, labels, add_eos))
         total = sum(len(s[0]) for s in seqs)
-        if any(not (labels != _NO_LOSS).any() for _, labels, _ in seqs):
+        if any(not (labels != IGNORE_INDEX).any() for _, labels, _ in seqs):
             stats.no_trainable += 1
             stats.no_trainable_tokens += total
             return None
@@ -300,7 +300,9 @@ class PreferenceEncoder(FastTokens):
             cut = [
                 (ids[: prompt_len + cap], labels[: prompt_len + cap], e) for ids, labels, e in seqs
             ]
-            if cap == 0 or any(not (labels[prompt_len:] != _NO_LOSS).any() for _, labels, _ in cut):
+            if cap == 0 or any(
+                not (labels[prompt_len:] != IGNORE_INDEX).any() for _, labels, _ in cut
+            ):
                 stats.truncate_dropped += 1
                 stats.truncate_dropped_tokens += total
                 return None

@@ -19,6 +19,7 @@ from typing import Any
 
 from packcli.chat.errors import ChatTemplateError
 from packcli.chat.execute import compile_template
+from packcli.tokenizer import config_candidates
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +81,9 @@ def _tokenizer_templates(spec: str) -> tuple[dict[str, ChatTemplate], list[str]]
     path = Path(spec)
     if path.is_dir() or path.is_file():
         folder = path if path.is_dir() else path.parent
-        stem = "tokenizer" if path.is_dir() else path.name.removesuffix(".json")
         looked = [str(folder / "chat_template.jinja")]
         templates: dict[str, ChatTemplate] = {}
-        # Same config lookup as packcli.tokenizer: tokenizer_config.json, then <stem>_config.json.
-        for name in dict.fromkeys(("tokenizer_config.json", f"{stem}_config.json")):
-            config_path = folder / name
+        for config_path in config_candidates(path / "tokenizer.json" if path.is_dir() else path):
             looked.append(f"'chat_template' in {config_path}")
             if config_path.is_file():
                 templates = _config_templates(_read_json(config_path), str(config_path))

@@ -14,10 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from packcli.errors import ConfigError
+from packcli.names import EXECUTORS
 
 log = logging.getLogger(__name__)
-
-EXECUTORS = ("local", "ray")
 
 
 def _run_remote(fn: Callable[..., Any], args: tuple, task_index: int, num_tasks: int) -> Any:

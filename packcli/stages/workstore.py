@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from packcli.errors import PackcliError
+from packcli.marker import read_json_object
+from packcli.names import MARKER
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,7 @@ class LocalWork:
         done = set()
         for unit in units:
             folder = self.local / UNITS / unit["key"]
-            record = _read_json(folder / SUCCESS)
+            record = read_json_object(folder / SUCCESS)
             if record.get("fingerprint") == unit["fingerprint"] and all(
                 shard_intact(folder, m) for m in record.get("shards", [])
             ):
@@ -123,14 +125,6 @@ class LocalWork:
 
     def drop_unit(self, key: str) -> None:
         shutil.rmtree(self.local / UNITS / key, ignore_errors=True)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 class WorkStore(LocalWork):
@@ -205,6 +199,8 @@ class WorkStore(LocalWork):
         the store does not have it."""
         target = self.local / rel
         target.parent.mkdir(parents=True, exist_ok=True)
+        # Not packcli.atomic: the temp is named per thread (mirror threads may fetch the same
+        # file at once), and there is no fsync: this is a cache of what the store keeps.
         tmp = target.with_name(f".{target.name}.get-{threading.get_ident()}")
 
         def get() -> bool:
@@ -354,8 +350,6 @@ class WorkStore(LocalWork):
 
     def uncomplete(self) -> None:
         """Remove the remote output's ``packcli.json`` before anything it vouches for changes."""
-        from packcli.card import MARKER
-
         self._call(f"delete the output's {MARKER}", lambda: _rm(self.out_fs, self._out(MARKER)))
 
     def claim(self, marker: dict[str, Any], marker_rel: str) -> None:

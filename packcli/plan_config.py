@@ -1,0 +1,57 @@
+"""The planner's settings (``plan:`` of a config file, ``--short-len`` and the other plan flags).
+
+Apart from ``config.py``, which reads YAML and knows every stage, so that the planner
+(``plan.py``) stays pure: it imports these settings and nothing that reads files.
+``packcli.config.PlanConfig`` re-exports the class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packcli.errors import ConfigError
+from packcli.names import OVERLONG_POLICIES, PLAN_ALGORITHMS
+
+# The planner's time and memory grow with the row capacity (its structures are indexed by
+# free room): 2**24 adds ~2 s and ~130 MB to planning 74 documents; 2**27 added ~26 s and
+# 1 GB; 2**31 - 1 took 101 s for 300 documents.
+MAX_LONG_LEN = 1 << 24
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    short_len: int = 4096
+    long_len: int = 131072
+    overlong: str = "split"
+    algorithm: str = "bfd"
+    seed: int = 0
+    balance: str = "none"  # none | attention (see packcli/balance.py)
+
+    def __post_init__(self) -> None:
+        if self.balance not in ("none", "attention"):
+            raise ConfigError(f"plan.balance must be none or attention, got {self.balance!r}")
+        if self.short_len < 1:
+            raise ConfigError(f"plan.short_len must be >= 1, got {self.short_len}")
+        if self.long_len <= self.short_len:
+            raise ConfigError(
+                "tiers must be increasing: short_len < long_len, got "
+                f"short_len={self.short_len}, long_len={self.long_len}"
+            )
+        if self.long_len > MAX_LONG_LEN:
+            raise ConfigError(
+                f"plan.long_len must be at most {MAX_LONG_LEN} (2**24; planning time and memory "
+                f"grow with the row capacity), got {self.long_len}"
+            )
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"plan.seed must be in 0..{MAX_SEED}, got {self.seed}")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ConfigError(
+                f"plan.overlong must be one of {', '.join(OVERLONG_POLICIES)}, "
+                f"got {self.overlong!r}"
+            )
+        if self.algorithm not in PLAN_ALGORITHMS:
+            raise ConfigError(
+                f"plan.algorithm must be one of {', '.join(PLAN_ALGORITHMS)}, "
+                f"got {self.algorithm!r}"
+            )

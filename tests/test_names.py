@@ -1,0 +1,65 @@
+"""packcli.names: one definition per allowed-value set, and the messages that list them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+import packcli.backends
+import packcli.card
+import packcli.chat.mask
+import packcli.collate
+import packcli.config
+import packcli.executors
+import packcli.plan
+import packcli.plan_config
+from packcli import names
+from packcli.config import ReadConfig, TokenizeConfig
+from packcli.errors import ConfigError
+
+
+def test_every_module_uses_the_one_definition() -> None:
+    same = [
+        (packcli.config.TRAIN_ON, names.TRAIN_ON),
+        (packcli.chat.mask.TRAIN_ON, names.TRAIN_ON),
+        (packcli.config.INPUT_FORMATS, names.INPUT_FORMATS),
+        (packcli.plan_config.OVERLONG_POLICIES, names.OVERLONG_POLICIES),
+        (packcli.backends.BACKENDS, names.BACKENDS),
+        (packcli.executors.EXECUTORS, names.EXECUTORS),
+        (packcli.plan.CONFIGS, names.CONFIG_NAMES),
+        (packcli.card.CONFIG_NAMES, names.CONFIG_NAMES),
+        (packcli.card.MARKER, names.MARKER),
+        (packcli.card.STATS_DIR, names.STATS_DIR),
+        (packcli.collate.IGNORE_INDEX, names.IGNORE_INDEX),
+    ]
+    assert all(a is b for a, b in same)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: TokenizeConfig(backend="x"),
+            "tokenize.backend must be auto, hf, fastokens or gigatoken, got 'x'",
+        ),
+        (
+            lambda: TokenizeConfig(special_in_text="x"),
+            "tokenize.special_in_text must be text or special, got 'x'",
+        ),
+        (
+            lambda: ReadConfig(inputs=("a",), on_bad_line="x"),
+            "read.on_bad_line must be error or skip",
+        ),
+    ],
+)
+def test_the_messages_that_list_allowed_values_are_unchanged(
+    make: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as exc:
+        make()
+    assert str(exc.value).startswith(message)
+
+
+def test_the_old_backend_name_is_still_accepted() -> None:
+    assert TokenizeConfig(backend="tiktoken").backend == "tiktoken"
