@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import packcli.stages.executors
 import pytest
 
 import packcli.backends
@@ -11,7 +12,6 @@ import packcli.card
 import packcli.chat.mask
 import packcli.collate
 import packcli.config
-import packcli.executors
 import packcli.plan
 import packcli.plan_config
 from packcli import names
@@ -26,7 +26,7 @@ def test_every_module_uses_the_one_definition() -> None:
         (packcli.config.INPUT_FORMATS, names.INPUT_FORMATS),
         (packcli.plan_config.OVERLONG_POLICIES, names.OVERLONG_POLICIES),
         (packcli.backends.BACKENDS, names.BACKENDS),
-        (packcli.executors.EXECUTORS, names.EXECUTORS),
+        (packcli.stages.executors.EXECUTORS, names.EXECUTORS),
         (packcli.plan.CONFIGS, names.CONFIG_NAMES),
         (packcli.card.CONFIG_NAMES, names.CONFIG_NAMES),
         (packcli.card.MARKER, names.MARKER),

@@ -5,7 +5,6 @@ uploads a remote output)."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,15 +12,17 @@ from typing import Any
 import numpy as np
 
 from packcli import __version__
-from packcli.card import CONFIG_NAMES, MARKER, STATS_DIR, render_card
+from packcli.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
+from packcli.card import render_card
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
 from packcli.fs import redact, upload_output
+from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.plan import Plan, RowLayout
 from packcli.read import shift_reject_lines
 from packcli.report import TOKENS_PER_STEP, build_report
-from packcli.shards import TokenShards, atomic_write_bytes, atomic_write_json
+from packcli.shards import TokenShards
 from packcli.stages.index import collect_tokens
 from packcli.stages.plan import load_plan, stored_config
 from packcli.stages.work import REJECTED, read_json, recorded_read, require_out
@@ -209,17 +210,13 @@ def _gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
     if not parts:
         target.unlink(missing_ok=True)
         return
-    tmp = target.with_name(f".{REJECTED}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as sink:
+    with atomic_writer(target) as sink:
         for part, first_line in parts:
             with open(part, "rb") as fh:
                 if first_line:
                     shift_reject_lines(fh, sink, first_line)
                 else:
                     shutil.copyfileobj(fh, sink)
-        sink.flush()
-        os.fsync(sink.fileno())
-    os.replace(tmp, target)
 
 
 def _relative_to_out(path: Path, out: Path) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from packcli import __version__
-from packcli.card import CONFIG_NAMES
+from packcli.atomic import atomic_write_json, atomic_writer
 from packcli.config import (
     ChatConfig,
     PlanConfig,
@@ -23,8 +23,9 @@ from packcli.config import (
 )
 from packcli.errors import InputError, PackcliError
 from packcli.faults import crash_point
+from packcli.names import CONFIG_NAMES
 from packcli.plan import Plan, RowLayout, plan_two_tier
-from packcli.shards import TokenShards, atomic_write_json
+from packcli.shards import TokenShards
 from packcli.stages.index import collect_tokens
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import in_mirror, work_store
@@ -62,7 +63,6 @@ def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShard
 
 def _save_plan(cfg: RunConfig, plan: Plan, tokens_fingerprint: str) -> None:
     path = cfg.work_path / "plan.npz"
-    tmp = path.with_name(".plan.tmp.npz")
     arrays = {"piece_doc": plan.piece_doc, "piece_start": plan.piece_start}
     arrays["piece_len"] = plan.piece_len
     for name in CONFIG_NAMES:
@@ -70,8 +70,8 @@ def _save_plan(cfg: RunConfig, plan: Plan, tokens_fingerprint: str) -> None:
         arrays[f"{name}_row_offsets"] = layout.row_offsets
         arrays[f"{name}_row_pieces"] = layout.row_pieces
         arrays[f"{name}_row_tokens"] = layout.row_tokens
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    with atomic_writer(path) as fh:  # np.savez writes the same bytes to a file or a path
+        np.savez(fh, **arrays)
     # What the Parquet files depend on is the plan itself, not only the settings that made it
     # (another packcli build may plan the same settings differently): write records carry
     # this digest of the arrays (the npz bytes hold zip timestamps, so not the file's hash).

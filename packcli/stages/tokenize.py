@@ -21,6 +21,7 @@ import orjson
 from tqdm import tqdm
 
 from packcli.arrow_np import to_numpy
+from packcli.atomic import atomic_write_json
 from packcli.chat.encoder import ChatEncoder, ChatStats, tokenize_chat_batches
 from packcli.config import RunConfig
 from packcli.encode import StageTimes, prefetch, tokenize_batches
@@ -33,7 +34,6 @@ from packcli.shards import (
     SHARD_SCHEMA,
     SUCCESS,
     ShardWriter,
-    atomic_write_json,
     manifest_name,
     shard_intact,
 )

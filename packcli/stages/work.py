@@ -17,11 +17,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from packcli.card import MARKER
+from packcli.atomic import atomic_write_json
 from packcli.config import ReadConfig, RunConfig
 from packcli.errors import ConfigError
 from packcli.fs import check_remote_output, redact
-from packcli.shards import atomic_write_json
+from packcli.marker import peek_marker, read_json_object
+from packcli.names import MARKER
 from packcli.stages.lock import OUT_LOCK
 from packcli.stages.workstore import WorkStore, check_remote_work, work_store
 
@@ -35,12 +36,7 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # missing, unreadable, not UTF-8 or not JSON
-        return {}
-    return data if isinstance(data, dict) else {}
+read_json = read_json_object  # a record, or {} when missing or damaged (packcli/marker.py)
 
 
 def progress_bar(quiet: bool, **kwargs: Any) -> tqdm:
@@ -65,7 +61,7 @@ def _is_work_folder(work: Path, out: Path | None) -> bool:
 
 def _is_output(out: Path) -> bool:
     """Whether ``out`` holds a packcli.json that packcli wrote (not merely a file of that name)."""
-    run = read_json(out / MARKER).get("run")
+    run = peek_marker(out).get("run")
     return isinstance(run, dict) and "packcli_version" in run
 
 

@@ -7,11 +7,12 @@ import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from packcli.card import CONFIG_NAMES
+from packcli.atomic import atomic_write_json
 from packcli.config import RunConfig
 from packcli.faults import crash_point
+from packcli.names import CONFIG_NAMES
 from packcli.plan import Plan
-from packcli.shards import TokenShards, atomic_write_json, sha256_file
+from packcli.shards import TokenShards, sha256_file
 from packcli.stages.index import collect_tokens
 from packcli.stages.plan import load_plan, plan_fingerprint
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
