@@ -425,7 +425,7 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
     paths = resolve_inputs(cfg.read.inputs, exclude=fences, input_format=cfg.read.input_format)
     formats = [file_format(p, cfg.read.input_format) or "jsonl" for p in paths]
     if any(f != "jsonl" for f in formats):  # a column missing from a file: refused up front
-        from packcli.read_columnar import check_columns
+        from packcli.read.columnar import check_columns
 
         check_columns(paths, formats, *input_column(cfg))
     early = None
@@ -642,7 +642,7 @@ def _input_units(
         if fmt == "jsonl":
             spans = split_spans(size, split_bytes) if splittable(p) else None
         else:
-            from packcli.read_columnar import split_groups
+            from packcli.read.columnar import split_groups
 
             spans = split_groups(p, fmt, size, split_bytes)  # type: ignore[arg-type]
         if spans is None and size < GROUP_BYTES:
@@ -849,7 +849,7 @@ def read_unit(
             batch_bytes=0 if sample else cfg.read.batch_bytes,
             verify_streams=not sample,
         )
-    from packcli.read_columnar import iter_columnar
+    from packcli.read.columnar import iter_columnar
 
     column, option = input_column(cfg)
     groups = unit.get("row_groups")

@@ -432,7 +432,7 @@ def resolve_inputs(
     skipped_note = " (files under the output and work folders are not inputs)"
     for spec in specs:
         if input_format == "hub" or spec.startswith(HUB_PREFIX):
-            from packcli.read_columnar import hub_local_spec
+            from packcli.read.columnar import hub_local_spec
 
             spec = hub_local_spec(spec, wanted)
         spec = local_path(spec)  # file:// is a local path
@@ -468,7 +468,7 @@ def resolve_inputs(
         elif path.is_dir():
             refuse_inside(spec, path)
             if input_format == "hf-disk" or (input_format == "auto" and _is_saved_dataset(path)):
-                from packcli.read_columnar import hf_disk_files
+                from packcli.read.columnar import hf_disk_files
 
                 shown = os.path.abspath(path) + os.sep
                 for i, member in enumerate(hf_disk_files(path)):
