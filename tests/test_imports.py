@@ -1,4 +1,5 @@
-"""No import circles on the publish side and in the CLI (imports inside functions count)."""
+"""No import circles on the publish side, in the CLI and in the read stage (imports inside
+functions count)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import packcli
 ROOT = Path(packcli.__file__).parent
 # card -> write -> config -> fs -> card remains (fs.py and write.py are outside this check's
 # modules); everything else that reads a finished output or makes the CLI must stay out.
-CHECKED = ("packcli.cli", "packcli.publish", "packcli.stats", "packcli.rowview", "packcli.report")
+CHECKED = (
+    "packcli.cli",
+    "packcli.publish",
+    "packcli.stats",
+    "packcli.rowview",
+    "packcli.report",
+    "packcli.read",
+)
 CHECKED_EXACT = ("packcli.verify", "packcli.recheck", "packcli.expected")
 
 
@@ -50,5 +58,6 @@ def test_no_import_circles_through_the_cli_and_publish_modules() -> None:
     graph = _imports()
     checked = [m for m in graph if m in CHECKED_EXACT or m.startswith(CHECKED)]
     assert "packcli.stats" in checked and "packcli.cli.app" in checked
+    assert "packcli.read.jsonl" in checked and "packcli.read.columnar" in checked
     circles = [(m, n) for m in checked for n in graph[m] if _reaches(graph, n, m)]
     assert circles == []
