@@ -13,7 +13,8 @@ UTF-8 BOM at the start of a file                  accepted (stripped)
 CRLF line endings                                 accepted (``\r`` is JSON whitespace)
 blank or whitespace-only line                     no document, no error: ``blank_lines``
 duplicate keys                                    accepted, the last value wins (below)
-number beyond a double, in any field              accepted if otherwise valid (below)
+number beyond a double, in any field              accepted if otherwise valid (below);
+                                                  chat/preference: ``invalid_json``
 syntax error, trailing content, BOM mid-file      ``invalid_json``
 last line cut mid-JSON or mid-UTF-8, no newline   ``truncated_line``
 invalid UTF-8: truncated or overlong sequence,    ``invalid_utf8`` (message: byte column and
@@ -50,7 +51,9 @@ library (numbers not converted, which also dodges CPython's 4300-digit ``int`` l
 held to orjson's other rules: no NaN/Infinity, no lone surrogate anywhere, at most
 ``MAX_DEPTH`` levels. So such a line is accepted exactly when orjson would accept it with its
 out-of-range numbers replaced by 0 (except that one nesting near ``MAX_DEPTH`` may hit
-Python's recursion limit first and be reported ``too_deep``).
+Python's recursion limit first and be reported ``too_deep``). Chat and preference records
+are used whole (tool calls and their arguments reach the template), where a number stood in
+by 0 would change the data, so there such a line is ``invalid_json`` as orjson says.
 """
 
 from __future__ import annotations
@@ -146,8 +149,11 @@ def _parse_with_big_numbers(text: str, text_field: str) -> Verdict | None:
     return _orjson_rules(doc) or check_document(doc, text_field)
 
 
-def _classify_json_error(line: bytes, exc: orjson.JSONDecodeError, text_field: str) -> Verdict:
-    """Why orjson refused ``line``: a specific reason, or the big-number fallback's text."""
+def _classify_json_error(
+    line: bytes, exc: orjson.JSONDecodeError, text_field: str, big_numbers: bool
+) -> Verdict:
+    """Why orjson refused ``line``: a specific reason, or the big-number fallback's text
+    (tried only with ``big_numbers``)."""
     last_line = not line.endswith(b"\n")  # only the last line of a file can lack one
     try:
         text = line.decode("utf-8")
@@ -166,7 +172,7 @@ def _classify_json_error(line: bytes, exc: orjson.JSONDecodeError, text_field: s
         return "too_deep", f"nesting too deep (more than {MAX_DEPTH} levels) {column}"
     if text.startswith(("NaN", "Infinity"), pos):
         return "nan_infinity", f"non-standard JSON (NaN/Infinity) {column}"
-    if text[pos : pos + 1] in _NUMBER_START:
+    if big_numbers and text[pos : pos + 1] in _NUMBER_START:
         verdict = _parse_with_big_numbers(text, text_field)
         if verdict is not None:
             return verdict
@@ -175,9 +181,11 @@ def _classify_json_error(line: bytes, exc: orjson.JSONDecodeError, text_field: s
     return "invalid_json", f"invalid JSON: {exc.msg} ({column})"
 
 
-def diagnose(line: bytes, text_field: str, parsed: object) -> Verdict:
+def diagnose(line: bytes, text_field: str, parsed: object, big_numbers: bool = True) -> Verdict:
     """The slow path for a non-blank line the fast path refused; ``parsed`` is what orjson made
-    of it: the document, or the ``JSONDecodeError`` (no JSON value is an exception instance)."""
+    of it: the document, or the ``JSONDecodeError`` (no JSON value is an exception instance).
+    ``big_numbers=False`` (a record validator uses the whole line, not one text field) never
+    rescues a line orjson refused at a number."""
     if isinstance(parsed, orjson.JSONDecodeError):
-        return _classify_json_error(line, parsed, text_field)
+        return _classify_json_error(line, parsed, text_field, big_numbers)
     return check_document(parsed, text_field)

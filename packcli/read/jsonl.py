@@ -269,7 +269,7 @@ class _JsonlRead(FileReader):
                     if line.isspace():
                         blank += 1
                         continue
-                    text = doc = exc
+                    text, doc = None, exc  # never a record, whatever validates it
                 except (KeyError, TypeError):
                     text = None
                 except ValueError as exc:  # validate's reason, e.g. a malformed dialogue
@@ -315,7 +315,9 @@ class _JsonlRead(FileReader):
     ) -> Any:
         """A line the fast path refused: its text after all (big numbers), or ``None`` once
         the policy dealt with it (``error`` raises naming the file's own line)."""
-        verdict = record_error or diagnose(line, self.text_field, parsed)
+        # Numbers are stood in by 0 only where the text field alone is used (no validator).
+        big_numbers = self.validate is None
+        verdict = record_error or diagnose(line, self.text_field, parsed, big_numbers)
         if isinstance(verdict, str):
             return verdict
         reason, message = verdict
