@@ -58,7 +58,7 @@ class ReadConfig:
     # Uncompressed files larger than this are tokenized as byte spans of this size, each its
     # own unit of work (so tasks can share one huge file); 0 = never split. Output unchanged.
     split_bytes: int = 1 << 30
-    # auto | jsonl | parquet | arrow | hf-disk | hub (packcli/read_columnar.py). Parquet and
+    # auto | jsonl | parquet | arrow | hf-disk | hub (packcli/read/columnar.py). Parquet and
     # Arrow files larger than split_bytes are split into row-group ranges the same way.
     input_format: str = "auto"
 

@@ -22,7 +22,7 @@ IGNORE_INDEX = -100
 
 INPUT_FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "arrow", "hf-disk", "hub")
 """Values of ``--input-format``: ``auto`` decides per file by its name (and per folder: a
-``save_to_disk`` folder is read as one); the others force it (``packcli/read_columnar.py``)."""
+``save_to_disk`` folder is read as one); the others force it (``packcli/read/columnar.py``)."""
 
 BAD_LINE_POLICIES: tuple[str, ...] = ("error", "skip")
 """Values of ``--on-bad-line`` (``iter_batches(on_bad_line=...)``)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import packcli.stages.executors
 import pytest
 
 import packcli.backends
@@ -14,6 +13,7 @@ import packcli.collate
 import packcli.config
 import packcli.plan
 import packcli.plan_config
+import packcli.stages.executors
 from packcli import names
 from packcli.config import ReadConfig, TokenizeConfig
 from packcli.errors import ConfigError

@@ -851,3 +851,72 @@ def test_resolve_then_read_end_to_end(tree: Path) -> None:
         "e.jsonl",
         "top.jsonl",
     ]
+
+
+# --------------------------------------------------------------------------- records (chat)
+# A validator (chat, preference) replaces the text-field rule; a line that is not JSON at all
+# must still be a bad line with the message a text line gets, never a record.
+
+_DIALOGUE = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+_RECORDS: dict[str, tuple[dict[str, Any], Any]] = {
+    "chat": ({"messages": _DIALOGUE}, "messages"),
+    "preference": ({"prompt": "a", "chosen": "b", "rejected": "c"}, "pair"),
+}
+_NOT_JSON = [
+    ("not_json", b"not json", "invalid_json"),
+    ("unclosed", b'{"messages": [', "invalid_json"),
+    ("nan", b'{"messages": NaN}', "nan_infinity"),
+    ("surrogate", b'{"messages": "\\ud800"}', "lone_surrogate"),
+]
+
+
+def _validator(kind: str) -> Any:
+    from packcli.chat.validate import validate_messages, validate_pair
+
+    return validate_pair if kind == "preference" else validate_messages
+
+
+def _text_message(tmp_path: Path, bad: bytes) -> str:
+    """What the text reader says about ``bad`` at line 2 of a file of the same name."""
+    path = _write(tmp_path / "text" / "x.jsonl", b'{"text": "a"}\n' + bad + b'\n{"text": "b"}\n')
+    with pytest.raises(BadLineError) as info:
+        _read_all([path])
+    return str(info.value).replace(str(path), "FILE")
+
+
+@pytest.mark.parametrize("kind", sorted(_RECORDS))
+@pytest.mark.parametrize(("case", "bad", "reason"), _NOT_JSON, ids=[c[0] for c in _NOT_JSON])
+def test_a_record_line_that_is_not_json_is_a_bad_line(
+    tmp_path: Path, kind: str, case: str, bad: bytes, reason: str
+) -> None:
+    good = orjson.dumps(_RECORDS[kind][0])
+    path = _write(tmp_path / "x.jsonl", good + b"\n" + bad + b"\n" + good + b"\n")
+    validate = _validator(kind)
+    with pytest.raises(BadLineError) as info:
+        _read_all([path], validate=validate)
+    assert (info.value.line, info.value.reason) == (2, reason)
+    assert str(info.value).replace(str(path), "FILE") == _text_message(tmp_path, bad)
+    stats = ReadStats()
+    with RejectSink(tmp_path / "rejected.jsonl") as sink:
+        batches = _read_all(
+            [path], stats=stats, on_bad_line="skip", rejects=sink, validate=validate
+        )
+    assert [doc[2] for doc in _docs(batches)] == [1, 3]
+    assert [text for b in batches for text in b.texts] == [validate(_RECORDS[kind][0])] * 2
+    assert stats.rejected == {reason: 1} and stats.lines == 3 and stats.documents == 2
+    (record,) = [json.loads(x) for x in (tmp_path / "rejected.jsonl").read_text().splitlines()]
+    assert (record["line"], record["reason"]) == (2, reason)
+    assert base64.b64decode(record["raw_b64"]) == bad + b"\n"
+
+
+def test_a_record_with_a_number_beyond_a_double_is_not_rescued(tmp_path: Path) -> None:
+    # The big-number fallback stands numbers in by 0, harmless when only the text field is
+    # used; a validator keeps the whole record (tool calls, arguments), so the line is refused
+    # as orjson refused it instead of reaching the template with its numbers changed.
+    line = orjson.dumps({"messages": _DIALOGUE})[:-1] + b', "n": 1e999}'
+    path = _write(tmp_path / "x.jsonl", line + b"\n")
+    with pytest.raises(BadLineError, match=r"x\.jsonl:1: invalid JSON: .*column") as info:
+        _read_all([path], validate=_validator("chat"))
+    assert info.value.reason == "invalid_json"
+    text = _write(tmp_path / "t.jsonl", line.replace(b'"messages"', b'"text": "a", "m"') + b"\n")
+    assert [b.texts for b in _read_all([text])] == [["a"]]  # the text reader still takes it

@@ -23,8 +23,15 @@ from corpora import mixed_lengths, random_text
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from packcli.errors import InputError
-from packcli.read import BadLineError, ReadStats, RejectSink, resolve_inputs
-from packcli.read_columnar import group_ranges, iter_columnar, parse_hub_spec
+from packcli.read import (
+    BadLineError,
+    ReadStats,
+    RejectSink,
+    group_ranges,
+    iter_columnar,
+    parse_hub_spec,
+    resolve_inputs,
+)
 from packcli.shards import sha256_file
 
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"

@@ -182,7 +182,7 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
     paths = resolve_inputs(cfg.read.inputs, exclude=fences, input_format=cfg.read.input_format)
     formats = [file_format(p, cfg.read.input_format) or "jsonl" for p in paths]
     if any(f != "jsonl" for f in formats):  # a column missing from a file: refused up front
-        from packcli.read_columnar import check_columns
+        from packcli.read.columnar import check_columns
 
         check_columns(paths, formats, *input_column(cfg))
     early = None

@@ -115,7 +115,7 @@ def input_units(
         if fmt == "jsonl":
             spans = split_spans(size, split_bytes) if splittable(p) else None
         else:
-            from packcli.read_columnar import split_groups
+            from packcli.read.columnar import split_groups
 
             spans = split_groups(p, fmt, size, split_bytes)  # type: ignore[arg-type]
         if spans is None and size < GROUP_BYTES:
@@ -219,7 +219,7 @@ def read_unit(
             batch_bytes=0 if sample else cfg.read.batch_bytes,
             verify_streams=not sample,
         )
-    from packcli.read_columnar import iter_columnar
+    from packcli.read.columnar import iter_columnar
 
     column, option = input_column(cfg)
     groups = unit.get("row_groups")

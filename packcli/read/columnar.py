@@ -1,5 +1,5 @@
-"""Columnar inputs: Parquet files, Arrow IPC files, ``datasets.save_to_disk`` folders and Hub
-datasets, read into the same ``DocBatch`` stream as jsonl (``packcli/read.py``).
+"""Columnar inputs: Parquet and Arrow IPC files (what ``save_to_disk`` folders and Hub datasets
+resolve to as well), read into the same ``DocBatch`` stream as jsonl (``packcli/read/jsonl.py``).
 
 Why it looks the way it does:
 
@@ -35,15 +35,11 @@ Parquet (40 MB, snappy, pyarrow's defaults) in 0.46 s (~230 MB/s), far above tok
 
 from __future__ import annotations
 
-import glob
 import itertools
 import json
-import logging
 import operator
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,23 +48,12 @@ import pyarrow as pa
 
 from packcli.errors import InputError
 from packcli.fs import is_url, open_arrow
-from packcli.read import (
-    BAD_LINE_POLICIES,
-    FORMAT_SUFFIXES,
-    HUB_PREFIX,
-    BadLineError,
-    DocBatch,
-    ReadStats,
-    RejectSink,
-    _check_document,
-    _make_batch,
-)
-
-logger = logging.getLogger(__name__)
+from packcli.read.bad_lines import check_document
+from packcli.read.batches import DocBatch, FileReader, ReadStats
+from packcli.read.rejects import BadLineError, RejectSink
 
 _ARROW_FILE_MAGIC = b"ARROW1"
 _PARQUET_BUFFER = 1 << 20  # bytes of a column chunk read at a time
-_REVISION_WITH_SLASH = re.compile(r"refs/convert/parquet|refs/pr/\d+")
 
 
 def open_input(path: Path | str, *, memory_map: bool = False) -> pa.NativeFile:
@@ -299,35 +284,32 @@ def iter_columnar(
     """
     if groups is not None and len(paths) != 1:
         raise ValueError("groups needs exactly one file")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if on_bad_line not in BAD_LINE_POLICIES:
-        raise ValueError(f"on_bad_line must be one of {BAD_LINE_POLICIES}, got {on_bad_line!r}")
-    skip = on_bad_line == "skip"
-    stats = stats if stats is not None else ReadStats()
-    rejected = stats.rejected
+    reader = _ColumnarRead(batch_size, batch_bytes, stats, on_bad_line, rejects)
+    reader.fmt, reader.column, reader.option = fmt, column, option
+    reader.validate, reader.groups = validate, groups
+    yield from reader.read(paths)
 
-    texts: list[Any] = []
-    text_bytes = 0
-    rows: list[int] = []
-    segments: list[tuple[int, int]] = []
-    next_id = 0
-    # On-disk bytes of the files (ranges) read to the end, where known (an IPC range: not
-    # until the caller counts the whole unit).
-    done_bytes = 0
 
-    def full() -> bool:
-        return len(texts) == batch_size or bool(batch_bytes and text_bytes >= batch_bytes)
+class _ColumnarRead(FileReader):
+    """One ``iter_columnar`` call."""
 
-    for file_index, path in enumerate(paths):
-        with _Table(path, fmt) as table:
-            table.require(column, option)
+    fmt: str
+    column: str
+    option: str
+    validate: Callable[[Any], Any] | None
+    groups: tuple[int, int] | None
+
+    def file(self, file_index: int, path: Path) -> Iterator[DocBatch]:
+        """Read one file (or its group range) to the end, yielding the batches it fills."""
+        batches, stats = self.batches, self.stats
+        with _Table(path, self.fmt) as table:
+            table.require(self.column, self.option)
             # Parquet is decoded batch_size rows at a time: memory holds one batch of
             # documents (and the row group's pages of this column), as the jsonl reader does.
-            before, arrays = table.read(column, groups, batch_size)
+            before, arrays = table.read(self.column, self.groups, batches.batch_size)
             stats.rows_before = before
-            extent = table.extent(groups)
-            segments.append((len(texts), file_index))
+            extent = table.extent(self.groups)
+            batches.start_file(file_index)
             row = 0  # rows of this file (range) read so far
             counted = 0  # rows already added to stats.lines
             nbytes = 0  # value bytes not yet added to stats.bytes_read
@@ -337,146 +319,40 @@ def iter_columnar(
                         here = row
                         row += 1
                         nbytes += size
-                        verdict: Any = None  # (reason, message) of a bad record
-                        if validate is None:
-                            text = value
-                            if type(text) is not str or not text:
-                                verdict = _check_document({column: value}, column)
-                        else:
-                            try:
-                                text = validate({column: value})
-                            except ValueError as exc:  # the reason, e.g. a malformed dialogue
-                                verdict = ("bad_record", str(exc))
-                        if verdict is not None:
-                            reason, message = verdict
-                            if not skip:
-                                at = before + here
-                                raise BadLineError(
-                                    str(path), at, reason, f"{path}: row {at}: {message}"
-                                )
-                            rejected[reason] = rejected.get(reason, 0) + 1
-                            if rejects is not None:
-                                rejects.add(str(path), here, reason, _raw(column, value), message)
+                        text = self._document(path, value, before + here, here)
+                        if text is None:
                             continue
-                        if full():
+                        if batches.full():
                             # Flushed once another document arrives, as the jsonl reader does.
-                            stats.documents = next_id + len(texts)
-                            stats.lines += row - counted
-                            stats.bytes_read += nbytes
+                            batches.settle(row - counted, nbytes)
                             counted, nbytes = row, 0
-                            progress = done_bytes
+                            progress = batches.done_bytes
                             if extent and extent[0]:
                                 progress += extent[1] * row // extent[0]
-                            yield _make_batch(texts, rows, segments, next_id, progress)
-                            next_id += len(texts)
-                            texts, rows, segments, text_bytes = [], [], [(0, file_index)], 0
-                        texts.append(text)
-                        rows.append(here)
-                        text_bytes += size
+                            yield batches.cut(progress, file_index)
+                        batches.add(text, here, size)
             except (pa.ArrowException, OSError) as exc:
                 raise InputError(f"{path}: read error after row {before + row}: {exc}") from exc
-            done_bytes += extent[1] if extent else 0
-        stats.files += 1
-        stats.lines += row - counted
-        stats.bytes_read += nbytes
-        stats.documents = next_id + len(texts)
-        if full():
-            yield _make_batch(texts, rows, segments, next_id, done_bytes)
-            next_id += len(texts)
-            texts, rows, segments, text_bytes = [], [], [], 0
-    if texts:
-        yield _make_batch(texts, rows, segments, next_id, done_bytes)
+        yield from batches.end_file(row - counted, nbytes, extent[1] if extent else 0)
 
-
-# --------------------------------------------------------------------------- dataset folders
-
-
-def hf_disk_files(folder: Path) -> list[Path]:
-    """The data files of a ``datasets`` ``save_to_disk`` folder, in the order its
-    ``state.json`` lists them (the dataset's row order)."""
-    state_path = folder / "state.json"
-    if not state_path.is_file():
-        splits = _dataset_dict_splits(folder)
-        if splits is not None:
-            first = splits[0] if splits else "train"
-            raise InputError(
-                f"{folder} is a saved DatasetDict (splits: {', '.join(splits) or 'none'}): "
-                f"give one split's folder, e.g. {folder / first}"
-            )
-        raise InputError(f"{folder} is not a datasets save_to_disk folder (no state.json)")
-    try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
-        names = [entry["filename"] for entry in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{state_path}: not a datasets state.json ({exc})") from exc
-    files = [folder / name for name in names]
-    for f in files:
-        if not f.is_file():
-            raise InputError(f"{state_path} lists {f.name}, which is missing")
-    if not files:
-        raise InputError(f"{folder}: the saved dataset has no data files")
-    return files
-
-
-def _dataset_dict_splits(folder: Path) -> list[str] | None:
-    path = folder / "dataset_dict.json"
-    if not path.is_file():
+    def _document(self, path: Path, value: Any, at: int, here: int) -> Any:
+        """A row's document, or ``None`` for a bad one once the policy dealt with it
+        (``error`` raises naming the file's row ``at``; ``here`` counts from the range)."""
+        column = self.column
+        verdict: Any = None  # (reason, message) of a bad record
+        if self.validate is None:
+            text = value
+            if type(text) is not str or not text:
+                verdict = check_document({column: value}, column)
+        else:
+            try:
+                text = self.validate({column: value})
+            except ValueError as exc:  # the reason, e.g. a malformed dialogue
+                verdict = ("bad_record", str(exc))
+        if verdict is None:
+            return text
+        reason, message = verdict
+        if not self.bad.skip:
+            raise BadLineError(str(path), at, reason, f"{path}: row {at}: {message}")
+        self.bad.skipped(str(path), here, reason, message, _raw(column, value))
         return None
-    try:
-        return [str(s) for s in json.loads(path.read_text(encoding="utf-8"))["splits"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-
-
-# --------------------------------------------------------------------------- Hub datasets
-
-
-@dataclass(frozen=True)
-class HubSpec:
-    repo_id: str
-    revision: str | None
-    path: str  # inside the repo: a file, a folder or a glob; "" for the whole repo
-
-
-def parse_hub_spec(spec: str) -> HubSpec:
-    """``[hf-dataset:]OWNER/NAME[@REVISION][/PATH]`` (the layout of ``hf://datasets/`` paths;
-    a revision may be ``refs/convert/parquet`` or ``refs/pr/N``)."""
-    body = spec.removeprefix(HUB_PREFIX)
-    owner, _, rest = body.partition("/")
-    name, at, rest = re.match(r"([^/@]*)(@?)(.*)", rest).groups()  # type: ignore[union-attr]
-    revision = None
-    if at:
-        special = _REVISION_WITH_SLASH.match(rest)
-        cut = special.end() if special else (rest.find("/") if "/" in rest else len(rest))
-        revision, rest = rest[:cut], rest[cut:]
-    if not owner or not name or (at and not revision) or (rest and not rest.startswith("/")):
-        raise InputError(
-            f"Hub dataset {spec!r}: expected {HUB_PREFIX}OWNER/NAME[@REVISION][/PATH], e.g. "
-            f"{HUB_PREFIX}HuggingFaceFW/fineweb-edu/sample/10BT"
-        )
-    return HubSpec(f"{owner}/{name}", revision, rest.strip("/"))
-
-
-def hub_local_spec(spec: str, formats: Sequence[str]) -> str:
-    """Download the Hub dataset's data files of ``formats`` (under its path) into the
-    Hugging Face cache with ``huggingface_hub.snapshot_download``, as its users do (resumed,
-    shared with ``datasets``, offline from the cache with ``HF_HUB_OFFLINE=1``, credentials
-    from the usual token), and return the local file, folder or glob to read."""
-    from huggingface_hub import snapshot_download
-
-    hub = parse_hub_spec(spec)
-    suffixes = [s for fmt in formats for s in FORMAT_SUFFIXES[fmt]]
-    if hub.path and glob.has_magic(hub.path):
-        patterns = [hub.path]
-    else:
-        prefix = f"{hub.path}/" if hub.path else ""
-        patterns = [f"{prefix}*{s}" for s in suffixes] + ([hub.path] if hub.path else [])
-    logger.info("fetching %s (%s) from the Hub", hub.repo_id, ", ".join(patterns))
-    try:
-        folder = snapshot_download(
-            hub.repo_id, repo_type="dataset", revision=hub.revision, allow_patterns=patterns
-        )
-    except (OSError, ValueError) as exc:  # not found, gated, offline without a cache...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"Hub dataset {hub.repo_id!r}: {first}") from exc
-    return os.path.join(folder, hub.path) if hub.path else folder

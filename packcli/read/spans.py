@@ -1,0 +1,43 @@
+"""Byte spans of one large uncompressed jsonl file, so several tokenize tasks can share it,
+and the line counting that turns a span's line numbers back into the file's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packcli.fs import open_binary
+from packcli.read.streams import READ_BUFFER
+
+
+def split_spans(size: int, split_bytes: int) -> list[tuple[int, int]] | None:
+    """Byte ranges of at most ``split_bytes`` covering a file of ``size`` bytes, or ``None``
+    (read it whole) when it is not larger than that or splitting is off (``split_bytes`` 0)."""
+    if split_bytes <= 0 or size <= split_bytes:
+        return None
+    return [(lo, min(lo + split_bytes, size)) for lo in range(0, size, split_bytes)]
+
+
+def count_newlines(path: Path | str, end: int) -> int:
+    """Newlines in the first ``end`` bytes of ``path``: the number of lines before byte ``end``
+    when ``end`` starts a line. Used to turn span-relative line numbers into file lines, on
+    the error path only (it reads everything before ``end``)."""
+    count = 0
+    with open_binary(path) as fh:
+        while end > 0 and (block := fh.read(min(end, READ_BUFFER))):
+            count += block.count(b"\n")
+            end -= len(block)
+    return count
+
+
+class LineBase:
+    """Lines before a span's first line, counted once and only when an error needs them."""
+
+    def __init__(self, path: Path, first_line_byte: int) -> None:
+        self.path = path
+        self.first_line_byte = first_line_byte
+        self._count: int | None = None if first_line_byte else 0
+
+    def __call__(self) -> int:
+        if self._count is None:
+            self._count = count_newlines(self.path, self.first_line_byte)
+        return self._count
