@@ -478,15 +478,21 @@ def choose_encoder(
 
 
 class _Loading:
-    """A backend being built in a daemon thread (its Rust side releases the GIL), so its
-    seconds of table building overlap HF's reference encoding of the self-check."""
+    """A backend being built in a background thread (its Rust side releases the GIL), so its
+    seconds of table building overlap HF's reference encoding of the self-check.
+
+    Not a daemon thread: a run that ends before the backend is wanted (an input error in the
+    first batches, or HF chosen after all) must still exit cleanly. A daemon thread still in
+    the Rust build when the interpreter shut down was unwound there by force, and the
+    process aborted ("FATAL: exception not rethrown", exit 134 instead of 1); a non-daemon
+    one is waited for at exit (seconds at most)."""
 
     def __init__(self, name: str, tokenizer: Tokenizer | None, serialized: str | None) -> None:
         self.name = name
         self._value: Encoder | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
-            target=self._run, args=(tokenizer, serialized), name=f"packcli-load-{name}", daemon=True
+            target=self._run, args=(tokenizer, serialized), name=f"packcli-load-{name}"
         )
         self._thread.start()
 

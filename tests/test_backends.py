@@ -7,6 +7,7 @@ import json
 import logging
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -502,3 +503,41 @@ def test_the_self_check_sample_is_bounded(
     cut = backends.bounded_sample(["x" * 10**6] * 200)
     assert all(len(t) == backends.SAMPLE_CHARS for t in cut)
     assert sum(map(len, cut)) <= backends.SAMPLE_TOTAL_CHARS + backends.SAMPLE_CHARS
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="needs fastokens")
+def test_a_run_that_fails_while_the_fast_backend_loads_exits_1(
+    toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """A bad line found while fastokens' tables are still being built in the background:
+    the process printed the error, then aborted at exit ("FATAL: exception not rethrown",
+    exit 134) because the builder thread was unwound inside Rust code. The build is made
+    slow here (real builds, repeated for 3 s) so it is surely still running."""
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"text": "fine"}\nnot json\n{"text": "fine"}\n')
+    script = (
+        "import sys, time\n"
+        "import packcli.backends as b\n"
+        "real = b._make\n"
+        "def slow(*args):\n"
+        "    end = time.monotonic() + 3\n"
+        "    value = real(*args)\n"
+        "    while time.monotonic() < end:\n"
+        "        value = real(*args)\n"
+        "    return value\n"
+        "b._make = slow\n"
+        "from packcli.cli import main\n"
+        "main()\n"
+    )
+    args = ["pack", str(corpus), "-t", str(toy_tokenizer_path), "-o", str(tmp_path / "out")]
+    args += ["-q", "--tokenizer-backend", "fastokens"]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {corpus}:2: invalid JSON: invalid literal, expected 'null' (at column 1)"
+    ]
