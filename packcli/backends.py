@@ -441,13 +441,7 @@ def choose_encoder(
     reasons: dict[str, str] = {}
     for name in names:
         try:
-            if loading.name == name:
-                fast = loading.result()
-                bind = getattr(fast, "bind", None)
-                if bind is not None:
-                    bind(tokenizer)
-            else:
-                fast = _make(name, tokenizer, text())
+            fast = _loaded(name, tokenizer, loading, text)
         except BackendUnavailable as exc:
             if backend != "auto":
                 raise ConfigError(
@@ -469,12 +463,31 @@ def choose_encoder(
         if reasons:
             record["passed_over"] = reasons
         return fast, record
+    return hf, _fell_back(record, reasons)
+
+
+def _loaded(
+    name: str, tokenizer: Tokenizer, loading: _Loading, text: Callable[[], str | None]
+) -> Encoder:
+    """Fast backend ``name``: the one ``loading`` built (bound to this run's tokenizer
+    settings), or built now."""
+    if loading.name != name:
+        return _make(name, tokenizer, text())
+    fast = loading.result()
+    bind = getattr(fast, "bind", None)
+    if bind is not None:
+        bind(tokenizer)
+    return fast
+
+
+def _fell_back(record: dict[str, Any], reasons: dict[str, str]) -> dict[str, Any]:
+    """HF after all: each fast backend passed over is logged with why, and recorded."""
     for name, reason in reasons.items():
         # A backend that is simply not installed is not news; one that failed is.
         level = logging.INFO if "is not installed" in reason else logging.WARNING
         log.log(level, "tokenizing with HF tokenizers, not %s: %s", name, reason)
     record["fallback_reason"] = "; ".join(f"{n}: {r}" for n, r in reasons.items())
-    return hf, record
+    return record
 
 
 class _Loading:

@@ -483,23 +483,14 @@ def upload_output(
     placed = placed or {}
     try:
         remote = listing(fs, prefix)
-        for rel, size in sorted(placed.items()):
-            if int(remote.get(rel, {}).get("size", -1)) != size:
-                raise PackcliError(
-                    f"{_join(shown, rel)}: missing or not the size its write record says "
-                    f"({size} bytes); rerun the same command to write it again"
-                )
+        _check_placed(remote, placed, shown)
         logged = _uploaded(work, url)
-        todo = []
-        for rel, (size, _) in files.items():
-            if rel in placed:
-                continue
-            rec = logged.get(rel)
-            there = remote.get(rel)
-            same_size = bool(rec and there and int(there.get("size", -1)) == size == rec[0])
-            if same_size and rec[1] == digest(rel):  # type: ignore[index]
-                continue
-            todo.append(rel)
+        todo = [
+            rel
+            for rel, (size, _) in files.items()
+            if rel not in placed
+            and not _still_there(logged.get(rel), remote.get(rel), size, rel, digest)
+        ]
         stale = sorted(rel for rel in remote if OWNED.match(rel) and rel not in files)
         if todo or stale:
             if MARKER in remote:
@@ -543,6 +534,30 @@ def upload_output(
     if skipped:
         log.info("%d file(s) already uploaded to %s", skipped, shown)
     return {"uploaded": uploaded, "skipped": skipped, "deleted": len(stale)}
+
+
+def _check_placed(remote: dict[str, dict[str, Any]], placed: dict[str, int], shown: str) -> None:
+    """Every file a write task put on the store is there at the size its record says."""
+    for rel, size in sorted(placed.items()):
+        if int(remote.get(rel, {}).get("size", -1)) != size:
+            raise PackcliError(
+                f"{_join(shown, rel)}: missing or not the size its write record says "
+                f"({size} bytes); rerun the same command to write it again"
+            )
+
+
+def _still_there(
+    logged: tuple[int, str] | None,
+    there: dict[str, Any] | None,
+    size: int,
+    rel: str,
+    digest: Callable[[str], str],
+) -> bool:
+    """Whether an earlier upload of this very file (the log's size and sha256) is still on
+    the store at that size, so it need not be put again."""
+    if not (logged and there and int(there.get("size", -1)) == size == logged[0]):
+        return False
+    return logged[1] == digest(rel)
 
 
 def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = False) -> list[str]:
