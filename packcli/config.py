@@ -33,16 +33,16 @@ from packcli.names import (
 
 # The plan's settings live beside the planner (plan.py must not import this YAML reader);
 # re-exported here, where the other stages' settings are.
-from packcli.plan_config import MAX_LONG_LEN as MAX_LONG_LEN
-from packcli.plan_config import MAX_SEED as MAX_SEED
-from packcli.plan_config import PlanConfig as PlanConfig
+from packcli.pack.plan_config import MAX_LONG_LEN as MAX_LONG_LEN
+from packcli.pack.plan_config import MAX_SEED as MAX_SEED
+from packcli.pack.plan_config import PlanConfig as PlanConfig
 
 # Smaller byte spans only add per-unit overhead (a folder, records, threads): --split-bytes 1
 # made 280k units of a 280 KB file (12 minutes, 3.3 GB of work folder).
 MIN_SPLIT_BYTES = 1 << 20
 # The default target of real tokens per optimizer step for the report's step plan
 # (``--tokens-per-step``): ~1M is a common pretraining/SFT step; any other target is one
-# ``packcli.steps.plan_steps`` call away.
+# ``packcli.publish.steps.plan_steps`` call away.
 TOKENS_PER_STEP = 1 << 20
 
 
@@ -96,7 +96,7 @@ class TokenizeConfig:
     eos: str | int = "auto"
     bos: str | int = "none"
     shard_tokens: int = 64 * 1024 * 1024
-    backend: str = "auto"  # auto | hf | fastokens | gigatoken (see packcli/backends.py)
+    backend: str = "auto"  # auto | hf | fastokens | gigatoken (see packcli/tokenize/backends.py)
     num_proc: int = 0  # tokenizer threads; 0 = all cores
     # Special-token strings inside documents: plain text (safe) or the special tokens (text
     # format only; chat templates write their markers, which must stay special).

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from packcli.errors import ConfigError, InputError, PackcliError
-from packcli.marker import load_marker
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
+from packcli.publish.marker import load_marker
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +469,7 @@ def upload_output(
     never vouches for files that are not (yet) those it lists. ``placed``: files the write
     tasks already put there (a URL work folder), by size: checked, never put from here."""
     from packcli.faults import crash_point
-    from packcli.shards import sha256_file
+    from packcli.tokenize.shards import sha256_file
 
     fs, prefix = locate(url)
     files = output_files(out)

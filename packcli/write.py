@@ -28,8 +28,8 @@ from packcli.atomic import atomic_path
 from packcli.config import PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
-from packcli.plan import Plan, RowLayout, plan_two_tier
-from packcli.shards import LazyShards, ShardTokens, TokenShards
+from packcli.pack.plan import Plan, RowLayout, plan_two_tier
+from packcli.tokenize.shards import LazyShards, ShardTokens, TokenShards
 
 ROW_SCHEMA = pa.schema(
     [

@@ -25,7 +25,7 @@ import numpy as np
 from bench_plan import pretrain_mix, sft_mix
 
 from packcli.config import PlanConfig
-from packcli.plan import plan_two_tier, tier_summary
+from packcli.pack.plan import plan_two_tier, tier_summary
 
 
 def longctx_mix(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -173,7 +173,7 @@ JIT_CHILD = textwrap.dedent(
     from bench_plan import pretrain_mix
     from packcli import jit
     from packcli.config import PlanConfig
-    from packcli.plan import plan_two_tier
+    from packcli.pack.plan import plan_two_tier
     lengths = pretrain_mix({n}, np.random.default_rng(0))
     c0 = time.process_time()
     with jit.forced({mode!r}):

@@ -126,9 +126,9 @@ def run_method(method: str, mix: str, n: int, seed: int, repeats: int) -> dict[s
             return (len(out), *_list_tokens(out.data.table))
 
     else:
-        from packcli.binpack import pack_lengths
         from packcli.config import PlanConfig
-        from packcli.plan import plan_two_tier, tier_summary
+        from packcli.pack.binpack import pack_lengths
+        from packcli.pack.plan import plan_two_tier, tier_summary
         from packcli.write import pack_table
 
         config = PlanConfig(short_len=4096, long_len=131072, algorithm="bfd", seed=0)

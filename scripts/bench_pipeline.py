@@ -5,7 +5,7 @@ planning, writing) should hide behind it. On the same texts and cores this measu
 
 (a) the raw throughput of HF ``encode_batch_fast`` over the texts already in memory, in
     batches of the size packcli uses, and (a') the same for every fast backend installed
-    (``fastokens``, ``gigatoken``; packcli/backends.py), flat outputs;
+    (``fastokens``, ``gigatoken``; packcli/tokenize/backends.py), flat outputs;
 (b) ``packcli pack --tokenizer-backend hf`` and (c) ``packcli pack`` with defaults (auto: the
     fastest backend that passes the self-check), end to end, fresh output folder;
 
@@ -60,11 +60,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from make_sample_corpus import main as make_corpus_main  # noqa: E402
 
 from packcli import jit  # noqa: E402
-from packcli.backends import _MAKERS, HFEncoder  # noqa: E402
 from packcli.config import PlanConfig, TokenizeConfig, build_config  # noqa: E402
-from packcli.plan import plan_two_tier  # noqa: E402
+from packcli.pack.plan import plan_two_tier  # noqa: E402
 from packcli.stages.run import RunResult, run_pack  # noqa: E402
-from packcli.tokenizer import load_tokenizer  # noqa: E402
+from packcli.tokenize.backends import _MAKERS, HFEncoder  # noqa: E402
+from packcli.tokenize.tokenizer import load_tokenizer  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT / "packcli" / "assets" / "demo_tokenizer.json"
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 import numpy as np
 
 from packcli import jit
-from packcli.binpack import pack_lengths
 from packcli.config import PlanConfig
-from packcli.plan import plan_two_tier, tier_summary
+from packcli.pack.binpack import pack_lengths
+from packcli.pack.plan import plan_two_tier, tier_summary
 
 
 def sft_mix(n: int, rng: np.random.Generator) -> np.ndarray:

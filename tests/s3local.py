@@ -15,7 +15,7 @@ from clirun import invoke_ok
 from corpora import mixed_lengths, write_corpus
 
 from packcli import fs as packfs
-from packcli.shards import sha256_file
+from packcli.tokenize.shards import sha256_file
 
 ARGS = ["--short-len", "64", "--long-len", "1024", "-q"]
 CONFIG = "read:\n  batch_size: 16\ntokenize:\n  shard_tokens: 4096\nwrite:\n  shard_tokens: 8192\n"

@@ -90,12 +90,12 @@ def test_small_pack_does_not_import_pandas_numba_or_datasets(
         import numpy as np
         from pathlib import Path
         from packcli.config import PlanConfig, WriteConfig
-        from packcli.encode import batch_to_record_batch
+        from packcli.tokenize.encode import batch_to_record_batch
         from packcli.read import iter_batches
-        from packcli.shards import ShardWriter, TokenShards, SUCCESS, atomic_write_json
-        from packcli.plan import plan_two_tier
+        from packcli.tokenize.shards import ShardWriter, TokenShards, SUCCESS, atomic_write_json
+        from packcli.pack.plan import plan_two_tier
         from packcli.write import TokenSource, write_config_file
-        from packcli.card import render_card
+        from packcli.publish.card import render_card
         folder = Path({str(tmp_path / "tokens")!r})
         with ShardWriter(folder, 1 << 20) as w:
             for b in iter_batches([Path({str(corpus)!r})], "text", 64):

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from packcli import atomic, shards, stats
+from packcli import atomic
+from packcli.publish import stats
+from packcli.tokenize import shards
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from packcli import backends
-from packcli.backends import (
+from packcli.errors import ConfigError
+from packcli.tokenize import backends
+from packcli.tokenize.backends import (
     FAST_ORDER,
     CheckResult,
     HFEncoder,
@@ -22,8 +23,7 @@ from packcli.backends import (
     choose_encoder,
     self_check,
 )
-from packcli.errors import ConfigError
-from packcli.tokenizer import set_special_in_text
+from packcli.tokenize.tokenizer import set_special_in_text
 
 # Every fast backend installed here (identity is tested for all), and those ``auto`` tries.
 INSTALLED = [name for name in backends._MAKERS if importlib.util.find_spec(name) is not None]
@@ -375,7 +375,7 @@ def test_a_tokenizer_the_backend_cannot_load_falls_back_with_the_reason(
 ) -> None:
     tok = wordpiece()
     sample = ["hello world", "hellos"]
-    with caplog.at_level(logging.WARNING, logger="packcli.backends"):
+    with caplog.at_level(logging.WARNING, logger="packcli.tokenize.backends"):
         encoder, record = choose_encoder(tok, "auto", sample)
     assert isinstance(encoder, HFEncoder) and record["backend"] == "hf"
     assert f"{backend}: unavailable: " in record["fallback_reason"]
@@ -406,7 +406,7 @@ def test_a_wrong_backend_fails_the_check_auto_falls_back_explicit_stops(
     llama3_tok: Tokenizer, texts: list[str], monkeypatch: pytest.MonkeyPatch, caplog
 ) -> None:
     monkeypatch.setattr(backends, "_MAKERS", {name: _OffByOne for name in FAST_ORDER})
-    with caplog.at_level(logging.WARNING, logger="packcli.backends"):
+    with caplog.at_level(logging.WARNING, logger="packcli.tokenize.backends"):
         encoder, record = choose_encoder(llama3_tok, "auto", texts[:20])
     assert isinstance(encoder, HFEncoder)
     assert record["backend"] == "hf" and "fastokens: self-check failed" in record["fallback_reason"]
@@ -520,7 +520,7 @@ def test_a_run_that_fails_while_the_fast_backend_loads_exits_1(
     corpus.write_text('{"text": "fine"}\nnot json\n{"text": "fine"}\n')
     script = (
         "import sys, time\n"
-        "import packcli.backends as b\n"
+        "import packcli.tokenize.backends as b\n"
         "real = b._make\n"
         "def slow(*args):\n"
         "    end = time.monotonic() + 3\n"

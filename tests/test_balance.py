@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli.balance import balance_attention, balance_ratio
 from packcli.config import PlanConfig
-from packcli.plan import plan_two_tier
+from packcli.pack.balance import balance_attention, balance_ratio
+from packcli.pack.plan import plan_two_tier
 
 
 def test_moves_a_second_long_document_out_of_the_costliest_row() -> None:

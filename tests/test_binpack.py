@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli import binpack, jit
-from packcli.binpack import (
+from packcli import jit
+from packcli.pack import binpack
+from packcli.pack.binpack import (
     group_by_residue,
     pack_granular,
     pack_into_open_bins,

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from packcli.card import CONFIG_NAMES, _arrow_bytes, dataset_info, features_yaml
+from packcli.publish.card import CONFIG_NAMES, _arrow_bytes, dataset_info, features_yaml
 from packcli.write import CHAT_ROW_SCHEMA, PREFERENCE_ROW_SCHEMA, ROW_SCHEMA
 
 REPORT = {
@@ -78,7 +78,7 @@ def test_other_column_types_are_refused_not_guessed() -> None:
 def test_rendering_the_card_does_not_import_datasets() -> None:
     code = """
         import sys
-        from packcli.card import card_front_matter, dataset_info
+        from packcli.publish.card import card_front_matter, dataset_info
         report = {"tiers": {n: {"rows": 1, "tokens": 1, "segments": 1} for n in ("long", "short")}}
         card_front_matter(dataset_info(report, {"long": [], "short": []}))
         print("datasets" in sys.modules)
@@ -93,7 +93,7 @@ def test_rendering_the_card_does_not_import_datasets() -> None:
 def test_importing_the_card_does_not_import_pyarrow() -> None:
     """Every CLI command imports the card module (``publish`` does); ``--help`` should not
     pay for pyarrow (~0.3 s)."""
-    code = "import sys, packcli.card; print('pyarrow' in sys.modules)"
+    code = "import sys, packcli.publish.card; print('pyarrow' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

@@ -17,7 +17,7 @@ from corpora import CHAT_WORDS as WORDS
 from corpora import IM_END, chatml_tokenizer
 from tokenizers import Tokenizer
 
-from packcli.shards import sha256_file
+from packcli.tokenize.shards import sha256_file
 
 
 def dialogue(rng: random.Random, turns: int, words: int = 8) -> list[dict[str, str]]:

@@ -19,7 +19,7 @@ from clirun import invoke
 from corpora import mixed_lengths, write_corpus
 from tokenizers import Tokenizer
 
-from packcli.shards import sha256_file
+from packcli.tokenize.shards import sha256_file
 
 SMALL = ["--short-len", "64", "--long-len", "1024", "--quiet"]
 
@@ -490,7 +490,7 @@ def test_report_states_the_step_plan_of_the_rows_written(
 ) -> None:
     """Samples per row and the step plan come from the rows actually written: recomputed
     here from the Parquet files (segments and tokens of every row) for the asked target."""
-    from packcli.steps import plan_steps
+    from packcli.publish.steps import plan_steps
 
     out = tmp_path / "out"
     code, output = invoke(

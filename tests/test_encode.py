@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from packcli.backends import FastokensEncoder, HFEncoder
-from packcli.encode import assemble, prefetch
 from packcli.errors import ConfigError
-from packcli.tokenizer import load_tokenizer, resolve_special
+from packcli.tokenize.backends import FastokensEncoder, HFEncoder
+from packcli.tokenize.encode import assemble, prefetch
+from packcli.tokenize.tokenizer import load_tokenizer, resolve_special
 
 TEXTS = ["hello world", "", "the packing of tokens", "東京 🙂 naïve", "a " * 300]
 

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli import binpack, jit, plan, write
+from packcli import jit, write
 from packcli.config import PlanConfig, WriteConfig
-from packcli.plan import plan_two_tier
-from packcli.shards import ShardTokens
+from packcli.pack import binpack, plan
+from packcli.pack.plan import plan_two_tier
+from packcli.tokenize.shards import ShardTokens
 from packcli.write import TokenSource, rows_to_table
 
 KERNELS = [f for f in jit._options if f.__module__.startswith("packcli.")]
@@ -57,7 +58,7 @@ def test_importing_the_planner_and_writer_does_not_import_numba() -> None:
     out = run_python(
         """
         import sys
-        import packcli.binpack, packcli.plan, packcli.write
+        import packcli.pack.binpack, packcli.pack.plan, packcli.write
         print("numba" in sys.modules)
         """
     )

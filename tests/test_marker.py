@@ -1,4 +1,4 @@
-"""packcli.marker: the one reader of ``packcli.json``, at its three strengths."""
+"""packcli.publish.marker: the one reader of ``packcli.json``, at its three strengths."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from packcli import marker, stats, verify
 from packcli.errors import VerifyError
+from packcli.publish import marker, stats, verify
 
 
 @pytest.mark.parametrize("body", [None, b"\xff\xfe", b"{not json", b"[1, 2]"])

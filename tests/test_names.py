@@ -6,14 +6,14 @@ from collections.abc import Callable
 
 import pytest
 
-import packcli.backends
-import packcli.card
 import packcli.chat.mask
 import packcli.collate
 import packcli.config
-import packcli.plan
-import packcli.plan_config
+import packcli.pack.plan
+import packcli.pack.plan_config
+import packcli.publish.card
 import packcli.stages.executors
+import packcli.tokenize.backends
 from packcli import names
 from packcli.config import ReadConfig, TokenizeConfig
 from packcli.errors import ConfigError
@@ -24,13 +24,13 @@ def test_every_module_uses_the_one_definition() -> None:
         (packcli.config.TRAIN_ON, names.TRAIN_ON),
         (packcli.chat.mask.TRAIN_ON, names.TRAIN_ON),
         (packcli.config.INPUT_FORMATS, names.INPUT_FORMATS),
-        (packcli.plan_config.OVERLONG_POLICIES, names.OVERLONG_POLICIES),
-        (packcli.backends.BACKENDS, names.BACKENDS),
+        (packcli.pack.plan_config.OVERLONG_POLICIES, names.OVERLONG_POLICIES),
+        (packcli.tokenize.backends.BACKENDS, names.BACKENDS),
         (packcli.stages.executors.EXECUTORS, names.EXECUTORS),
-        (packcli.plan.CONFIGS, names.CONFIG_NAMES),
-        (packcli.card.CONFIG_NAMES, names.CONFIG_NAMES),
-        (packcli.card.MARKER, names.MARKER),
-        (packcli.card.STATS_DIR, names.STATS_DIR),
+        (packcli.pack.plan.CONFIGS, names.CONFIG_NAMES),
+        (packcli.publish.card.CONFIG_NAMES, names.CONFIG_NAMES),
+        (packcli.publish.card.MARKER, names.MARKER),
+        (packcli.publish.card.STATS_DIR, names.STATS_DIR),
         (packcli.collate.IGNORE_INDEX, names.IGNORE_INDEX),
     ]
     assert all(a is b for a, b in same)

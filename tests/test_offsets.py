@@ -21,8 +21,8 @@ from test_backends import (
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 
 from packcli import jit
-from packcli.backends import HFEncoder
 from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
+from packcli.tokenize.backends import HFEncoder
 
 needs_fastokens = pytest.mark.skipif("fastokens" not in INSTALLED, reason="needs fastokens")
 
@@ -254,7 +254,7 @@ def test_chat_with_a_tokenizer_that_is_not_byte_level(tmp_path: Path) -> None:
 
 @needs_fastokens
 def test_fast_offsets_check_records_what_it_compared(shapes: dict[str, Tokenizer]) -> None:
-    from packcli.backends import FastokensEncoder
+    from packcli.tokenize.backends import FastokensEncoder
 
     tok = shapes["llama3-trim"]
     table = ByteOffsets.of(tok)

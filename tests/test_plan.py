@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packcli.config import PlanConfig
-from packcli.plan import Plan, RowLayout, make_pieces, plan_two_tier, tier_summary
+from packcli.pack.plan import Plan, RowLayout, make_pieces, plan_two_tier, tier_summary
 
 
 def rows(plan: Plan, layout: RowLayout) -> list[list[tuple[int, int, int]]]:

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from packcli.chat import ChatFormatError, load_chat_template
 from packcli.chat.preference import response_cap
 from packcli.chat.validate import validate_pair
-from packcli.shards import sha256_file
+from packcli.tokenize.shards import sha256_file
 from packcli.write import pair_segments
 
 EOT = "<|endoftext|>"
@@ -584,7 +584,7 @@ def test_card_sizes_and_features_match_the_files(
     """The card's ``dataset_info`` counts the ``seq_roles`` column: its bytes are the Arrow
     size of the data (offsets and values; the Parquet reader adds validity bitmaps that the
     data does not need), and ``datasets`` loads the files with the card's features."""
-    from packcli.card import _arrow_bytes
+    from packcli.publish.card import _arrow_bytes
 
     out = tmp_path / "out"
     meta = _pack(corpus[0], tok_dir, out)

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from packcli.cli import app as main_app
 from packcli.cli.publish import PUSH_EPILOG, push_command
 from packcli.errors import ConfigError, PackcliError
-from packcli.publish import PushError, push, upload_files
-from packcli.stats import PLOT_ROW_FILL, STATS_DIR
+from packcli.publish.push import PushError, push, upload_files
+from packcli.publish.stats import PLOT_ROW_FILL, STATS_DIR
 
 runner = CliRunner()
 app = typer.Typer(add_completion=False, rich_markup_mode=None)

@@ -32,7 +32,7 @@ from packcli.read import (
     parse_hub_spec,
     resolve_inputs,
 )
-from packcli.shards import sha256_file
+from packcli.tokenize.shards import sha256_file
 
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"
 

@@ -23,7 +23,7 @@ import zstandard
 from clirun import invoke
 
 from packcli.read import BadLineError, ReadStats, RejectSink, iter_batches
-from packcli.shards import sha256_file
+from packcli.tokenize.shards import sha256_file
 
 SMALL = ["--short-len", "64", "--long-len", "1024", "--quiet"]
 

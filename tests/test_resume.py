@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from corpora import mixed_lengths, write_corpus
 
-from packcli.shards import sha256_file
+from packcli.tokenize.shards import sha256_file
 
 CONFIG = """
 read:

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from packcli.cli import app as main_app
 from packcli.cli.examine import INSPECT_EPILOG, inspect_command
 from packcli.errors import ConfigError
-from packcli.rowview import inspect_row, masked_spans
+from packcli.publish.rowview import inspect_row, masked_spans
 
 runner = CliRunner()
 app = typer.Typer(add_completion=False, rich_markup_mode=None)

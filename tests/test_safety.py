@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.errors import PackcliError
-from packcli.expected import segment_hashes
-from packcli.publish import PushError, upload_files
-from packcli.shards import sha256_file
+from packcli.publish.expected import segment_hashes
+from packcli.publish.push import PushError, upload_files
 from packcli.stages import lock, plan
 from packcli.stages import units as unit_files
+from packcli.tokenize.shards import sha256_file
 
 runner = CliRunner()
 SMALL = ["--short-len", "64", "--long-len", "1024", "-q"]

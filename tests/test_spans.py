@@ -22,7 +22,7 @@ from packcli.read import (
     iter_batches,
     split_spans,
 )
-from packcli.shards import sha256_file
+from packcli.tokenize.shards import sha256_file
 
 runner = CliRunner()
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"

@@ -18,10 +18,10 @@ import typer
 from corpora import mixed_lengths, write_corpus
 from typer.testing import CliRunner
 
-from packcli import stats
 from packcli.cli import app as main_app
 from packcli.cli.examine import STATS_EPILOG, stats_command
-from packcli.stats import (
+from packcli.publish import stats
+from packcli.publish.stats import (
     PLOT_FILES,
     STATS_DIR,
     MissingExtraError,

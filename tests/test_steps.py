@@ -1,4 +1,5 @@
-"""``packcli.steps.plan_steps``: exact plans for small inputs, invariants over random ones."""
+"""``packcli.publish.steps.plan_steps``: exact plans for small inputs, invariants over random
+ones."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packcli import steps
-from packcli.steps import plan_steps
+from packcli.publish import steps
+from packcli.publish.steps import plan_steps
 
 
 def test_doctest() -> None:
@@ -89,7 +90,7 @@ def test_invariants(rows: list[tuple[int, int]], tokens_per_step: int) -> None:
 def test_imports_without_torch_or_numpy() -> None:
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
-        "from packcli.steps import plan_steps\n"
+        "from packcli.publish.steps import plan_steps\n"
         "assert plan_steps([2], [10], tokens_per_step=10).rows_per_step == 1\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.errors import ConfigError
-from packcli.shards import sha256_file
 from packcli.stages.tasks import assign_by_size, resolve_task
+from packcli.tokenize.shards import sha256_file
 
 runner = CliRunner()
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"

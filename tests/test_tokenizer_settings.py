@@ -14,8 +14,8 @@ from clirun import invoke
 from corpora import random_text
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from packcli import tokenizer as tokenizer_module
-from packcli.tokenizer import SpecialStringCounter, load_tokenizer
+from packcli.tokenize import tokenizer as tokenizer_module
+from packcli.tokenize.tokenizer import SpecialStringCounter, load_tokenizer
 
 SMALL = ["--short-len", "64", "--long-len", "1024", "--quiet"]
 
@@ -223,7 +223,7 @@ def test_verify_encodes_again_only_documents_of_bounded_size(
     out = tmp_path / "out"
     code, output = invoke("pack", corpus, "-t", toy_tokenizer_path, "-o", out, *SMALL)
     assert code == 0, output
-    from packcli import recheck
+    from packcli.publish import recheck
 
     monkeypatch.setattr(recheck, "MAX_DOC_CHARS", max(map(len, texts[1:])))
     code, output = invoke("verify", out)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli import expected
+from packcli.publish import expected
 
 MOD = 2**64
 

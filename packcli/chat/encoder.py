@@ -1,7 +1,7 @@
 """The chat stage's encoders: rendered dialogues (or preference pairs) in, token ids,
 labels and lengths out, with the length policy and ``--bos``/``--eos`` applied.
 
-Why a stage apart from the text tokenizer (``packcli.encode``): a dialogue is rendered
+Why a stage apart from the text tokenizer (``packcli.tokenize.encode``): a dialogue is rendered
 (Python, sandboxed) before it is tokenized, tokenizing needs character offsets for the loss
 mask, and a dialogue is cut at turn boundaries, not at a token count. Rendering runs in this
 thread, a batch ahead of its tokens (a fast backend's ids and offsets, made on a thread), or
@@ -25,10 +25,10 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from packcli.arrow_np import list_array
-from packcli.encode import StageTimes, batch_to_record_batch
 from packcli.names import IGNORE_INDEX
 from packcli.read import DocBatch
-from packcli.shards import CHAT_SHARD_SCHEMA
+from packcli.tokenize.encode import StageTimes, batch_to_record_batch
+from packcli.tokenize.shards import CHAT_SHARD_SCHEMA
 
 if TYPE_CHECKING:
     from packcli.chat.mask import EncodedDialogue

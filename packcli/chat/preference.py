@@ -57,10 +57,10 @@ from packcli.chat.mask import encode_rendered
 from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
 from packcli.chat.validate import SIDES
-from packcli.encode import StageTimes
 from packcli.names import IGNORE_INDEX
 from packcli.read import DocBatch
-from packcli.shards import PREFERENCE_SHARD_SCHEMA
+from packcli.tokenize.encode import StageTimes
+from packcli.tokenize.shards import PREFERENCE_SHARD_SCHEMA
 
 
 @dataclass

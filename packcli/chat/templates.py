@@ -19,7 +19,7 @@ from typing import Any
 
 from packcli.chat.errors import ChatTemplateError
 from packcli.chat.execute import compile_template
-from packcli.tokenizer import config_candidates
+from packcli.tokenize.tokenizer import config_candidates
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """The commands that read a finished output: ``verify``, ``stats`` and ``inspect``.
 
-The work is in ``packcli.verify``, ``packcli.stats`` and ``packcli.rowview`` (no CLI code
-there), imported inside the commands; ``rowview`` is imported here for ``--chars``' default,
-which is cheap (it loads numpy and pyarrow only when it runs).
+The work is in ``packcli.publish.verify``, ``packcli.publish.stats`` and
+``packcli.publish.rowview`` (no CLI code there), imported inside the commands; ``rowview`` is
+imported here for ``--chars``' default, which is cheap (it loads numpy and pyarrow only when
+it runs).
 (Not named ``inspect.py``: inside the package that would still read as the standard library.)
 """
 
@@ -16,7 +17,7 @@ import typer
 
 from packcli.cli.options import OutFolder
 from packcli.errors import ConfigError
-from packcli.rowview import PREVIEW_CHARS
+from packcli.publish.rowview import PREVIEW_CHARS
 
 VERIFY_EPILOG = (
     "Examples:\n\n  packcli verify out/\n\n  packcli verify out/ --no-shards --json\n\n"
@@ -44,7 +45,7 @@ def verify_command(
 ) -> None:
     """Check every packing invariant of OUT; exit 1 with a precise message on the first failure."""
     from packcli.fs import is_url, local_path
-    from packcli.verify import verify_output, verify_remote
+    from packcli.publish.verify import verify_output, verify_remote
 
     if is_url(out):
         summary = verify_remote(out, use_shards=shards)
@@ -83,12 +84,12 @@ def stats_command(
     ] = True,
 ) -> None:
     """Row fill, document lengths, documents per row and attention cost of OUT, with plots."""
-    from packcli.stats import compute_stats, render_tables, write_plots
+    from packcli.publish.stats import compute_stats, render_tables, write_plots
 
     numbers, tiers = compute_stats(out)
     numbers["plots"] = write_plots(out, tiers) if plots else []
     if numbers["plots"]:
-        from packcli.card import refresh_card  # the card embeds the new plots
+        from packcli.publish.card import refresh_card  # the card embeds the new plots
 
         refresh_card(out)
     if json_out:
@@ -120,7 +121,7 @@ def inspect_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the row as JSON.")] = False,
 ) -> None:
     """Show one row of OUT: segments, doc ids, offsets, no-loss spans and boundary text."""
-    from packcli.rowview import inspect_row, render_row
+    from packcli.publish.rowview import inspect_row, render_row
 
     if chars < 0:
         raise ConfigError(f"--chars must be >= 0, got {chars}")

@@ -192,7 +192,7 @@ def pack_command(
 
 def _echo_pack_result(cfg: RunConfig, result: RunResult) -> None:
     """The report table, the time each stage took and how to load the output."""
-    from packcli.report import format_report
+    from packcli.publish.report import format_report
 
     typer.echo(format_report(result.report))
     t = result.timings
@@ -260,7 +260,7 @@ def plan_command(
     quiet: Quiet = False,
 ) -> None:
     """Stage 2 of 4: the global plan over all documents' lengths (one task)."""
-    from packcli.plan import tier_summary
+    from packcli.pack.plan import tier_summary
     from packcli.stages.lock import hold
     from packcli.stages.plan import plan_stage
 
@@ -301,7 +301,7 @@ def finalize_command(
     tokens_per_step: TokensPerStep = TOKENS_PER_STEP,
 ) -> None:
     """Stage 4 of 4: check all files are written; write the dataset card and packcli.json."""
-    from packcli.report import format_report
+    from packcli.publish.report import format_report
     from packcli.stages.finalize import finalize_stage
     from packcli.stages.lock import hold
     from packcli.stages.work import check_output

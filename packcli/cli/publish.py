@@ -1,4 +1,4 @@
-"""``packcli push``: the typer face of ``packcli.publish`` (which holds no CLI code)."""
+"""``packcli push``: the typer face of ``packcli.publish.push`` (which holds no CLI code)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from packcli.publish import (
+from packcli.publish.push import (
     check_repo_id,
     format_upload_list,
     load_call,

@@ -40,7 +40,7 @@ The files, in the order data flows through them:
     prepare.py    the tokenizer, its settings and the encoding backend, resolved up front
     tokenize.py   tokenize tasks: a unit's documents -> shards, with resume
     index.py      every unit done? documents numbered globally (tokens/_SUCCESS.json)
-    plan.py       the global plan over all lengths (packcli.plan decides tiers and rows)
+    plan.py       the global plan over all lengths (packcli.pack.plan decides tiers and rows)
     write.py      write tasks: the plan's rows -> Parquet files, with a record each
     finalize.py   report, card, packcli.json last (and the upload of a remote output)
     run.py        ``packcli pack``: all stages, tasks on an executor, under locks

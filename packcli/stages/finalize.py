@@ -13,21 +13,21 @@ import numpy as np
 
 from packcli import __version__
 from packcli.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
-from packcli.card import render_card
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
 from packcli.fs import redact, upload_output
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
-from packcli.plan import Plan, RowLayout
+from packcli.pack.plan import Plan, RowLayout
+from packcli.publish.card import render_card
+from packcli.publish.report import TOKENS_PER_STEP, build_report
 from packcli.read import shift_reject_lines
-from packcli.report import TOKENS_PER_STEP, build_report
-from packcli.shards import TokenShards
 from packcli.stages.index import collect_tokens
 from packcli.stages.plan import load_plan, stored_config
 from packcli.stages.work import REJECTED, read_json, recorded_read, require_out
 from packcli.stages.workstore import WorkStore, in_mirror, work_store
 from packcli.stages.write import parquet_jobs, write_fingerprint
+from packcli.tokenize.shards import TokenShards
 
 log = logging.getLogger(__name__)
 

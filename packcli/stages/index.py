@@ -11,13 +11,13 @@ from typing import Any
 
 from packcli.atomic import atomic_write_json
 from packcli.config import RunConfig
-from packcli.encode import StageTimes
 from packcli.errors import PackcliError
 from packcli.fs import redact
-from packcli.shards import SUCCESS, TokenShards
 from packcli.stages.units import unit_paths
 from packcli.stages.work import read_json, uncomplete
 from packcli.stages.workstore import work_store
+from packcli.tokenize.encode import StageTimes
+from packcli.tokenize.shards import SUCCESS, TokenShards
 
 log = logging.getLogger(__name__)
 

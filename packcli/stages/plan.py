@@ -1,4 +1,4 @@
-"""The plan stage: one global task over the lengths of every document (``packcli.plan``
+"""The plan stage: one global task over the lengths of every document (``packcli.pack.plan``
 decides the tiers and rows); the plan is saved for the write tasks with a digest of its arrays."""
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from packcli.config import (
 from packcli.errors import InputError, PackcliError
 from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES
-from packcli.plan import Plan, RowLayout, plan_two_tier
-from packcli.shards import TokenShards
+from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import collect_tokens
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import in_mirror, work_store
+from packcli.tokenize.shards import TokenShards
 
 log = logging.getLogger(__name__)
 

@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from packcli import __version__
-from packcli.backends import bounded_sample, choose_encoder, preload
 from packcli.chat.encoder import ChatEncoder
 from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.config import RunConfig
 from packcli.errors import ConfigError
 from packcli.fs import input_size
 from packcli.read import ReadStats, file_format, resolve_inputs
-from packcli.shards import SUCCESS
 from packcli.stages.units import input_column, read_unit
 from packcli.stages.work import require_out
-from packcli.tokenizer import (
+from packcli.tokenize.backends import bounded_sample, choose_encoder, preload
+from packcli.tokenize.shards import SUCCESS
+from packcli.tokenize.tokenizer import (
     LoadedTokenizer,
     load_tokenizer,
     local_tokenizer_file,
@@ -203,7 +203,8 @@ SAMPLE_DOCS = 256
 def choose_backend(
     cfg: RunConfig, tok: Tokenizing, units: list[dict[str, Any]], early: Any = None
 ) -> tuple[Any, dict[str, Any]]:
-    """HF, or a fast backend after it reproduced HF's ids on a sample (packcli/backends.py).
+    """HF, or a fast backend after it reproduced HF's ids on a sample
+    (packcli/tokenize/backends.py).
 
     The sample is the first documents of the first input unit, the same for every task, so
     all tasks make the same choice. (Ids are identical either way; the check is what makes

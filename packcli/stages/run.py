@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packcli.config import RunConfig
-from packcli.encode import StageTimes
-from packcli.report import TOKENS_PER_STEP
+from packcli.publish.report import TOKENS_PER_STEP
 from packcli.stages.executors import Executor
 from packcli.stages.finalize import finalize_stage
 from packcli.stages.lock import hold
@@ -21,6 +20,7 @@ from packcli.stages.tokenize import tokenize_task
 from packcli.stages.work import check_output, claim_output, require_out
 from packcli.stages.workstore import in_mirror
 from packcli.stages.write import write_stage, write_task
+from packcli.tokenize.encode import StageTimes
 
 log = logging.getLogger(__name__)
 

@@ -24,19 +24,9 @@ from packcli.arrow_np import to_numpy
 from packcli.atomic import atomic_write_json
 from packcli.chat.encoder import ChatEncoder, ChatStats, tokenize_chat_batches
 from packcli.config import RunConfig
-from packcli.encode import StageTimes, prefetch, tokenize_batches
 from packcli.errors import InputError
 from packcli.faults import crash_point
 from packcli.read import DocBatch, ReadStats, RejectSink, count_newlines
-from packcli.shards import (
-    CHAT_SHARD_SCHEMA,
-    PREFERENCE_SHARD_SCHEMA,
-    SHARD_SCHEMA,
-    SUCCESS,
-    ShardWriter,
-    manifest_name,
-    shard_intact,
-)
 from packcli.stages.prepare import Prepared, Tokenizing, choose_backend, prepare_tokenize
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.units import input_units, read_unit, unit_paths
@@ -51,7 +41,17 @@ from packcli.stages.work import (
     uncomplete,
 )
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
-from packcli.tokenizer import SpecialStringCounter
+from packcli.tokenize.encode import StageTimes, prefetch, tokenize_batches
+from packcli.tokenize.shards import (
+    CHAT_SHARD_SCHEMA,
+    PREFERENCE_SHARD_SCHEMA,
+    SHARD_SCHEMA,
+    SUCCESS,
+    ShardWriter,
+    manifest_name,
+    shard_intact,
+)
+from packcli.tokenize.tokenizer import SpecialStringCounter
 
 log = logging.getLogger(__name__)
 

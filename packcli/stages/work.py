@@ -21,8 +21,8 @@ from packcli.atomic import atomic_write_json
 from packcli.config import ReadConfig, RunConfig
 from packcli.errors import ConfigError
 from packcli.fs import check_remote_output, redact
-from packcli.marker import peek_marker, read_json_object
 from packcli.names import MARKER
+from packcli.publish.marker import peek_marker, read_json_object
 from packcli.stages.lock import OUT_LOCK
 from packcli.stages.workstore import WorkStore, check_remote_work, work_store
 
@@ -36,7 +36,7 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-read_json = read_json_object  # a record, or {} when missing or damaged (packcli/marker.py)
+read_json = read_json_object  # a record, or {} when missing or damaged (packcli/publish/marker.py)
 
 
 def progress_bar(quiet: bool, **kwargs: Any) -> tqdm:

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from packcli.errors import PackcliError
-from packcli.marker import read_json_object
 from packcli.names import MARKER
+from packcli.publish.marker import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class LocalWork:
     def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
         """Keys of the complete units: a record with the unit's fingerprint and every shard
         it lists still whole (a truncated shard is tokenized again, not read as garbage)."""
-        from packcli.shards import SUCCESS, shard_intact
+        from packcli.tokenize.shards import SUCCESS, shard_intact
 
         done = set()
         for unit in units:
@@ -314,7 +314,7 @@ class WorkStore(LocalWork):
     def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
         """Keys of the units the store holds complete: a record with the unit's fingerprint
         and every shard it lists there at its recorded size (one listing for all units)."""
-        from packcli.shards import SUCCESS
+        from packcli.tokenize.shards import SUCCESS
 
         found = self.listing(UNITS)
         done = set()
@@ -332,7 +332,7 @@ class WorkStore(LocalWork):
 
     def unit_finished(self, key: str) -> None:
         """Put a unit just tokenized here, its record last, and free its local folder."""
-        from packcli.shards import SUCCESS
+        from packcli.tokenize.shards import SUCCESS
 
         self.push_folder(f"{UNITS}/{key}", SUCCESS)
 

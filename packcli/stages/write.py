@@ -11,12 +11,12 @@ from packcli.atomic import atomic_write_json
 from packcli.config import RunConfig
 from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES
-from packcli.plan import Plan
-from packcli.shards import TokenShards, sha256_file
+from packcli.pack.plan import Plan
 from packcli.stages.index import collect_tokens
 from packcli.stages.plan import load_plan, plan_fingerprint
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
 from packcli.stages.workstore import WorkStore, in_mirror, work_store
+from packcli.tokenize.shards import TokenShards, sha256_file
 from packcli.write import TokenSource, file_ranges, write_config_file
 
 log = logging.getLogger(__name__)

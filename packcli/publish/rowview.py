@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from packcli.errors import ConfigError, PackcliError
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
-from packcli.stats import capacities, read_meta, require_extra
+from packcli.publish.stats import capacities, read_meta, require_extra
 
 if TYPE_CHECKING:
     import numpy as np
@@ -105,7 +105,7 @@ def _recorded_source(out: Path, meta: dict[str, Any]) -> str:
 
 def load_decoder(out: Path, meta: dict[str, Any], override: str | None) -> tuple[Any, str]:
     """The tokenizer to decode with, and where it came from; warns if it is not the recorded one."""
-    from packcli.tokenizer import load_tokenizer
+    from packcli.tokenize.tokenizer import load_tokenizer
 
     recorded = meta["run"]["tokenizer"]
     spec = override or _recorded_source(out, meta)

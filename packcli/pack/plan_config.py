@@ -26,7 +26,7 @@ class PlanConfig:
     overlong: str = "split"
     algorithm: str = "bfd"
     seed: int = 0
-    balance: str = "none"  # none | attention (see packcli/balance.py)
+    balance: str = "none"  # none | attention (see packcli/pack/balance.py)
 
     def __post_init__(self) -> None:
         if self.balance not in ("none", "attention"):

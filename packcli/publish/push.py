@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from packcli import __version__
-from packcli.card import PLOT_FILES
 from packcli.errors import ConfigError, PackcliError, VerifyError
-from packcli.marker import load_marker
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
+from packcli.publish.card import PLOT_FILES
+from packcli.publish.marker import load_marker
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def _refuse_links(out: Path, rel: str) -> None:
 
 def prepare_push(out: Path) -> list[UploadFile]:
     """The upload set of ``out`` after proving the folder is complete and intact."""
-    from packcli.verify import verify_output
+    from packcli.publish.verify import verify_output
 
     files = upload_files(out)
     try:

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from packcli.config import TOKENS_PER_STEP
-from packcli.plan import Plan, RowLayout, tier_summary
-from packcli.steps import plan_steps
+from packcli.pack.plan import Plan, RowLayout, tier_summary
+from packcli.publish.steps import plan_steps
 
 
 def training_hints(layout: RowLayout, tokens_per_step: int) -> dict[str, Any] | None:

@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.arrow_np import list_array, to_arrow  # pa.array would import pandas
-from packcli.backends import Encoder, Flat
 from packcli.read import DocBatch
-from packcli.shards import SHARD_SCHEMA
-from packcli.tokenizer import SpecialStringCounter
+from packcli.tokenize.backends import Encoder, Flat
+from packcli.tokenize.shards import SHARD_SCHEMA
+from packcli.tokenize.tokenizer import SpecialStringCounter
 
 
 def assemble(flat: Flat, *, bos: int | None, eos: int | None) -> tuple[np.ndarray, np.ndarray]:

@@ -13,12 +13,12 @@ import yaml
 
 from packcli import __version__
 from packcli.atomic import atomic_write_bytes
-from packcli.marker import load_marker
 
 # Re-exported: the output's names live in packcli.names (fs.py needs them without the card).
 from packcli.names import CONFIG_NAMES as CONFIG_NAMES
 from packcli.names import MARKER as MARKER
 from packcli.names import STATS_DIR as STATS_DIR
+from packcli.publish.marker import load_marker
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -18,7 +18,7 @@ when plots or tables are made; ``stats --json --no-plots`` needs neither. numpy 
 are imported inside the functions as well, so that importing this module (the CLI's
 ``inspect`` does, through ``rowview``) keeps ``packcli --help`` fast (they cost ~0.3 s).
 Plots go to ``OUT/stats/`` (written under a temp name, then renamed);
-``packcli.card.render_plots_section`` embeds them in the dataset card by relative path.
+``packcli.publish.card.render_plots_section`` embeds them in the dataset card by relative path.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packcli.atomic import atomic_path
-from packcli.card import (
+from packcli.errors import PackcliError
+from packcli.names import CONFIG_NAMES, STATS_DIR
+from packcli.publish.card import (
     PLOT_ATTENTION,
     PLOT_DOC_LENGTHS,
     PLOT_FILES,
@@ -38,10 +40,8 @@ from packcli.card import (
 )
 
 # The card text about plots and training lives in card.py; these names stay importable here.
-from packcli.card import render_plots_section as render_plots_section
-from packcli.card import training_snippet as training_snippet
-from packcli.errors import PackcliError
-from packcli.names import CONFIG_NAMES, STATS_DIR
+from packcli.publish.card import render_plots_section as render_plots_section
+from packcli.publish.card import training_snippet as training_snippet
 
 if TYPE_CHECKING:
     import numpy as np
@@ -71,7 +71,7 @@ def require_extra(module: str, purpose: str) -> Any:
 
 def read_meta(out: Path) -> dict[str, Any]:
     """``packcli.json`` of a complete output, or a ``PackcliError`` saying what is wrong."""
-    from packcli.marker import read_marker
+    from packcli.publish.marker import read_marker
 
     # Fails here, not halfway, on a foreign or damaged packcli.json (one line naming it).
     return read_marker(out)

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from packcli.backends import HFEncoder
-from packcli.encode import assemble
 from packcli.errors import PackcliError, VerifyError
 from packcli.fs import as_input, input_entry
 from packcli.read import ReadStats, iter_batches
+from packcli.tokenize.backends import HFEncoder
+from packcli.tokenize.encode import assemble
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     ends = np.cumsum(lengths)
     long_len = int(meta["config"]["plan"]["long_len"])
     policy = meta["config"]["plan"]["overlong"]
-    from packcli.expected import expected_pieces, segment_hashes
+    from packcli.publish.expected import expected_pieces, segment_hashes
 
     order = np.argsort(long_segments.doc, kind="stable")
     docs_sorted = long_segments.doc[order]

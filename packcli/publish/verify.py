@@ -35,11 +35,11 @@ import pyarrow.parquet as pq
 
 from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
-from packcli.expected import expected_pieces, segment_hashes
-from packcli.marker import read_json_object
-from packcli.marker import read_marker as read_marker  # re-export: its old home
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
-from packcli.shards import TokenShards, sha256_file
+from packcli.publish.expected import expected_pieces, segment_hashes
+from packcli.publish.marker import read_json_object
+from packcli.publish.marker import read_marker as read_marker  # re-export: its old home
+from packcli.tokenize.shards import TokenShards, sha256_file
 
 
 @dataclass
@@ -437,7 +437,7 @@ def verify_output(
         _compare("short", segments["short"], (exp[0][small], exp[1][small], exp[2][small]))
         summary["checked_against_shards"] = True
     # The shards came out of the same tokenize stage: also encode some input again.
-    from packcli.recheck import check_against_input
+    from packcli.publish.recheck import check_against_input
 
     summary["checked_against_input"] = check_against_input(meta, segments["long"])
     return summary
