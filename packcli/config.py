@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from packcli.errors import ConfigError
+from packcli.errors import ConfigError, require_one_of
 from packcli.names import (
     BACKEND_ALIASES,
     BACKENDS,
@@ -63,11 +63,7 @@ class ReadConfig:
     input_format: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.input_format not in INPUT_FORMATS:
-            raise ConfigError(
-                f"read.input_format must be one of {', '.join(INPUT_FORMATS)}, "
-                f"got {self.input_format!r}"
-            )
+        require_one_of("read.input_format", self.input_format, INPUT_FORMATS)
         if self.on_bad_line not in BAD_LINE_POLICIES:
             raise ConfigError(
                 f"read.on_bad_line must be {one_of(BAD_LINE_POLICIES)}, got {self.on_bad_line!r}"
@@ -161,14 +157,8 @@ class ChatConfig:
     train_on: str = "assistant"
 
     def __post_init__(self) -> None:
-        if self.format not in DATA_FORMATS:
-            raise ConfigError(
-                f"chat.format must be one of {', '.join(DATA_FORMATS)}, got {self.format!r}"
-            )
-        if self.train_on not in TRAIN_ON:
-            raise ConfigError(
-                f"chat.train_on must be one of {', '.join(TRAIN_ON)}, got {self.train_on!r}"
-            )
+        require_one_of("chat.format", self.format, DATA_FORMATS)
+        require_one_of("chat.train_on", self.train_on, TRAIN_ON)
         if not self.messages_field:
             raise ConfigError("chat.messages_field must be a non-empty field name")
         if self.format == "preference" and self.train_on != "assistant":

@@ -21,3 +21,9 @@ class InputError(PackcliError):
 
 class VerifyError(PackcliError):
     """An output folder violates one of the packing invariants."""
+
+
+def require_one_of(what: str, value: object, allowed: tuple[str, ...]) -> None:
+    """A setting outside its allowed values (``packcli.names``) as one line naming both."""
+    if value not in allowed:
+        raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")

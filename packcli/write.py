@@ -63,35 +63,26 @@ _PARALLEL_MIN_TOKENS = 1 << 22  # below this a thread pool costs more than it sa
 
 
 @kernel(nogil=True)
-def _copy_slices(
+def _place(
     values: np.ndarray,
-    src_starts: np.ndarray,
+    src_starts: np.ndarray | None,
     dst_starts: np.ndarray,
     lens: np.ndarray,
     out: np.ndarray,
     lo: int,
     hi: int,
 ) -> None:
+    """Segments lo..hi-1 into ``out`` at ``dst_starts``: each the slice of ``values`` at
+    ``src_starts`` (tokens, labels), or with ``src_starts`` None ``values[i]`` repeated (a
+    token's 1-based segment index in its row; numba compiles each case without the test)."""
     for i in range(lo, hi):
-        s = src_starts[i]
         d = dst_starts[i]
         n = lens[i]
-        out[d : d + n] = values[s : s + n]
-
-
-@kernel(nogil=True)
-def _fill_segment_ids(
-    seg_index: np.ndarray,
-    dst_starts: np.ndarray,
-    lens: np.ndarray,
-    out: np.ndarray,
-    lo: int,
-    hi: int,
-) -> None:
-    """Per token, the 1-based index of its segment within its row, for segments lo..hi-1."""
-    for i in range(lo, hi):
-        d = dst_starts[i]
-        out[d : d + lens[i]] = seg_index[i]
+        if src_starts is None:
+            out[d : d + n] = values[i]
+        else:
+            s = src_starts[i]
+            out[d : d + n] = values[s : s + n]
 
 
 def _run_split(kernel: Callable[..., None], lens: np.ndarray, *args: object) -> None:
@@ -126,7 +117,7 @@ def _segment_ids(seg_offsets: np.ndarray, lens: np.ndarray) -> np.ndarray:
     dst = np.cumsum(lens) - lens
     total = int(lens.sum())
     out = np.empty(total, dtype=np.int32)
-    _run_split(_fill_segment_ids, lens, seg_index, dst, lens, out)
+    _run_split(_place, lens, seg_index, None, dst, lens, out)
     return out
 
 
@@ -177,7 +168,7 @@ class TokenSource:
             m = slice(None) if one else shard_of == s
             src = shard.offsets[docs[m] - shard.first_doc_id] + starts[m]
             values = shard.labels if labels else shard.values
-            _run_split(_copy_slices, lens[m], values, src, dst[m], lens[m], out)
+            _run_split(_place, lens[m], values, src, dst[m], lens[m], out)
         return out
 
 

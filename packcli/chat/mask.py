@@ -24,7 +24,7 @@ from packcli.chat.budget import DEFAULT_LIMITS, RenderLimits
 from packcli.chat.offsets import token_turns
 from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
-from packcli.errors import ConfigError
+from packcli.errors import require_one_of
 from packcli.names import IGNORE_INDEX, TRAIN_ON
 
 TrainOn = Literal["assistant", "last", "all"]
@@ -85,8 +85,7 @@ def _masks(lengths: list[int], turns: list[np.ndarray], train_on: str) -> list[n
 
 
 def _check_train_on(train_on: str) -> None:
-    if train_on not in TRAIN_ON:
-        raise ConfigError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
+    require_one_of("train_on", train_on, TRAIN_ON)
 
 
 def encode_rendered(

@@ -178,6 +178,24 @@ def _put(
 
 
 @kernel
+def _into(
+    head: np.ndarray,
+    nxt: np.ndarray,
+    bits: np.ndarray,
+    offs: np.ndarray,
+    found: int,
+    s: int,
+    n_bins: int,
+    capacity: int,
+) -> tuple[int, int, int]:
+    """An item of size ``s`` into the open bin with room ``found`` (taken off its list), or
+    into a new bin when none was found (-1): its bin, the room left, the number of bins."""
+    if found >= 0:
+        return _take(head, nxt, bits, offs, found), found - s, n_bins
+    return n_bins, capacity - s, n_bins + 1
+
+
+@kernel
 def _best_fit(
     sizes: np.ndarray, capacity: int, open_remaining: np.ndarray
 ) -> tuple[np.ndarray, int]:
@@ -200,13 +218,7 @@ def _best_fit(
     for j in range(n):
         s = sizes[j]
         found = _bitmap_next(bits, offs, nw, s)  # tightest bin with room for s
-        if found >= 0:
-            b = _take(head, nxt, bits, offs, found)
-            rem = found - s
-        else:
-            b = n_bins
-            n_bins += 1
-            rem = capacity - s
+        b, rem, n_bins = _into(head, nxt, bits, offs, found, s, n_bins, capacity)
         out[j] = b
         _put(head, nxt, bits, offs, b, rem)
     return out, n_bins
@@ -303,13 +315,7 @@ def _granular_fit(
                 if res == 0:
                     break
             x = found - res + granule  # first room of the next residue window
-        if best >= 0:
-            b = _take(head, nxt, bits, offs, best)
-            rem = best - s
-        else:
-            b = n_bins
-            n_bins += 1
-            rem = capacity - s
+        b, rem, n_bins = _into(head, nxt, bits, offs, best, s, n_bins, capacity)
         out[j] = b
         remaining[b] = rem
         _put(head, nxt, bits, offs, b, rem)

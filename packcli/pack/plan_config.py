@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packcli.errors import ConfigError
+from packcli.errors import ConfigError, require_one_of
 from packcli.names import OVERLONG_POLICIES, PLAN_ALGORITHMS
 
 # The planner's time and memory grow with the row capacity (its structures are indexed by
@@ -45,13 +45,5 @@ class PlanConfig:
             )
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"plan.seed must be in 0..{MAX_SEED}, got {self.seed}")
-        if self.overlong not in OVERLONG_POLICIES:
-            raise ConfigError(
-                f"plan.overlong must be one of {', '.join(OVERLONG_POLICIES)}, "
-                f"got {self.overlong!r}"
-            )
-        if self.algorithm not in PLAN_ALGORITHMS:
-            raise ConfigError(
-                f"plan.algorithm must be one of {', '.join(PLAN_ALGORITHMS)}, "
-                f"got {self.algorithm!r}"
-            )
+        require_one_of("plan.overlong", self.overlong, OVERLONG_POLICIES)
+        require_one_of("plan.algorithm", self.algorithm, PLAN_ALGORITHMS)

@@ -21,7 +21,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packcli.errors import ConfigError, PackcliError
+from packcli.errors import ConfigError, PackcliError, require_one_of
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.publish.stats import capacities, read_meta, require_extra
 
@@ -36,8 +36,7 @@ _COLUMNS = ("input_ids", "seq_lengths", "doc_ids", "num_tokens")
 
 def locate_row(meta: dict[str, Any], config: str, row: int) -> tuple[str, int]:
     """(file name, row within the file) of row ``row`` of ``config``."""
-    if config not in CONFIG_NAMES:
-        raise ConfigError(f"--config must be one of {', '.join(CONFIG_NAMES)}, got {config!r}")
+    require_one_of("--config", config, CONFIG_NAMES)
     files = meta["files"][config]
     total = sum(int(f["rows"]) for f in files)
     if not 0 <= row < total:

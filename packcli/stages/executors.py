@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from packcli.errors import ConfigError
+from packcli.errors import ConfigError, require_one_of
 from packcli.names import EXECUTORS
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,7 @@ class Executor:
     """``map(fn, args, num_tasks)`` runs ``fn(*args, task_index=i, num_tasks=n, quiet=...)``."""
 
     def __init__(self, kind: str = "local", ray_address: str | None = None) -> None:
-        if kind not in EXECUTORS:
-            raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+        require_one_of("--executor", kind, EXECUTORS)
         self.kind = kind
         self.ray_address = ray_address
         self._ray: Any = None

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
-from packcli.errors import ConfigError
+from packcli.errors import ConfigError, require_one_of
 from packcli.names import BACKEND_ALIASES, BACKENDS
 
 log = logging.getLogger(__name__)
@@ -410,10 +410,7 @@ def choose_encoder(
     self-check's reference.
     """
     backend = BACKEND_ALIASES.get(backend, backend)
-    if backend not in BACKENDS:
-        raise ConfigError(
-            f"tokenizer backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-        )
+    require_one_of("tokenizer backend", backend, BACKENDS)
     hf = HFEncoder(tokenizer)
     record: dict[str, Any] = {"requested": backend, "backend": "hf", "fallback_reason": None}
     if backend == "hf":
