@@ -99,7 +99,17 @@ def test_stage_commands_on_machines_sharing_only_the_store(
         assert _left_in(machine) == []
     meta = json.loads(packfs.locate(out)[0].cat_file(f"{bucket}/out/packcli.json"))
     assert meta["run"]["work_dir"] == work
-    assert "all invariants hold" in invoke_ok("verify", out)
+    # verify finds the work folder the output names, on the store, and checks every
+    # document's tokens in the shards against the rows.
+    verified = invoke_ok("verify", out)
+    assert "all invariants hold" in verified and "against the tokenized shards" in verified
+    fs = packfs.locate(work)[0]
+    shard = sorted(p for p in fs.find(f"{bucket}/work/tokens") if p.endswith(".arrow"))[0]
+    data = bytearray(fs.cat_file(shard))
+    data[len(data) // 2] ^= 0x01  # a token id changed in a shard: verify must see it
+    fs.pipe_file(shard, bytes(data))
+    code, output = invoke("verify", out)
+    assert code == 1 and "differ from the tokenized shards" in output, output
 
 
 def test_pack_with_the_work_folder_on_the_store_reuses_everything_on_a_rerun(

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
-from packcli.names import CONFIG_NAMES, IGNORE_INDEX
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER
 from packcli.publish.expected import expected_pieces, segment_hashes
 from packcli.publish.marker import read_json_object
 from packcli.publish.marker import read_marker as read_marker  # re-export: its old home
@@ -361,14 +361,22 @@ def verify_remote(url: str, *, use_shards: bool = True) -> dict[str, Any]:
     output (its local staging folder, ``fs.staging_root``, holds the same run's)."""
     import tempfile
 
-    from packcli.fs import download_output, reword, staging_root
+    from packcli.fs import download_output, is_url, reword, staging_root
 
     with tempfile.TemporaryDirectory(prefix="packcli-verify-") as tmp:
-        local = Path(tmp)
+        local = Path(tmp) / "out"
         download_output(url, local, card=False)
         work = staging_root(url) / ".packcli"
+        store = None
+        recorded = read_json_object(local / MARKER).get("run", {}).get("work_dir")
+        if use_shards and is_url(recorded):  # the work folder is on the store (workstore.py)
+            from packcli.stages.workstore import WorkStore
+
+            store = WorkStore(recorded, Path(tmp) / "work", url, Path(tmp) / "mirror-out")
+            store.pull_records("tokens")
+            work = store.local
         try:
-            return verify_output(local, use_shards=use_shards, work=work)
+            return verify_output(local, use_shards=use_shards, work=work, store=store)
         except VerifyError as exc:
             raise VerifyError(reword(str(exc), local, url)) from None
 
@@ -379,9 +387,11 @@ def verify_output(
     use_shards: bool = True,
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
     work: Path | None = None,
+    store: Any = None,
 ) -> dict[str, Any]:
     """Verify ``out``; returns a summary dict or raises ``VerifyError``. ``work``: a work
-    folder to look for the tokenized shards in, used only when they are this run's."""
+    folder to look for the tokenized shards in, used only when they are this run's;
+    ``store``: the work folder on object storage that ``work`` mirrors (shards fetched)."""
     meta = read_marker(out)
     plan_cfg = meta["config"]["plan"]
     short_len, long_len = int(plan_cfg["short_len"]), int(plan_cfg["long_len"])
@@ -428,7 +438,7 @@ def verify_output(
         tokens_dir = work / "tokens"
     summary["checked_against_shards"] = False
     if use_shards and (tokens_dir / "_SUCCESS.json").is_file():
-        shards = TokenShards(tokens_dir)
+        shards = TokenShards(tokens_dir, store if tokens_dir.parent == work else None)
         if shards.success.get("fingerprint") != meta["run"].get("tokens_fingerprint"):
             _fail(str(tokens_dir), "tokenized shards belong to another run")
         exp = _expected_pieces(shards, long_len, plan_cfg["overlong"])
