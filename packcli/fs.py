@@ -14,9 +14,10 @@ plain paths and call in here only where a URL can reach them:
   with other bytes therefore never reuses old shards.
 * **Outputs.** Object stores have no rename, so a remote ``--out`` is staged: the run works
   in a local folder (``staging_root``: ``--work-dir``, else a cache folder named after the
-  URL) exactly as a local run does, and ``upload_output`` then puts every finished file
-  with one ``put_file`` each (s3fs/gcsfs use one PUT, or a multipart/resumable upload that
-  becomes visible only when complete), ``packcli.json`` last as the completion marker.
+  URL) exactly as a local run does. A write task puts each Parquet file as soon as it is
+  written (``put_output_file``), and ``upload_output`` then puts the rest, with one
+  ``put_file`` each (s3fs/gcsfs use one PUT, or a multipart/resumable upload that becomes
+  visible only when complete), ``packcli.json`` last as the completion marker.
   Uploads are logged locally (size and sha256), so a rerun after a kill uploads only what
   is missing; ``download_output`` brings an output back for ``verify`` and ``push``.
 * **Credentials** come only from each filesystem's usual environment and config files
@@ -30,6 +31,7 @@ plain paths and call in here only where a URL can reach them:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -493,27 +495,17 @@ def upload_output(
         ]
         stale = sorted(rel for rel in remote if OWNED.match(rel) and rel not in files)
         if todo or stale:
-            if MARKER in remote:
-                fs.rm_file(_join(prefix, MARKER))  # never vouches for what changes next
-            if REMOTE_MARKER not in remote:
-                fs.pipe_file(
-                    _join(prefix, REMOTE_MARKER),
-                    json.dumps({"packcli_work": 1, "out": shown}).encode("utf-8"),
-                )
+            _begin_changes(fs, prefix, shown, remote)
         body = [rel for rel in todo if rel != MARKER]
         count = [0]
 
         def put(rel: str) -> None:
             size = files[rel][0]
-            sha = digest(rel)
             fs.put_file(str(out / rel), _join(prefix, rel))
-            line = json.dumps({"url": shown, "file": rel, "size": size, "sha256": sha})
+            _log_upload(work, shown, rel, size, digest(rel))
             with _LOCK:
-                with open(work / UPLOAD_LOG, "a", encoding="utf-8") as fh:
-                    fh.write(line + "\n")
                 count[0] += 1
                 n = count[0]
-            log.info("uploaded %s (%d bytes)", _join(shown, rel), size)
             crash_point(f"upload:{n}")
 
         with ThreadPoolExecutor(max(1, min(threads, len(body) or 1))) as pool:
@@ -534,6 +526,55 @@ def upload_output(
     if skipped:
         log.info("%d file(s) already uploaded to %s", skipped, shown)
     return {"uploaded": uploaded, "skipped": skipped, "deleted": len(stale)}
+
+
+def put_output_file(out: Path, work: Path, url: str, rel: str, size: int, sha256: str) -> None:
+    """Put one finished output file under ``url`` now, while the other files are still
+    being written (uploads overlap writing). It is logged as ``upload_output`` logs, so
+    ``finalize`` finds it there and does not put it again; the remote ``packcli.json`` goes
+    first, as before any change."""
+    fs, prefix = locate(url)
+    shown = redact(url)
+    try:
+        _begin_changes(fs, prefix, shown)
+        fs.put_file(str(out / rel), _join(prefix, rel))
+        _log_upload(work, shown, rel, size, sha256)
+    except PackcliError:
+        raise
+    except Exception as exc:
+        raise PackcliError(
+            f"upload to {shown} failed: {type(exc).__name__}: {redact_text(str(exc))}; the "
+            "output there is not marked complete: rerun the same command to resume"
+        ) from exc
+
+
+def _begin_changes(
+    fs: Any, prefix: str, shown: str, remote: dict[str, dict[str, Any]] | None = None
+) -> None:
+    """Before a file of the output changes on the store: its ``packcli.json`` goes (it never
+    vouches for a mix of old and new files) and the marker of a started upload is put (the
+    prefix stays recognisably packcli's). ``remote``: a fresh listing, when there is one."""
+    if remote is None:
+        fs.invalidate_cache(prefix)
+        there = {rel for rel in (MARKER, REMOTE_MARKER) if fs.exists(_join(prefix, rel))}
+    else:
+        there = {rel for rel in (MARKER, REMOTE_MARKER) if rel in remote}
+    if MARKER in there:
+        with contextlib.suppress(FileNotFoundError):  # another task's upload removed it
+            fs.rm_file(_join(prefix, MARKER))
+    if REMOTE_MARKER not in there:
+        fs.pipe_file(
+            _join(prefix, REMOTE_MARKER),
+            json.dumps({"packcli_work": 1, "out": shown}).encode("utf-8"),
+        )
+
+
+def _log_upload(work: Path, shown: str, rel: str, size: int, sha256: str) -> None:
+    """One line of the upload log: this file, this size and content, is under ``shown``."""
+    line = json.dumps({"url": shown, "file": rel, "size": size, "sha256": sha256})
+    with _LOCK, open(work / UPLOAD_LOG, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+    log.info("uploaded %s (%d bytes)", _join(shown, rel), size)
 
 
 def _check_placed(remote: dict[str, dict[str, Any]], placed: dict[str, int], shown: str) -> None:

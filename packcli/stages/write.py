@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from packcli.atomic import atomic_write_json
 from packcli.config import RunConfig
 from packcli.faults import crash_point
+from packcli.fs import put_output_file
 from packcli.names import CONFIG_NAMES
 from packcli.pack.plan import Plan
 from packcli.stages.index import collect_tokens
@@ -101,6 +102,11 @@ def write_task(
             }
             if isinstance(store, WorkStore):  # straight to the remote output, then the record
                 store.put_output(final, f"data/{name}/{final.name}")
+            elif cfg.remote_out:  # uploads overlap writing; finalize puts only what is not up
+                rel = f"data/{name}/{final.name}"
+                put_output_file(
+                    out, cfg.work_path, cfg.remote_out, rel, record["bytes"], record["sha256"]
+                )
             atomic_write_json(record_path, record)
             store.push(f"write/{record_path.name}")
             crash_point(f"write:{name}:{i}")
