@@ -517,10 +517,7 @@ def upload_output(
     except PackcliError:
         raise
     except Exception as exc:
-        raise PackcliError(
-            f"upload to {shown} failed: {type(exc).__name__}: {redact_text(str(exc))}; the "
-            "output there is not marked complete: rerun the same command to resume"
-        ) from exc
+        raise _upload_failed(shown, exc) from exc
     uploaded = len(body) + 1 if todo or stale else 0
     skipped = len(files) - uploaded
     if skipped:
@@ -542,10 +539,15 @@ def put_output_file(out: Path, work: Path, url: str, rel: str, size: int, sha256
     except PackcliError:
         raise
     except Exception as exc:
-        raise PackcliError(
-            f"upload to {shown} failed: {type(exc).__name__}: {redact_text(str(exc))}; the "
-            "output there is not marked complete: rerun the same command to resume"
-        ) from exc
+        raise _upload_failed(shown, exc) from exc
+
+
+def _upload_failed(shown: str, exc: Exception) -> PackcliError:
+    """A store's error during an upload as one line; nothing vouches for the output yet."""
+    return PackcliError(
+        f"upload to {shown} failed: {type(exc).__name__}: {redact_text(str(exc))}; the "
+        "output there is not marked complete: rerun the same command to resume"
+    )
 
 
 def _begin_changes(

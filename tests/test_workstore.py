@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,35 @@ def _etags(url: str) -> dict[str, str]:
     fs, prefix = packfs.locate(url)
     fs.invalidate_cache()
     return {p: str(i.get("ETag")) for p, i in fs.find(prefix, detail=True).items()}
+
+
+@dataclass
+class Job:
+    """A pack whose input, output and work folder are all on the store (a fresh bucket)."""
+
+    s3: dict[str, str]
+    bucket: str
+    reference: dict[str, str]  # the Parquet hashes of the same corpus packed locally
+    out: str
+    args: list[Any]  # ``pack`` with its input, output and work folder URLs
+
+    def env(self, cache: Path, **more: str) -> dict[str, str]:
+        return _env(self.s3, cache, **more)
+
+
+@pytest.fixture
+def job(
+    s3: dict[str, str],
+    corpus: Path,
+    reference: dict[str, str],
+    toy_tokenizer_path: Path,
+    bucket: str,
+) -> Job:
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
+    args += ["--work-dir", f"s3://{bucket}/work", *cfg(corpus)]
+    return Job(s3, bucket, reference, out, args)
 
 
 # --------------------------------------------------------------------------- cluster commands
@@ -113,20 +143,12 @@ def test_stage_commands_on_machines_sharing_only_the_store(
 
 
 def test_pack_with_the_work_folder_on_the_store_reuses_everything_on_a_rerun(
-    s3: dict[str, str],
-    corpus: Path,
-    reference: dict[str, str],
-    toy_tokenizer_path: Path,
-    bucket: str,
-    tmp_path: Path,
+    job: Job, tmp_path: Path
 ) -> None:
-    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
-    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
-    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
-    args += ["--work-dir", work, *cfg(corpus)]
-    env = _env(s3, tmp_path / "cache")
+    out, args, bucket = job.out, job.args, job.bucket
+    env = job.env(tmp_path / "cache")
     _ok(args, env)
-    assert remote_hashes(out) == reference
+    assert remote_hashes(out) == job.reference
     shards_and_parquet = {
         p: e for p, e in _etags(f"s3://{bucket}").items() if p.endswith((".arrow", ".parquet"))
     }
@@ -134,30 +156,21 @@ def test_pack_with_the_work_folder_on_the_store_reuses_everything_on_a_rerun(
     assert "reused tokenized shards" in again
     after = _etags(f"s3://{bucket}")
     assert {p: after[p] for p in shards_and_parquet} == shards_and_parquet  # nothing put again
-    assert remote_hashes(out) == reference
+    assert remote_hashes(out) == job.reference
     assert _left_in(tmp_path / "cache") == []
 
 
 @pytest.mark.parametrize("point", ["tokenize:2", "plan", "write:long:0", "finalize"])
 def test_killed_run_with_the_work_folder_on_the_store_resumes_to_identical_bytes(
-    s3: dict[str, str],
-    corpus: Path,
-    reference: dict[str, str],
-    toy_tokenizer_path: Path,
-    bucket: str,
-    tmp_path: Path,
-    point: str,
+    job: Job, tmp_path: Path, point: str
 ) -> None:
-    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
-    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
-    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
-    args += ["--work-dir", work, *cfg(corpus)]
-    killed = _cli(args, _env(s3, tmp_path / "first"), crash=point)
+    out, args = job.out, job.args
+    killed = _cli(args, job.env(tmp_path / "first"), crash=point)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "packcli.json" not in remote_files(out)
     # The rerun is another machine: all it finds is on the store.
-    _ok(args, _env(s3, tmp_path / "second"))
-    assert remote_hashes(out) == reference
+    _ok(args, job.env(tmp_path / "second"))
+    assert remote_hashes(out) == job.reference
     assert invoke("verify", out)[0] == 0
 
 
@@ -294,22 +307,15 @@ def _wait_for_nodes(
 
 
 def test_ray_on_two_nodes_sharing_only_the_store(
-    two_node_cluster: tuple[str, dict[str, str], list[Path]],
-    corpus: Path,
-    reference: dict[str, str],
-    toy_tokenizer_path: Path,
-    bucket: str,
+    two_node_cluster: tuple[str, dict[str, str], list[Path]], job: Job
 ) -> None:
     """``--executor ray`` on a head and a worker node whose disks are apart: the tokenize and
     write tasks run on both nodes, and the Parquet bytes equal a local one-process run."""
     address, driver_env, caches = two_node_cluster
-    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
-    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
-    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
-    args += ["--work-dir", work, *cfg(corpus)]
-    args += ["--executor", "ray", "--ray-address", address, "--num-tasks", 2]
+    out = job.out
+    args = [*job.args, "--executor", "ray", "--ray-address", address, "--num-tasks", 2]
     _ok(args, driver_env)
-    assert remote_hashes(out) == reference
+    assert remote_hashes(out) == job.reference
     for cache in caches:  # both nodes ran tasks (each made its mirror), and left no files
         assert list((cache / "mirrors").glob("*/*")), cache
         assert _left_in(cache) == []
