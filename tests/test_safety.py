@@ -193,6 +193,22 @@ def test_a_second_run_is_refused_and_told_who_holds_the_lock(
     ok(*pack_args(corpus, toy_tokenizer_path, out))  # released
 
 
+def test_the_output_lock_is_the_file_earlier_packcli_versions_lock(
+    out: Path, corpus: Path, toy_tokenizer_path: Path
+) -> None:
+    """The lock file's name is part of the output's on-disk format: a run of an older
+    packcli holding ``OUT/.packcli.lock`` must still keep this one out."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".packcli.lock", "a+b") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert "in use by another packcli process" in fails(
+            *pack_args(corpus, toy_tokenizer_path, out)
+        )
+    ok(*pack_args(corpus, toy_tokenizer_path, out))
+
+
 def test_a_shared_work_dir_is_locked_too(
     out: Path, corpus: Path, toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:

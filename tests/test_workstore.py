@@ -50,7 +50,7 @@ def _ok(args: list[Any], env: dict[str, str]) -> str:
 def _left_in(cache: Path) -> list[str]:
     """Files a process left in its mirrors (held lock files aside): none, once it is done."""
     root = cache / "mirrors"
-    locks = {".packcli.stages.lock", "lock"}
+    locks = {".packcli.lock", "lock"}
     return sorted(
         str(p.relative_to(root))
         for p in root.rglob("*")

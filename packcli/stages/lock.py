@@ -34,7 +34,7 @@ from packcli.errors import PackcliError
 
 log = logging.getLogger(__name__)
 
-OUT_LOCK = ".packcli.stages.lock"  # in the output folder
+OUT_LOCK = ".packcli.lock"  # in the output folder
 WORK_LOCK = "lock"  # in the work folder
 TASK_LOCKS = "locks"  # in the work folder: one file per stage task index
 # flock is missing or refused on some file systems (FUSE mounts, old NFS setups).

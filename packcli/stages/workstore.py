@@ -51,7 +51,7 @@ from packcli.publish.marker import read_json_object
 log = logging.getLogger(__name__)
 
 # Lock files stay when a mirror is emptied: the command holding them is still running.
-_KEEP = frozenset({".packcli.stages.lock", "lock", "locks"})
+_KEEP = frozenset({".packcli.lock", "lock", "locks"})
 _SHARD_MANIFEST = re.compile(r"^shard-\d+\.json$")
 _PUT_THREADS = 8
 UNITS = "tokens/files"
