@@ -218,7 +218,8 @@ class RunConfig:
     @property
     def remote_work(self) -> str | None:
         """The work folder URL when ``work_dir`` is on object storage, else None: then every
-        stage reads and writes the work folder through the store (``packcli/workstore.py``)."""
+        stage reads and writes the work folder through the store
+        (``packcli/stages/workstore.py``)."""
         from packcli.fs import is_url
 
         return self.work_dir if is_url(self.work_dir) else None
@@ -228,11 +229,9 @@ class RunConfig:
         """The local output folder: ``out``, or for a remote ``out`` the local folder it is
         made in and uploaded from (``--work-dir``, else a cache folder named after the URL;
         ``packcli/fs.py``); with a URL work folder, this process's mirror of the output."""
-        from packcli.fs import local_path, staging_root
+        from packcli.fs import local_path, mirror_root, staging_root
 
         if self.remote_work:
-            from packcli.stages.workstore import mirror_root
-
             return mirror_root(self.remote_work) / "out"
         if self.remote_out:
             return staging_root(self.out, self.work_dir)
@@ -243,7 +242,7 @@ class RunConfig:
         """Work folder for tokenized shards; hidden inside the output unless set (a remote
         output's: inside its local staging folder); a URL one's: this process's mirror."""
         if self.remote_work:
-            from packcli.stages.workstore import mirror_root
+            from packcli.fs import mirror_root
 
             return mirror_root(self.remote_work) / "work"
         if self.remote_out:

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import socket
 import tempfile
 import threading
 import urllib.parse
@@ -365,6 +366,13 @@ def staging_root(url: str, work_dir: str = "") -> Path:
     if work_dir and not is_url(work_dir):
         return Path(local_path(work_dir))
     return url_folder("outputs", url)
+
+
+def mirror_root(url: str) -> Path:
+    """This process's local mirror of the work folder ``url`` (``stages/workstore.py``):
+    under packcli's cache, named after the URL, then after the host and process (tasks of one
+    node never share one)."""
+    return url_folder("mirrors", url) / f"{socket.gethostname()}-{os.getpid()}"
 
 
 def url_folder(kind: str, url: str) -> Path:

@@ -92,7 +92,8 @@ def test_small_pack_does_not_import_pandas_numba_or_datasets(
         from packcli.config import PlanConfig, WriteConfig
         from packcli.tokenize.encode import batch_to_record_batch
         from packcli.read import iter_batches
-        from packcli.tokenize.shards import ShardWriter, TokenShards, SUCCESS, atomic_write_json
+        from packcli.atomic import atomic_write_json
+        from packcli.tokenize.shards import ShardWriter, TokenShards, SUCCESS
         from packcli.pack.plan import plan_two_tier
         from packcli.write import TokenSource, write_config_file
         from packcli.publish.card import render_card

@@ -26,7 +26,7 @@ it holds packcli's marks (``packcli.json``, or the work folder's marker); everyt
 can get wrong is resolved before the first file is touched, and ``packcli.json`` is removed
 only just before something it vouches for changes, so a failed or all-reused rerun leaves a
 finished output finished. ``pack`` holds locks on the output and work folders
-(``packcli/lock.py``).
+(``packcli/stages/lock.py``).
 
 A URL ``--out`` (``s3://...``) is made in a local staging folder (``RunConfig.out_path``)
 exactly as a local output, and ``finalize`` then uploads it file by file, ``packcli.json``

@@ -37,7 +37,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,14 +56,6 @@ _PUT_THREADS = 8
 UNITS = "tokens/files"
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def mirror_root(url: str) -> Path:
-    """This process's local mirror of the work folder ``url``: under packcli's cache, named
-    after the URL, then after the host and process (tasks of one node never share one)."""
-    from packcli.fs import url_folder
-
-    return url_folder("mirrors", url) / f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _is_record(rel: str) -> bool:
