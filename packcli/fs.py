@@ -536,12 +536,11 @@ def upload_output(
 def put_output_file(out: Path, work: Path, url: str, rel: str, size: int, sha256: str) -> None:
     """Put one finished output file under ``url`` now, while the other files are still
     being written (uploads overlap writing). It is logged as ``upload_output`` logs, so
-    ``finalize`` finds it there and does not put it again; the remote ``packcli.json`` goes
-    first, as before any change."""
+    ``finalize`` finds it there and does not put it again. The write task has called
+    ``begin_changes`` first."""
     fs, prefix = locate(url)
     shown = redact(url)
     try:
-        _begin_changes(fs, prefix, shown)
         fs.put_file(str(out / rel), _join(prefix, rel))
         _log_upload(work, shown, rel, size, sha256)
     except PackcliError:
@@ -556,6 +555,17 @@ def _upload_failed(shown: str, exc: Exception) -> PackcliError:
         f"upload to {shown} failed: {type(exc).__name__}: {redact_text(str(exc))}; the "
         "output there is not marked complete: rerun the same command to resume"
     )
+
+
+def begin_changes(url: str) -> None:
+    """Before the first file of the output at ``url`` changes (a write task about to put
+    Parquet files there): see ``_begin_changes``."""
+    fs, prefix = locate(url)
+    shown = redact(url)
+    try:
+        _begin_changes(fs, prefix, shown)
+    except Exception as exc:
+        raise _upload_failed(shown, exc) from exc
 
 
 def _begin_changes(

@@ -44,9 +44,10 @@ def finalize_stage(
     ``tokens_per_step``: the report's step-plan target (not a setting of the data)."""
     out = require_out(cfg)
     store = work_store(cfg)
-    store.pull_records()  # the stages' records, the plan and the quarantined lines
+    store.pull_records("write")  # collect_tokens pulls the tokenize stage's records
     shards = collect_tokens(cfg)
-    if plan is None:
+    if plan is None:  # else ``pack`` made it in this process, and plan.json is here
+        store.pull("plan.json", "plan.npz")
         plan, _ = load_plan(cfg.work_path, shards)
     cfg = stored_config(cfg)
     fingerprint = write_fingerprint(cfg, shards)

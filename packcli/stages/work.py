@@ -138,10 +138,9 @@ def work_marker(cfg: RunConfig) -> dict[str, Any]:
 def uncomplete(cfg: RunConfig) -> None:
     """Remove the completion marker just before this run changes something it vouches for
     (tokenized shards, the shard index, a Parquet file): a run that fails validation, or that
-    reuses everything, leaves a finished output finished. Write tasks on a URL work folder
-    put Parquet files straight under the remote output, so its marker goes too."""
+    reuses everything, leaves a finished output finished. (A remote output's own marker
+    goes when its first file changes: ``fs.begin_changes``, from the write stage.)"""
     (cfg.out_path / MARKER).unlink(missing_ok=True)
-    work_store(cfg).uncomplete()
 
 
 def require_out(cfg: RunConfig) -> Path:

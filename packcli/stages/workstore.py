@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from packcli.errors import PackcliError
-from packcli.names import MARKER
 from packcli.publish.marker import read_json_object
 
 log = logging.getLogger(__name__)
@@ -85,9 +84,6 @@ class LocalWork:
         pass
 
     def remove(self, *rels: str) -> None:
-        pass
-
-    def uncomplete(self) -> None:
         pass
 
     # Tokenized units (``tokens/files/<key>/``): what resume and the stale-unit sweep ask.
@@ -339,24 +335,13 @@ class WorkStore(LocalWork):
         self._call(f"write {rel} of the output", lambda: self.out_fs.put_file(str(local), target))
         local.unlink()
 
-    def uncomplete(self) -> None:
-        """Remove the remote output's ``packcli.json`` before anything it vouches for changes."""
-        self._call(f"delete the output's {MARKER}", lambda: _rm(self.out_fs, self._out(MARKER)))
-
     def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
-        """Mark the work folder as packcli's (naming its output), and the output prefix as
-        one a packcli upload started, before any Parquet file goes there."""
-        from packcli.fs import REMOTE_MARKER, redact
-
+        """Mark the work folder as packcli's, naming its output (the output prefix is marked
+        when its first file goes there: ``fs.begin_changes``)."""
         if self.read_json(marker_rel) != marker:
             body = json.dumps(marker, indent=2, sort_keys=True).encode("utf-8")
             where = self._remote(marker_rel)
             self._call("write its marker", lambda: self.fs.pipe_file(where, body))
-        if not self.out_fs.exists(self._out(REMOTE_MARKER)):
-            body = json.dumps({"packcli_work": 1, "out": redact(self.out_url)}).encode("utf-8")
-            self._call(
-                "mark the output", lambda: self.out_fs.pipe_file(self._out(REMOTE_MARKER), body)
-            )
 
     # ------------------------------------------------------------------ the mirror
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from packcli.atomic import atomic_write_json
 from packcli.config import RunConfig
 from packcli.faults import crash_point
-from packcli.fs import put_output_file
+from packcli.fs import begin_changes, put_output_file
 from packcli.names import CONFIG_NAMES
 from packcli.pack.plan import Plan
 from packcli.stages.index import collect_tokens
@@ -55,7 +55,7 @@ def write_task(
     """Write this task's share of the output files (round robin over all files)."""
     out = require_out(cfg)
     store = work_store(cfg)
-    store.pull("plan.json")
+    # plan.json is here already: write_stage pulled it, or ``pack`` made it in this process.
     store.pull_records("write")
     fingerprint = write_fingerprint(cfg, shards)
     records = cfg.work_path / "write"
@@ -78,6 +78,8 @@ def write_task(
 
     if not all(written(job) for job in jobs):
         uncomplete(cfg)  # a Parquet file the finished output lists is about to change
+        if cfg.remote_out:  # and on the store: its packcli.json goes before the first one
+            begin_changes(cfg.remote_out)
     total = sum(int(getattr(plan, j[0]).row_tokens[j[3] : j[4]].sum()) for j in jobs)
     source = TokenSource.of(shards)
     with progress_bar(quiet, total=total, unit="tok", unit_scale=True, desc="write") as bar:
