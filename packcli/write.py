@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -124,23 +124,35 @@ def _segment_ids(seg_offsets: np.ndarray, lens: np.ndarray) -> np.ndarray:
 class TokenSource:
     """Random access to document slices across all tokenized shards."""
 
-    def __init__(self, shards: Sequence[ShardTokens]) -> None:
+    def __init__(
+        self,
+        shards: Sequence[ShardTokens],
+        *,
+        first_doc: np.ndarray | None = None,
+        columns: Collection[str] | None = None,
+    ) -> None:
+        """``first_doc`` (each shard's first document id) and ``columns`` (the shards'
+        columns) when known without loading every shard (``of``); else read off ``shards``."""
         self.shards = shards
-        self.first_doc = np.array([s.first_doc_id for s in shards], dtype=np.int64)
-        self.has_labels = bool(shards) and all(s.labels is not None for s in shards)
-        self.has_pairs = self.has_labels and all(s.chosen_len is not None for s in shards)
+        if first_doc is None:
+            first_doc = np.array([s.first_doc_id for s in shards], dtype=np.int64)
+        if columns is None:
+            columns = set()
+            if shards and all(s.labels is not None for s in shards):
+                columns.add("labels")
+            if shards and all(s.chosen_len is not None for s in shards):
+                columns.add("chosen_len")
+        self.first_doc = first_doc
+        self.has_labels = "labels" in columns
+        self.has_pairs = self.has_labels and "chosen_len" in columns
 
     @classmethod
     def of(cls, shards: TokenShards) -> TokenSource:
         """All shards of a stage, each loaded when a row first needs it (from the index and
         the first shard's schema, not from every shard)."""
-        source = cls.__new__(cls)
-        source.shards = LazyShards(shards)
-        source.first_doc = shards.first_doc_ids
-        names = shards.column_names()
-        source.has_labels = "labels" in names
-        source.has_pairs = source.has_labels and "chosen_len" in names
-        return source
+        return cls(
+            LazyShards(shards), first_doc=shards.first_doc_ids, columns=shards.column_names()
+        )
 
     def chosen_len(self, docs: np.ndarray) -> np.ndarray:
         """Per document, the length of a pair's first sequence (0: not a pair)."""
