@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import tiny_llama
+from tiny_models import GRAD_RTOL, IMPLS, MARGIN, MODES, VOCAB, tiny_llama
 from transformers import LlamaForCausalLM
 
 from packcli.collate import (
@@ -35,12 +35,7 @@ from packcli.collate import (
     packed_loss,
 )
 
-VOCAB = 97
-IMPLS = ["sdpa", "eager"]
-MODES = ["flash", "position_ids", "mask4d"]
 LOSS_RTOL = 1e-5
-GRAD_RTOL = 1e-4
-MARGIN = 1e-2
 
 
 @pytest.fixture(scope="module", autouse=True)

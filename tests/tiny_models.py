@@ -5,6 +5,15 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+# What the packed-vs-unpacked proofs share: the model's vocabulary, the attention
+# implementations and collator modes they run over, the gradients' tolerance, and how far a
+# negative control must differ (100x the tolerance).
+VOCAB = 97
+IMPLS = ["sdpa", "eager"]
+MODES = ["flash", "position_ids", "mask4d"]
+GRAD_RTOL = 1e-4
+MARGIN = 1e-2
+
 
 def tiny_llama(
     vocab_size: int,
