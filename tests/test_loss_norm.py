@@ -16,7 +16,6 @@ unpacked gradient, token-normalised with the plain ``Trainer``, sequence-normali
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,8 @@ from packcli.collate import (
 LOSS_RTOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny models' matrices run on one torch thread (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- exact weights ---------------------------------------------------------------------------

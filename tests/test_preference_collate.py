@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,12 +36,8 @@ LOGP_RTOL = 1e-5
 BETA = 0.1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny models' matrices run on one torch thread (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- hand-made rows: exact tensors ----------------------------------------------------------

@@ -58,14 +58,8 @@ Segment = tuple[int, int, int]  # (row, start, end) within the row
 # --- fixtures ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Matrices this small gain nothing from threads, and on a busy 2-core machine two
-    OpenMP threads made every matmul ~16 ms instead of ~20 us."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny models' matrices run on one torch thread (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
