@@ -159,19 +159,17 @@ class WorkStore(LocalWork):
 
     def listing(self, under: str = "") -> dict[str, int]:
         """Files under ``under`` (relative to the work folder) with their sizes."""
-        from packcli.fs import listing
-
-        base = self._remote(under)
-        found = self._call(f"list {under or '/'}", lambda: listing(self.fs, base))
-        lead = f"{under.rstrip('/')}/" if under else ""
-        return {lead + rel: int(info.get("size") or 0) for rel, info in found.items()}
+        return self._sizes(self.fs, self._remote(under), under, f"list {under or '/'}")
 
     def out_listing(self, under: str = "") -> dict[str, int]:
         """Files under ``under`` of the remote output, with their sizes."""
+        base = self._out(under) if under else self.out_prefix
+        return self._sizes(self.out_fs, base, under, "list the output")
+
+    def _sizes(self, fs: Any, base: str, under: str, what: str) -> dict[str, int]:
         from packcli.fs import listing
 
-        base = self._out(under) if under else self.out_prefix
-        found = self._call("list the output", lambda: listing(self.out_fs, base))
+        found = self._call(what, lambda: listing(fs, base))
         lead = f"{under.rstrip('/')}/" if under else ""
         return {lead + rel: int(info.get("size") or 0) for rel, info in found.items()}
 
