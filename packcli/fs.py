@@ -537,16 +537,30 @@ def put_output_file(out: Path, work: Path, url: str, rel: str, size: int, sha256
     """Put one finished output file under ``url`` now, while the other files are still
     being written (uploads overlap writing). It is logged as ``upload_output`` logs, so
     ``finalize`` finds it there and does not put it again. The write task has called
-    ``begin_changes`` first."""
+    ``begin_changes`` first. A file the log already has with this content and that is still
+    on the store at that size is not put again (a task killed after the upload and before
+    its record writes the same bytes on the rerun)."""
     fs, prefix = locate(url)
     shown = redact(url)
     try:
+        there = _remote_info(fs, _join(prefix, rel))
+        if _still_there(_uploaded(work, url).get(rel), there, size, rel, lambda _: sha256):
+            return
         fs.put_file(str(out / rel), _join(prefix, rel))
         _log_upload(work, shown, rel, size, sha256)
     except PackcliError:
         raise
     except Exception as exc:
         raise _upload_failed(shown, exc) from exc
+
+
+def _remote_info(fs: Any, path: str) -> dict[str, Any] | None:
+    """The store's info of one file (its size), or None when it is not there."""
+    fs.invalidate_cache(path)
+    try:
+        return dict(fs.info(path))
+    except FileNotFoundError:
+        return None
 
 
 def _upload_failed(shown: str, exc: Exception) -> PackcliError:

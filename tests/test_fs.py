@@ -210,6 +210,27 @@ def test_killed_remote_run_resumes_to_identical_bytes(
     assert invoke("verify", out)[0] == 0
 
 
+def test_a_parquet_file_up_before_its_record_is_not_put_again(
+    corpus: Path, reference: dict[str, str], toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    """A write task killed after it uploaded a file and before it wrote the file's record:
+    the rerun writes the same bytes again, finds them logged and on the store, and does
+    not put them a second time."""
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    work = tmp_path / "stage"
+    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
+    args += ["--work-dir", work, *cfg(corpus)]
+    invoke_ok(*args)
+    log = work / ".packcli" / packfs.UPLOAD_LOG
+    (work / ".packcli" / "write" / "long-00001.json").unlink()  # as if killed before it
+    invoke_ok(*args)
+    put = [json.loads(line)["file"] for line in log.read_text().splitlines()]
+    assert put.count("data/long/train-00001-of-00003.parquet") == 1
+    assert remote_hashes(out) == reference
+    assert "packcli.json" in remote_files(out)
+
+
 def _sizes(url: str) -> dict[str, int]:
     fs, prefix = packfs.locate(url)
     fs.invalidate_cache()

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from packcli.arrow_np import to_numpy
 from packcli.atomic import atomic_path, atomic_write_json
+from packcli.atomic import atomic_write_bytes as atomic_write_bytes  # re-export: its old home
 from packcli.errors import PackcliError
 
 SHARD_SCHEMA = pa.schema(
