@@ -14,154 +14,191 @@ from typing import Any
 import pytest
 from clirun import invoke
 
-from packcli.cli import options
-from packcli.config import (
-    ChatConfig,
+from packcli.cli.flags import (
     ChatFlags,
-    PlanConfig,
     PlanFlags,
-    ReadConfig,
     ReadFlags,
-    RunConfig,
     RunFlags,
-    TokenizeConfig,
+    SourceFlags,
     TokenizeFlags,
     config_from_flags,
 )
+from packcli.config import ChatConfig, PlanConfig, ReadConfig, RunConfig, TokenizeConfig
+
+SECTIONS = [
+    ("read", ReadFlags, ReadConfig),
+    ("tokenize", TokenizeFlags, TokenizeConfig),
+    ("chat", ChatFlags, ChatConfig),
+    ("plan", PlanFlags, PlanConfig),
+]
 
 
-@pytest.mark.parametrize(
-    ("flags", "config"),
-    [
-        (ReadFlags, ReadConfig),
-        (TokenizeFlags, TokenizeConfig),
-        (ChatFlags, ChatConfig),
-        (PlanFlags, PlanConfig),
-    ],
-)
-def test_flag_fields_are_config_fields(flags: type, config: type) -> None:
+@pytest.mark.parametrize(("section", "flags", "config"), SECTIONS)
+def test_flag_fields_are_config_fields(section: str, flags: type, config: type) -> None:
     """A field renamed on one side only would otherwise fail at run time ("unknown key")."""
     names = {f.name for f in dataclasses.fields(flags)}
     assert names <= {f.name for f in dataclasses.fields(config)}
 
 
-def _help(alias: Any) -> str:
-    return typing.get_args(alias)[1].help
+def _help(flags: type, field: str) -> str:
+    return typing.get_args(typing.get_type_hints(flags, include_extras=True)[field])[1].help
 
 
-def _bracket(alias: Any) -> str:
-    return re.findall(r"\[([^\]]*)\]", _help(alias))[-1]
+def _bracket(flags: type, field: str) -> str:
+    return re.findall(r"\[([^\]]*)\]", _help(flags, field))[-1]
+
+
+def _defaults(fmt: str) -> RunConfig:
+    return config_from_flags(
+        None, RunFlags(out="o", source=SourceFlags(inputs=[], chat=ChatFlags(format=fmt)))
+    )
+
+
+# Defaults the help says in words (a size, "the tokenizer's own template") or has none.
+WORDED = {"split_bytes", "tokenizer", "chat_template"}
 
 
 @pytest.mark.parametrize(
-    ("alias", "section", "field"),
+    ("section", "flags", "field"),
     [
-        (options.TextField, "read", "text_field"),
-        (options.BatchSize, "read", "batch_size"),
-        (options.OnBadLine, "read", "on_bad_line"),
-        (options.InputFormat, "read", "input_format"),
-        (options.Bos, "tokenize", "bos"),
-        (options.Backend, "tokenize", "backend"),
-        (options.NumProc, "tokenize", "num_proc"),
-        (options.SpecialInText, "tokenize", "special_in_text"),
-        (options.Format, "chat", "format"),
-        (options.MessagesField, "chat", "messages_field"),
-        (options.TrainOn, "chat", "train_on"),
-        (options.ShortLen, "plan", "short_len"),
-        (options.LongLen, "plan", "long_len"),
-        (options.Algorithm, "plan", "algorithm"),
-        (options.Seed, "plan", "seed"),
-        (options.Balance, "plan", "balance"),
+        (section, flags, f.name)
+        for section, flags, _ in SECTIONS
+        for f in dataclasses.fields(flags)
+        if f.name not in WORDED
     ],
 )
-def test_help_states_the_default_the_config_applies(alias: Any, section: str, field: str) -> None:
-    cfg = config_from_flags(None, RunFlags(out="o"))
-    assert _bracket(alias) == str(getattr(getattr(cfg, section), field))
+def test_help_states_the_default_the_config_applies(section: str, flags: type, field: str) -> None:
+    """Every section flag's help ends with the default the config applies; where chat and
+    preference data default differently (--eos, --overlong) it says both (it said only the text
+    default, wrong for chat)."""
+    if field == "format":  # the one flag that chooses the data, not a default of it
+        assert _bracket(flags, field) == RunConfig().chat.format
+        return
+    values = {fmt: getattr(getattr(_defaults(fmt), section), field) for fmt in ("text", "chat")}
+    assert values["chat"] == getattr(getattr(_defaults("preference"), section), field)
+    if values["chat"] == values["text"]:
+        expected = str(values["text"])
+    else:
+        expected = f"{values['text']}; chat and preference: {values['chat']}"
+    assert _bracket(flags, field) == expected
 
 
-@pytest.mark.parametrize(
-    ("alias", "section", "field"),
-    [(options.Eos, "tokenize", "eos"), (options.Overlong, "plan", "overlong")],
-)
-def test_help_states_text_and_chat_defaults(alias: Any, section: str, field: str) -> None:
-    """--eos and --overlong default differently for chat and preference data: the help says both
-    (it said only the text default, wrong for chat)."""
-    values = {}
-    for fmt in ("text", "chat", "preference"):
-        cfg = config_from_flags(None, RunFlags(out="o", chat=ChatFlags(format=fmt)))
-        values[fmt] = getattr(getattr(cfg, section), field)
-    assert values["chat"] == values["preference"] != values["text"]
-    assert _bracket(alias) == f"{values['text']}; chat and preference: {values['chat']}"
-
-
-def test_every_pack_flag_reaches_its_config_field(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Each flag given a value other than its default arrives in the RunConfig pack runs with."""
-    import packcli.stages.run
-
-    seen: list[RunConfig] = []
-
-    def fake_run_pack(cfg: RunConfig, **kwargs: Any) -> Any:
-        seen.append(cfg)
-        raise SystemExit(0)
-
-    monkeypatch.setattr(packcli.stages.run, "run_pack", fake_run_pack)
-    flags = {
-        "--tokenizer": "tok.json",
-        "--text-field": "body",
-        "--eos": "7",
-        "--bos": "<s>",
-        "--short-len": "100",
-        "--long-len": "1000",
-        "--overlong": "truncate",
-        "--algorithm": "ffd",
-        "--seed": "5",
-        "--balance": "attention",
-        "--batch-size": "3",
-        "--tokenizer-backend": "hf",
-        "--num-proc": "2",
-        "--special-in-text": "special",
-        "--on-bad-line": "skip",
-        "--split-bytes": "0",
-        "--input-format": "jsonl",
-        "--format": "chat",
-        "--messages-field": "turns",
-        "--chat-template": "chatml",
-        "--train-on": "last",
-        "--work-dir": str(tmp_path / "work"),
+def test_the_help_says_both_defaults_where_chat_differs() -> None:
+    """The negative side of the test above: chat changes exactly these two defaults."""
+    differ = {
+        field
+        for section, flags, _ in SECTIONS
+        for field in (f.name for f in dataclasses.fields(flags))
+        if field != "format"
+        and getattr(getattr(_defaults("text"), section), field)
+        != getattr(getattr(_defaults("chat"), section), field)
     }
-    out = str(tmp_path / "out")
-    invoke("pack", "a.jsonl", "b.jsonl", "-o", out, *[x for kv in flags.items() for x in kv])
-    [cfg] = seen
-    assert (cfg.out, cfg.work_dir) == (out, flags["--work-dir"])
-    assert cfg.read == ReadConfig(
+    assert differ == {"eos", "overlong"}
+
+
+SOURCE_FLAGS = {
+    "--tokenizer": "tok.json",
+    "--text-field": "body",
+    "--eos": "7",
+    "--bos": "<s>",
+    "--batch-size": "3",
+    "--tokenizer-backend": "hf",
+    "--num-proc": "2",
+    "--special-in-text": "special",
+    "--on-bad-line": "skip",
+    "--split-bytes": "0",
+    "--input-format": "jsonl",
+    "--format": "chat",
+    "--messages-field": "turns",
+    "--chat-template": "chatml",
+    "--train-on": "last",
+}
+PLAN_FLAGS = {
+    "--short-len": "100",
+    "--long-len": "1000",
+    "--overlong": "truncate",
+    "--algorithm": "ffd",
+    "--seed": "5",
+    "--balance": "attention",
+}
+SOURCE_CONFIG = {
+    "read": ReadConfig(
         inputs=("a.jsonl", "b.jsonl"),
         text_field="body",
         batch_size=3,
         on_bad_line="skip",
         split_bytes=0,
         input_format="jsonl",
-    )
-    assert cfg.tokenize == TokenizeConfig(
+    ),
+    "tokenize": TokenizeConfig(
         tokenizer="tok.json",
         eos=7,
         bos="<s>",
         backend="hf",
         num_proc=2,
         special_in_text="special",
-    )
-    assert cfg.chat == ChatConfig(
+    ),
+    "chat": ChatConfig(
         format="chat", messages_field="turns", chat_template="chatml", train_on="last"
+    ),
+}
+PLAN_CONFIG = PlanConfig(
+    short_len=100, long_len=1000, overlong="truncate", algorithm="ffd", seed=5, balance="attention"
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "inputs", "flags", "sections"),
+    [
+        (
+            "pack",
+            ["a.jsonl", "b.jsonl"],
+            {**SOURCE_FLAGS, **PLAN_FLAGS},
+            {**SOURCE_CONFIG, "plan": PLAN_CONFIG},
+        ),
+        # --format chat: the plan's chat default (a dialogue is never split)
+        (
+            "tokenize",
+            ["a.jsonl", "b.jsonl"],
+            SOURCE_FLAGS,
+            {**SOURCE_CONFIG, "plan": PlanConfig(overlong="drop")},
+        ),
+        ("plan", [], PLAN_FLAGS, {"plan": PLAN_CONFIG}),
+    ],
+)
+def test_every_flag_reaches_its_config_field(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    command: str,
+    inputs: list[str],
+    flags: dict[str, str],
+    sections: dict[str, Any],
+) -> None:
+    """Each flag of a command given a value other than its default arrives in the RunConfig
+    the command runs with (the sections it has no flags for keep their defaults)."""
+    import packcli.stages.plan
+    import packcli.stages.run
+    import packcli.stages.work
+
+    seen: list[RunConfig] = []
+
+    def stop(cfg: RunConfig, **kwargs: Any) -> Any:
+        seen.append(cfg)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(packcli.stages.run, "run_pack", stop)
+    monkeypatch.setattr(packcli.stages.work, "check_output", stop)
+    monkeypatch.setattr(packcli.stages.plan, "plan_stage", stop)
+    work = str(tmp_path / "work")
+    out = str(tmp_path / "out")
+    invoke(
+        command, *inputs, "-o", out, "--work-dir", work, *[x for kv in flags.items() for x in kv]
     )
-    assert cfg.plan == PlanConfig(
-        short_len=100,
-        long_len=1000,
-        overlong="truncate",
-        algorithm="ffd",
-        seed=5,
-        balance="attention",
-    )
+    [cfg] = seen
+    assert (cfg.out, cfg.work_dir) == (out, work)
+    default = RunConfig()
+    for name in ("read", "tokenize", "chat", "plan"):
+        assert getattr(cfg, name) == sections.get(name, getattr(default, name)), name
 
 
 def test_cli_import_loads_neither_numpy_nor_pyarrow() -> None:

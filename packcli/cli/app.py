@@ -17,6 +17,7 @@ import typer
 
 from packcli import __version__
 from packcli.cli import examine, pack, publish
+from packcli.cli.options import grouped
 from packcli.errors import PackcliError
 
 app = typer.Typer(
@@ -81,7 +82,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None], str], ...] = (
     ("inspect", examine.inspect_command, examine.INSPECT_EPILOG),
 )
 for _name, _func, _epilog in COMMANDS:
-    app.command(_name, epilog=_epilog)(_errors_to_exit(_func))
+    app.command(_name, epilog=_epilog)(_errors_to_exit(grouped(_func)))
 
 
 def main() -> None:

@@ -1,11 +1,11 @@
 """The commands that make an output: ``pack`` (all stages) and its four stages, ``tokenize``,
 ``plan``, ``write`` and ``finalize``, each one task of a cluster job.
 
-Flags become a ``RunFlags`` (typed, one dataclass per config section) and then the
-``RunConfig`` (``packcli.config.config_from_flags``); e.g. ``--short-len`` travels as
-``PlanFlags.short_len`` to ``PlanConfig.short_len``, which the planner reads. Heavy modules
-(the pipeline, numpy, pyarrow) are imported inside the commands so ``packcli --help`` stays
-fast.
+A command takes a config section's flags as one typed value (``packcli.cli.flags``); they
+become a ``RunFlags`` and then the ``RunConfig`` (``config_from_flags``); e.g. ``--short-len``
+travels as ``PlanFlags.short_len`` to ``PlanConfig.short_len``, which the planner reads.
+Heavy modules (the pipeline, numpy, pyarrow) are imported inside the commands so ``packcli
+--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -17,31 +17,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from packcli.cli.flags import PlanFlags, RunFlags, SourceFlags, config_from_flags
 from packcli.cli.options import (
     ConfigFile,
-    DocumentOptions,
-    EncodeOptions,
-    Inputs,
     NumTasks,
     Out,
-    PlanOptions,
     Quiet,
     TaskIndex,
-    TokenizerOpt,
     TokensPerStep,
     WorkDir,
-    grouped,
 )
-from packcli.config import (
-    TOKENS_PER_STEP,
-    ChatFlags,
-    PlanFlags,
-    ReadFlags,
-    RunConfig,
-    RunFlags,
-    TokenizeFlags,
-    config_from_flags,
-)
+from packcli.config import TOKENS_PER_STEP, RunConfig
 from packcli.errors import ConfigError
 from packcli.stages.tasks import resolve_task
 
@@ -69,13 +55,6 @@ WRITE_EPILOG = "Examples:\n\n  packcli write -o out/ --task-index 0 --num-tasks 
 FINALIZE_EPILOG = "Examples:\n\n  packcli finalize -o out/ && packcli verify out/"
 
 
-def _special(value: str | None) -> str | int | None:
-    """``--eos``/``--bos``: a token id when all digits, else a token string or a keyword."""
-    if value is None:
-        return None
-    return int(value) if value.isdigit() else value
-
-
 def _positive(value: int, flag: str) -> int:
     if value < 1:
         raise ConfigError(f"{flag} must be >= 1, got {value}")
@@ -89,67 +68,12 @@ def _command() -> str:
     return redact_text("packcli " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 
-def _source_flags(
-    out: str,
-    work_dir: str | None,
-    inputs: list[str],
-    tokenizer: str | None,
-    document: DocumentOptions,
-    encode: EncodeOptions,
-    plan: PlanOptions | None = None,
-) -> RunFlags:
-    """The flags of ``pack`` and ``tokenize`` (and ``pack``'s plan flags), by config section."""
-    return RunFlags(
-        out=out,
-        work_dir=work_dir,
-        read=ReadFlags(
-            inputs=tuple(inputs),
-            text_field=document.text_field,
-            batch_size=encode.batch_size,
-            on_bad_line=encode.on_bad_line,
-            split_bytes=encode.split_bytes,
-            input_format=encode.input_format,
-        ),
-        tokenize=TokenizeFlags(
-            tokenizer=tokenizer,
-            eos=_special(document.eos),
-            bos=_special(document.bos),
-            backend=encode.tokenizer_backend,
-            num_proc=encode.num_proc,
-            special_in_text=encode.special_in_text,
-        ),
-        chat=ChatFlags(
-            format=encode.format_,
-            messages_field=encode.messages_field,
-            chat_template=encode.chat_template,
-            train_on=encode.train_on,
-        ),
-        plan=_plan_flags(plan),
-    )
-
-
-def _plan_flags(plan: PlanOptions | None) -> PlanFlags:
-    if plan is None:
-        return PlanFlags()
-    return PlanFlags(
-        short_len=plan.short_len,
-        long_len=plan.long_len,
-        overlong=plan.overlong,
-        algorithm=plan.algorithm,
-        seed=plan.seed,
-        balance=plan.balance,
-    )
-
-
-@grouped
 def pack_command(
-    inputs: Inputs,
+    *,
     out: Out,
-    tokenizer: TokenizerOpt = None,
     config: ConfigFile = None,
-    document: DocumentOptions = DocumentOptions(),
-    plan: PlanOptions = PlanOptions(),
-    encode: EncodeOptions = EncodeOptions(),
+    source: SourceFlags,
+    plan: PlanFlags = PlanFlags(),
     work_dir: WorkDir = None,
     overwrite: Annotated[
         bool, typer.Option(help="Allow writing into a non-empty folder that is not ours.")
@@ -173,7 +97,7 @@ def pack_command(
     from packcli.stages.executors import Executor
     from packcli.stages.run import run_pack
 
-    flags = _source_flags(out, work_dir, inputs, tokenizer, document, encode, plan)
+    flags = RunFlags(out=out, work_dir=work_dir, source=source, plan=plan)
     cfg = config_from_flags(config, flags)
     result = run_pack(
         cfg,
@@ -218,14 +142,11 @@ def _echo_pack_result(cfg: RunConfig, result: RunResult) -> None:
     typer.echo(f"wrote     {out}  (load with datasets.load_dataset({out!r}, 'long'))")
 
 
-@grouped
 def tokenize_command(
-    inputs: Inputs,
+    *,
     out: Out,
-    tokenizer: TokenizerOpt = None,
     config: ConfigFile = None,
-    document: DocumentOptions = DocumentOptions(),
-    encode: EncodeOptions = EncodeOptions(),
+    source: SourceFlags,
     work_dir: WorkDir = None,
     task_index: TaskIndex = None,
     num_tasks: NumTasks = None,
@@ -237,7 +158,7 @@ def tokenize_command(
     from packcli.stages.tokenize import tokenize_task
     from packcli.stages.work import check_output, claim_output
 
-    flags = _source_flags(out, work_dir, inputs, tokenizer, document, encode)
+    flags = RunFlags(out=out, work_dir=work_dir, source=source)
     cfg = config_from_flags(config, flags)
     index, count = resolve_task(task_index, num_tasks)
     check_output(cfg)
@@ -251,11 +172,10 @@ def tokenize_command(
     typer.echo(f"tokenize task {index} of {count} done" + (" (reused)" if reused else ""))
 
 
-@grouped
 def plan_command(
     out: Out,
     config: ConfigFile = None,
-    plan: PlanOptions = PlanOptions(),
+    plan: PlanFlags = PlanFlags(),
     work_dir: WorkDir = None,
     quiet: Quiet = False,
 ) -> None:
@@ -264,7 +184,7 @@ def plan_command(
     from packcli.stages.lock import hold
     from packcli.stages.plan import plan_stage
 
-    flags = RunFlags(out=out, work_dir=work_dir, plan=_plan_flags(plan))
+    flags = RunFlags(out=out, work_dir=work_dir, plan=plan)
     cfg = config_from_flags(config, flags)
     with hold(cfg.out_path, cfg.work_path):
         planned, _ = plan_stage(cfg, quiet=quiet)
