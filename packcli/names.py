@@ -25,7 +25,7 @@ INPUT_FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "arrow", "hf-disk"
 ``save_to_disk`` folder is read as one); the others force it (``packcli/read/columnar.py``)."""
 
 BAD_LINE_POLICIES: tuple[str, ...] = ("error", "skip")
-"""Values of ``--on-bad-line`` (``iter_batches(on_bad_line=...)``)."""
+"""Values of ``--on-bad-line`` (``ReadOptions.on_bad_line``)."""
 
 BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "gigatoken")
 """Tokenizer backends of ``--backend``: ``auto`` picks the fastest that matches HF exactly."""

@@ -91,7 +91,7 @@ def test_small_pack_does_not_import_pandas_numba_or_datasets(
         from pathlib import Path
         from packcli.config import PlanConfig, WriteConfig
         from packcli.tokenize.encode import batch_to_record_batch
-        from packcli.read import iter_batches
+        from packcli.read import ReadOptions, iter_batches
         from packcli.atomic import atomic_write_json
         from packcli.tokenize.shards import ShardWriter, TokenShards, SUCCESS
         from packcli.pack.plan import plan_two_tier
@@ -99,7 +99,7 @@ def test_small_pack_does_not_import_pandas_numba_or_datasets(
         from packcli.publish.card import render_card
         folder = Path({str(tmp_path / "tokens")!r})
         with ShardWriter(folder, 1 << 20) as w:
-            for b in iter_batches([Path({str(corpus)!r})], "text", 64):
+            for b in iter_batches([Path({str(corpus)!r})], "text", ReadOptions(64)):
                 lengths = np.array([len(t) for t in b.texts], dtype=np.int64)
                 ids = np.concatenate([np.frombuffer(t.encode(), np.uint8) for t in b.texts])
                 w.add(batch_to_record_batch(b, ids.astype(np.int32), lengths))

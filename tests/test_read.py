@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import json
 import os
@@ -19,6 +20,7 @@ from packcli.errors import InputError
 from packcli.read import (
     BadLineError,
     DocBatch,
+    ReadOptions,
     ReadStats,
     RejectSink,
     iter_batches,
@@ -44,7 +46,11 @@ def _write(path: Path, data: bytes) -> Path:
 def _read_all(
     paths: Sequence[Path], batch_size: int = 1024, stats: ReadStats | None = None, **kw: Any
 ) -> list[DocBatch]:
-    return list(iter_batches(paths, batch_size=batch_size, stats=stats, **kw))
+    """``iter_batches`` with ``ReadOptions``' fields as keywords too."""
+    names = {f.name for f in dataclasses.fields(ReadOptions)}
+    options = ReadOptions(batch_size, **{k: v for k, v in kw.items() if k in names})
+    rest = {k: v for k, v in kw.items() if k not in names}
+    return list(iter_batches(paths, options=options, stats=stats, **rest))
 
 
 def _docs(batches: list[DocBatch]) -> list[tuple[int, int, int, str]]:
@@ -237,7 +243,7 @@ def test_error_line_in_second_file(tmp_path: Path) -> None:
 
 def test_earlier_batches_are_yielded_before_error(tmp_path: Path) -> None:
     path = _write(tmp_path / "a.jsonl", _jsonl(["a", "b", "c"]) + b"oops\n")
-    it = iter_batches([path], batch_size=1)
+    it = iter_batches([path], options=ReadOptions(batch_size=1))
     assert next(it).texts == ["a"]
     assert next(it).texts == ["b"]
     with pytest.raises(InputError, match=r"a\.jsonl:4: invalid JSON"):

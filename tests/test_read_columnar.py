@@ -25,6 +25,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from packcli.errors import InputError
 from packcli.read import (
     BadLineError,
+    ReadOptions,
     ReadStats,
     RejectSink,
     group_ranges,
@@ -254,7 +255,9 @@ def test_reader_counts_rows_and_batches_like_jsonl(tmp_path: Path) -> None:
     stats = ReadStats()
     with RejectSink(tmp_path / "rejected.jsonl") as sink:
         batches = list(
-            iter_columnar([path], "parquet", "text", 10, stats, on_bad_line="skip", rejects=sink)
+            iter_columnar(
+                [path], "parquet", "text", ReadOptions(10, on_bad_line="skip", rejects=sink), stats
+            )
         )
     assert [len(b.texts) for b in batches] == [10, 10, 10, 7]
     got = [(int(r), t) for b in batches for r, t in zip(b.line, b.texts, strict=True)]
@@ -262,11 +265,11 @@ def test_reader_counts_rows_and_batches_like_jsonl(tmp_path: Path) -> None:
     assert (stats.documents, stats.lines, stats.files) == (37, 40, 1)
     # A range of row groups: rows count from the range, errors name the file's row.
     stats = ReadStats()
-    batches = list(iter_columnar([path], "parquet", "text", 100, stats, groups=(1, 2)))
+    batches = list(iter_columnar([path], "parquet", "text", ReadOptions(100), stats, groups=(1, 2)))
     assert stats.rows_before == 8 and batches[0].line.tolist() == list(range(8))
     assert batches[0].texts == texts[8:16]
     with pytest.raises(BadLineError, match=r"row 33: field 'text'") as info:
-        list(iter_columnar([path], "parquet", "text", 100, groups=(4, 5)))
+        list(iter_columnar([path], "parquet", "text", ReadOptions(100), groups=(4, 5)))
     assert (info.value.line, info.value.reason) == (33, "not_string")
 
 
@@ -278,7 +281,7 @@ def test_parquet_is_streamed_not_loaded(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": texts}), path, compression="none", row_group_size=10**6)
     assert pq.ParquetFile(path).metadata.num_row_groups == 1
     peak = n = 0
-    for batch in iter_columnar([path], "parquet", "text", 256):
+    for batch in iter_columnar([path], "parquet", "text", ReadOptions(256)):
         peak = max(peak, pa.total_allocated_bytes())
         assert batch.texts[0] == texts[n]
         n += len(batch.texts)

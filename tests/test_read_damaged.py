@@ -22,7 +22,7 @@ import pytest
 import zstandard
 from clirun import invoke
 
-from packcli.read import BadLineError, ReadStats, RejectSink, iter_batches
+from packcli.read import BadLineError, ReadOptions, ReadStats, RejectSink, iter_batches
 from packcli.tokenize.shards import sha256_file
 
 SMALL = ["--short-len", "64", "--long-len", "1024", "--quiet"]
@@ -50,7 +50,9 @@ def _read(
     stats = ReadStats()
     docs = [
         (int(b.file_index[i]), int(b.line[i]), t)
-        for b in iter_batches(paths, stats=stats, on_bad_line=on_bad_line, rejects=rejects)
+        for b in iter_batches(
+            paths, options=ReadOptions(on_bad_line=on_bad_line, rejects=rejects), stats=stats
+        )
         for i, t in enumerate(b.texts)
     ]
     return docs, stats

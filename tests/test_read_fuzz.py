@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packcli.errors import InputError
-from packcli.read import BadLineError, ReadStats, RejectSink, iter_batches
+from packcli.read import BadLineError, ReadOptions, ReadStats, RejectSink, iter_batches
 
 _json_leaf = st.one_of(
     st.none(),
@@ -144,7 +144,9 @@ def test_every_line_is_accounted_for(
         with RejectSink(sink_path) as sink:
             batches = list(
                 iter_batches(
-                    [path], batch_size=batch_size, stats=stats, on_bad_line="skip", rejects=sink
+                    [path],
+                    options=ReadOptions(batch_size, on_bad_line="skip", rejects=sink),
+                    stats=stats,
                 )
             )
         records = []
@@ -170,7 +172,9 @@ def test_every_line_is_accounted_for(
             assert text.encode("utf-8")  # never a lone surrogate
 
         try:
-            error_docs = sum(len(b.texts) for b in iter_batches([path], batch_size=batch_size))
+            error_docs = sum(
+                len(b.texts) for b in iter_batches([path], options=ReadOptions(batch_size))
+            )
         except BadLineError as err:
             first = records[0]
             assert (err.file, err.line, err.reason) == (str(path), first["line"], first["reason"])

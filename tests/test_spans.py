@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from packcli.cli import app
 from packcli.read import (
     BadLineError,
+    ReadOptions,
     ReadStats,
     RejectSink,
     count_newlines,
@@ -59,7 +60,10 @@ def read_in_spans(path: Path, split: int, policy: str, sink: RejectSink | None =
     for span in spans:
         stats = ReadStats()
         for batch in iter_batches(
-            [path], batch_size=5, stats=stats, on_bad_line=policy, rejects=sink, span=span
+            [path],
+            options=ReadOptions(5, on_bad_line=policy, rejects=sink),
+            stats=stats,
+            span=span,
         ):
             texts += batch.texts
             lines += (batch.line + total.lines).tolist()

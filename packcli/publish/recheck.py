@@ -22,7 +22,7 @@ import numpy as np
 
 from packcli.errors import PackcliError, VerifyError
 from packcli.fs import as_input, input_entry
-from packcli.read import ReadStats, iter_batches
+from packcli.read import ReadStats
 from packcli.tokenize.backends import HFEncoder
 from packcli.tokenize.encode import assemble
 
@@ -56,24 +56,14 @@ def _sample(
 ) -> list[tuple[int, int, Any]]:
     """(doc id, line, text or dialogue) of the first documents of ``path`` and of the
     document at ``largest_line`` (which may be further in; a row for Parquet/Arrow)."""
-    from packcli.stages.units import read_unit, record_validator
+    from packcli.stages.units import read_unit
 
     picked: list[tuple[int, int, Any]] = []
-    if fmt != "jsonl":
-        unit = {"path": str(path), "span": None, "format": fmt}
-        batches = read_unit(cfg, unit, cfg.read.batch_size, ReadStats())
-    else:
-        batches = iter_batches(
-            [path],
-            cfg.read.text_field,
-            cfg.read.batch_size,
-            on_bad_line=cfg.read.on_bad_line,
-            rejects=None,
-            validate=record_validator(cfg),
-            # The run verified this file's compressed stream and it is unchanged since (a
-            # damaged one is skipped above): no need to decompress all of it first.
-            verify_streams=False,
-        )
+    # A quick look (``sample``): the run verified this file's compressed stream and it is
+    # unchanged since (a damaged one is skipped above), so no need to decompress all of it
+    # first.
+    unit = {"path": str(path), "span": None, "format": fmt}
+    batches = read_unit(cfg, unit, cfg.read.batch_size, ReadStats(), sample=True)
     for batch in batches:
         for k, text in enumerate(batch.texts):
             doc, line = batch.doc_id_start + k, int(batch.line[k])

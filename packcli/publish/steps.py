@@ -88,11 +88,8 @@ def plan_steps(
         rows_per_step = max(1, round(target / samples_per_row))
     rows_per_step = min(rows_per_step, rows)  # one step cannot take more than the epoch
     documents_per_step = rows_per_step * samples_per_row
-    unpacked = (
-        unpacked_batch_size
-        if unpacked_batch_size is not None
-        else max(1, round(documents_per_step))
-    )
+    # Given (validated >= 1 above), or the packed step's documents.
+    unpacked = unpacked_batch_size or max(1, round(documents_per_step))
     return StepPlan(
         rows=rows,
         documents=documents,

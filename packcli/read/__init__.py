@@ -15,7 +15,7 @@ The modules follow the data:
 
 from __future__ import annotations
 
-from packcli.read.batches import DocBatch, ReadStats
+from packcli.read.batches import DocBatch, ReadOptions, ReadStats
 from packcli.read.columnar import check_columns, group_ranges, iter_columnar, split_groups
 from packcli.read.formats import file_format, splittable, suffix_format
 from packcli.read.hub import parse_hub_spec
@@ -27,6 +27,7 @@ from packcli.read.spans import count_newlines, split_spans
 __all__ = [
     "BadLineError",
     "DocBatch",
+    "ReadOptions",
     "ReadStats",
     "RejectSink",
     "check_columns",

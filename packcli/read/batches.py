@@ -1,10 +1,11 @@
 """Documents into batches: ``DocBatch`` (what the readers yield), ``ReadStats`` (what they
-count), ``Batches`` (the batch being filled) and ``FileReader``, what the jsonl and columnar
-readers share, so both cut batches, number documents, count and report progress alike."""
+count), ``ReadOptions`` (what they are told), ``Batches`` (the batch being filled) and
+``FileReader``, what the jsonl and columnar readers share, so both cut batches, number
+documents, count, refuse records and report progress alike."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,21 +140,40 @@ class Batches:
         return batch
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """What both readers (jsonl: ``iter_batches``; Parquet/Arrow: ``iter_columnar``) are told.
+
+    ``batch_size``: documents a batch; every batch but a file list's last holds exactly this
+    many, unless ``batch_bytes`` (> 0) ends it early: a batch closes once its records reach
+    that many bytes, so a run of huge documents cannot make one batch of gigabytes (the
+    tokenizer turns a batch into Python lists of ~40 bytes a token).
+
+    ``on_bad_line``: a bad record ``"error"`` raises ``BadLineError`` (an ``InputError``)
+    ``"file:line: reason"``; ``"skip"`` counts it by reason in ``ReadStats.rejected``, passes it
+    to ``rejects`` (if given) and reading goes on.
+
+    ``validate`` replaces the text-field rule for other record kinds (chat, preference): it
+    gets the parsed record and returns the value to put in ``DocBatch.texts``, or raises
+    ``ValueError`` whose message is the reason (reason key ``bad_record``).
+    """
+
+    batch_size: int = 1024
+    batch_bytes: int = 0
+    on_bad_line: str = "error"
+    rejects: RejectSink | None = None
+    validate: Callable[[Any], Any] | None = None
+
+
 class FileReader:
     """One read over a list of files: the batches, the counters and the bad-line policy
     shared by every file; a subclass reads one file (``file``)."""
 
-    def __init__(
-        self,
-        batch_size: int,
-        batch_bytes: int,
-        stats: ReadStats | None,
-        on_bad_line: str,
-        rejects: RejectSink | None,
-    ) -> None:
+    def __init__(self, options: ReadOptions, stats: ReadStats | None) -> None:
         self.stats = stats if stats is not None else ReadStats()
-        self.batches = Batches(batch_size, batch_bytes, self.stats)
-        self.bad = BadLines(on_bad_line, self.stats.rejected, rejects)
+        self.batches = Batches(options.batch_size, options.batch_bytes, self.stats)
+        self.bad = BadLines(options.on_bad_line, self.stats.rejected, options.rejects)
+        self.validate = options.validate
 
     def read(self, paths: Sequence[Path]) -> Iterator[DocBatch]:
         """Every file in order, then the last, partial batch."""

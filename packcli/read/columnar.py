@@ -39,7 +39,7 @@ import itertools
 import json
 import operator
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,8 @@ import pyarrow as pa
 from packcli.errors import InputError
 from packcli.fs import is_url, open_arrow
 from packcli.read.bad_lines import check_document
-from packcli.read.batches import DocBatch, FileReader, ReadStats
-from packcli.read.rejects import BadLineError, RejectSink
+from packcli.read.batches import DocBatch, FileReader, ReadOptions, ReadStats
+from packcli.read.rejects import BadLineError
 
 _ARROW_FILE_MAGIC = b"ARROW1"
 _PARQUET_BUFFER = 1 << 20  # bytes of a column chunk read at a time
@@ -261,21 +261,17 @@ def iter_columnar(
     paths: Sequence[Path],
     fmt: str,
     column: str,
-    batch_size: int = 1024,
+    options: ReadOptions = ReadOptions(),
     stats: ReadStats | None = None,
     *,
-    on_bad_line: str = "error",
-    rejects: RejectSink | None = None,
-    validate: Callable[[Any], Any] | None = None,
     groups: tuple[int, int] | None = None,
-    batch_bytes: int = 0,
     option: str = "--text-field",
 ) -> Iterator[DocBatch]:
     """Stream the documents of Parquet or Arrow IPC files, as ``read.iter_batches`` does for
     jsonl: same batches, same ``stats`` and the same bad-record policy, with a row (0-based)
     where jsonl has a line.
 
-    A document is a row whose ``column`` holds a non-empty string; with ``validate`` (chat)
+    A document is a row whose ``column`` holds a non-empty string; with ``options.validate``
     the row's value goes through it as ``{column: value}`` and a ``ValueError`` is a
     ``bad_record``. ``groups=(start, stop)`` reads only those row groups (Arrow: record
     batches) of a single file: rows in batches, ``stats`` and ``rejects`` then count from
@@ -284,9 +280,9 @@ def iter_columnar(
     """
     if groups is not None and len(paths) != 1:
         raise ValueError("groups needs exactly one file")
-    reader = _ColumnarRead(batch_size, batch_bytes, stats, on_bad_line, rejects)
+    reader = _ColumnarRead(options, stats)
     reader.fmt, reader.column, reader.option = fmt, column, option
-    reader.validate, reader.groups = validate, groups
+    reader.groups = groups
     yield from reader.read(paths)
 
 
@@ -296,7 +292,6 @@ class _ColumnarRead(FileReader):
     fmt: str
     column: str
     option: str
-    validate: Callable[[Any], Any] | None
     groups: tuple[int, int] | None
 
     def file(self, file_index: int, path: Path) -> Iterator[DocBatch]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -49,7 +49,7 @@ import orjson
 from packcli.errors import InputError
 from packcli.fs import is_url, open_binary, opened_size, spool
 from packcli.read.bad_lines import diagnose
-from packcli.read.batches import DocBatch, FileReader, ReadStats
+from packcli.read.batches import DocBatch, FileReader, ReadOptions, ReadStats
 from packcli.read.formats import compression, splittable
 from packcli.read.rejects import BadLineError, RejectSink
 from packcli.read.spans import LineBase
@@ -72,33 +72,20 @@ _BOM = b"\xef\xbb\xbf"
 def iter_batches(
     paths: Sequence[Path],
     text_field: str = "text",
-    batch_size: int = 1024,
+    options: ReadOptions = ReadOptions(),
     stats: ReadStats | None = None,
     *,
-    on_bad_line: str = "error",
-    rejects: RejectSink | None = None,
-    validate: Callable[[Any], Any] | None = None,
     span: tuple[int, int] | None = None,
-    batch_bytes: int = 0,
     verify_streams: bool = True,
 ) -> Iterator[DocBatch]:
-    """Stream the documents of ``paths`` (in the given order) in batches of ``batch_size``.
+    """Stream the documents of ``paths`` (in the given order) in batches (``options``: their
+    size, the bad-line policy, the record rule).
 
     A document is a line holding a JSON object whose top-level ``text_field`` is a non-empty
-    string. Blank lines are skipped and counted (they keep their line number but get no
-    document id). Any other line is bad (see the module docstring for the cases): with
-    ``on_bad_line="error"`` it raises ``BadLineError`` (an ``InputError``) ``"file:line:
-    reason"``; with ``"skip"`` it is counted by reason in ``stats.rejected`` and passed to
-    ``rejects`` (if given), and reading goes on. Document ids stay contiguous over the kept
-    documents. Every batch except the last holds exactly ``batch_size`` documents, unless
-    ``batch_bytes`` (> 0) ends it early: a batch closes once its lines reach that many bytes,
-    so a run of huge documents cannot make one batch of gigabytes (the tokenizer turns a
-    batch into Python lists of ~40 bytes a token). ``stats``,
-    if given, is updated as reading proceeds.
-
-    ``validate`` replaces the text-field rule for other record kinds (chat): it gets the parsed
-    line and returns the value to put in ``DocBatch.texts``, or raises ``ValueError`` whose
-    message is the reason (reason key ``bad_record``).
+    string (or what ``options.validate`` accepts). Blank lines are skipped and counted (they
+    keep their line number but get no document id). Any other line is bad (see the module
+    docstring for the cases) and ``options.on_bad_line`` applies. Document ids stay
+    contiguous over the kept documents. ``stats``, if given, is updated as reading proceeds.
 
     ``span=(lo, hi)`` reads only the lines that *begin* in bytes ``lo..hi-1`` of a single
     uncompressed file (the last one read past ``hi`` to its end), so consecutive spans read
@@ -119,8 +106,8 @@ def iter_batches(
             raise ValueError("span needs exactly one uncompressed .jsonl file")
         if not 0 <= span[0] <= span[1]:
             raise ValueError(f"span must be (lo, hi) with 0 <= lo <= hi, got {span}")
-    reader = _JsonlRead(batch_size, batch_bytes, stats, on_bad_line, rejects)
-    reader.text_field, reader.validate = text_field, validate
+    reader = _JsonlRead(options, stats)
+    reader.text_field = text_field
     reader.span, reader.verify_streams = span, verify_streams
     yield from reader.read(paths)
 
@@ -177,7 +164,6 @@ class _JsonlRead(FileReader):
     """One ``iter_batches`` call."""
 
     text_field: str
-    validate: Callable[[Any], Any] | None
     span: tuple[int, int] | None
     verify_streams: bool
 

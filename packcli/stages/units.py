@@ -20,6 +20,7 @@ from packcli.config import RunConfig
 from packcli.fs import as_input, input_entry
 from packcli.read import (
     DocBatch,
+    ReadOptions,
     ReadStats,
     RejectSink,
     file_format,
@@ -206,36 +207,24 @@ def read_unit(
     at the first documents (a compressed jsonl stream is not verified first)."""
     paths = [as_input(p) for p in unit_paths(unit)]
     fmt = unit.get("format", "jsonl")
+    options = ReadOptions(
+        batch_size=batch_size,
+        batch_bytes=0 if sample else cfg.read.batch_bytes,
+        on_bad_line=cfg.read.on_bad_line,
+        rejects=rejects,
+        validate=record_validator(cfg),  # chat: the sample is rendered dialogues
+    )
     if fmt == "jsonl":
+        span = unit_span(unit)
         return iter_batches(
-            paths,
-            cfg.read.text_field,
-            batch_size,
-            stats,
-            on_bad_line=cfg.read.on_bad_line,
-            rejects=rejects,
-            validate=record_validator(cfg),  # chat: the sample is rendered dialogues
-            span=unit_span(unit),
-            batch_bytes=0 if sample else cfg.read.batch_bytes,
-            verify_streams=not sample,
+            paths, cfg.read.text_field, options, stats, span=span, verify_streams=not sample
         )
     from packcli.read.columnar import iter_columnar
 
     column, option = input_column(cfg)
     groups = unit.get("row_groups")
-    return iter_columnar(
-        paths,
-        fmt,
-        column,
-        batch_size,
-        stats,
-        on_bad_line=cfg.read.on_bad_line,
-        rejects=rejects,
-        validate=record_validator(cfg),
-        groups=tuple(groups) if groups else None,
-        batch_bytes=0 if sample else cfg.read.batch_bytes,
-        option=option,
-    )
+    groups = tuple(groups) if groups else None
+    return iter_columnar(paths, fmt, column, options, stats, groups=groups, option=option)
 
 
 def record_validator(cfg: RunConfig) -> Any:

@@ -177,21 +177,24 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
     # The file's bytes when there is a file (hashing them costs ms; serializing a 128k
     # tokenizer to hash it cost 0.2 s of every run).
     content = raw if raw is not None else tok.to_str().encode("utf-8")
-    file_fingerprint = hashlib.sha256(content).hexdigest()
     disabled = disable_length_settings(tok)
-    fingerprint = file_fingerprint
-    if disabled:
-        fingerprint = hashlib.sha256(
-            content + "\n# turned off: {}".format(", ".join(disabled)).encode("utf-8")
-        ).hexdigest()
     return LoadedTokenizer(
         tokenizer=tok,
         source=source,
         config=config,
-        fingerprint=fingerprint,
-        file_fingerprint=file_fingerprint,
+        fingerprint=_fingerprint(content, disabled),
+        file_fingerprint=hashlib.sha256(content).hexdigest(),
         disabled=disabled,
     )
+
+
+def _fingerprint(content: bytes, disabled: tuple[str, ...]) -> str:
+    """What the tokenized shards depend on: the file, and which of its length settings packcli
+    turned off (the same file with other settings turned off tokenizes differently)."""
+    if not disabled:
+        return hashlib.sha256(content).hexdigest()
+    note = "\n# turned off: {}".format(", ".join(disabled)).encode("utf-8")
+    return hashlib.sha256(content + note).hexdigest()
 
 
 def disable_length_settings(tok: Tokenizer) -> tuple[str, ...]:
