@@ -277,9 +277,10 @@ def test_chat_encoder_truncates_with_room_for_the_separators(chat_tok: Path) -> 
             tok, chatml, train_on=train_on, special_tokens={}, long_len=long_len,
             overlong="truncate", bos=bos, eos=eos,
         )  # fmt: skip
-        ids, labels, lengths, _, failures = encoder([messages])
-        assert not failures and int(lengths[0]) == len(ids) <= long_len
-        return ids.tolist(), labels.tolist()
+        encoded = encoder([messages])
+        ids = encoded.ids
+        assert not encoded.failures and int(encoded.lengths[0]) == len(ids) <= long_len
+        return ids.tolist(), encoded.labels.tolist()
 
     # Room for BOS + two turns + EOS: cut after the second turn, its EOS trained.
     ids, labels = encode(second + 2)

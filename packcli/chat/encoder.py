@@ -3,19 +3,14 @@ labels and lengths out, with the length policy and ``--bos``/``--eos`` applied.
 
 Why a stage apart from the text tokenizer (``packcli.tokenize.encode``): a dialogue is rendered
 (Python, sandboxed) before it is tokenized, tokenizing needs character offsets for the loss
-mask, and a dialogue is cut at turn boundaries, not at a token count. Rendering runs in this
-thread, a batch ahead of its tokens (a fast backend's ids and offsets, made on a thread), or
-on worker processes for large inputs (``packcli.chat.render_pool``). The template modules are
-imported on first use: the pipeline imports this module on every run, text runs included.
+mask, and a dialogue is cut at turn boundaries, not at a token count. How the steps of a
+batch overlap is ``packcli.chat.batches``. The template modules are imported on first use:
+the pipeline imports this module on every run, text runs included.
 """
 
 from __future__ import annotations
 
 import copy
-import time
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
@@ -24,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from packcli.arrow_np import list_array
+from packcli.arrow_np import list_array, to_arrow
 from packcli.names import IGNORE_INDEX
 from packcli.read import DocBatch
-from packcli.tokenize.encode import StageTimes, batch_to_record_batch
-from packcli.tokenize.shards import CHAT_SHARD_SCHEMA
+from packcli.tokenize.encode import batch_to_record_batch
+from packcli.tokenize.shards import CHAT_SHARD_SCHEMA, PREFERENCE_SHARD_SCHEMA
 
 if TYPE_CHECKING:
     from packcli.chat.mask import EncodedDialogue
@@ -69,13 +64,41 @@ class ChatStats(Counts):
     hf_offsets: int = 0
 
 
+@dataclass
+class EncodedRecords:
+    """A batch of chat records (dialogues or preference pairs) encoded, in input order."""
+
+    ids: np.ndarray  # int32: every record's tokens, one record after another
+    labels: np.ndarray  # int32, beside ids: the token to predict, or -100 (no loss)
+    lengths: np.ndarray  # tokens per record; 0 = not trainable (an empty document)
+    stats: Counts  # what the length policy and the separators did, for the report
+    failures: list[tuple[int, str]]  # (index, reason): records the template refused
+    chosen_lengths: np.ndarray | None = None  # preference: the length of each first sequence
+
+    def record_batch(self, batch: DocBatch) -> pa.RecordBatch:
+        """The shard rows of ``batch``: the text path's columns, the labels, and for pairs
+        the chosen lengths."""
+        base = batch_to_record_batch(batch, self.ids, self.lengths)
+        offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int32)
+        columns = [*base.columns, list_array(offsets, self.labels, pa.int32())]
+        if self.chosen_lengths is None:
+            return pa.RecordBatch.from_arrays(columns, schema=CHAT_SHARD_SCHEMA)
+        columns.append(to_arrow(self.chosen_lengths, pa.int32()))
+        return pa.RecordBatch.from_arrays(columns, schema=PREFERENCE_SHARD_SCHEMA)
+
+
 @dataclass(eq=False)
 class FastTokens:
     """What the chat and preference encoders share: the tokenizer and the template they
     render with, the tokenizer config's special tokens (template variables), the length
     policy (``long_len``, ``overlong``), the token ids ``--bos``/``--eos`` add (None: add
     nothing), and ``fast``, the fast backend's ids with HF's character offsets derived from
-    them (None: HF encodes with offsets)."""
+    them (None: HF encodes with offsets).
+
+    A batch goes through three steps, so ``packcli.chat.batches`` can overlap them: ``render``
+    (Python: the template), ``tokens`` (the fast backend; may run on another thread while the
+    next batch renders) and ``finish`` (HF where needed, masks, length policy, separators);
+    ``__call__`` runs the three in this thread."""
 
     tokenizer: Tokenizer
     template: ChatTemplate | None
@@ -97,6 +120,15 @@ class FastTokens:
         """Ids and offsets of ``texts`` from the fast backend (None per text it did not
         spell), or None without one: ``encode_rendered``'s ``tokens``."""
         return None if self.fast is None else self.fast(texts)
+
+    @property
+    def tokens_ahead(self) -> bool:
+        """Whether ``tokens`` is worth a thread of its own (it does the fast backend's work)."""
+        return False
+
+    def tokens(self, rendering: Any) -> list[Any] | None:
+        """The fast backend's tokens of a rendering, or None (``finish`` makes them)."""
+        return None
 
 
 @dataclass(eq=False)
@@ -153,18 +185,18 @@ class ChatEncoder(FastTokens):
         controls = control_tokens_of(self.tokenizer)
         return RenderPool(self.template, self.special_tokens, controls, RENDER_DATE, workers)
 
-    def tokens(self, rendered: Rendering) -> list[Any] | None:
-        """``fast_tokens`` of a rendering: Rust and a compiled kernel, both without the
-        GIL, so it can run while the next batch renders."""
-        return self.fast_tokens([r.text for _, r in rendered])
+    @property
+    def tokens_ahead(self) -> bool:
+        return self.fast is not None
 
-    def __call__(
-        self, dialogues: list[Any]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
-        """``(ids, labels, lengths, stats, failures)``; ``failures`` lists (index, reason) of
-        dialogues the template refused (kept empty here; the caller applies the policy)."""
+    def __call__(self, dialogues: list[Any]) -> EncodedRecords:
         rendered, failures = self.render(dialogues)
         return self.finish(dialogues, rendered, self.tokens(rendered), failures)
+
+    def tokens(self, rendering: Rendering) -> list[Any] | None:
+        """``fast_tokens`` of a rendering: Rust and a compiled kernel, both without the
+        GIL, so it can run while the next batch renders."""
+        return self.fast_tokens([r.text for _, r in rendering])
 
     def finish(
         self,
@@ -172,9 +204,9 @@ class ChatEncoder(FastTokens):
         rendered: Rendering,
         tokens: list[Any] | None,
         failures: list[tuple[int, str]],
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChatStats, list[tuple[int, str]]]:
-        """``__call__`` after rendering and the fast backend's tokens: HF encodes what has
-        no tokens yet, then masks, length policy and separators."""
+    ) -> EncodedRecords:
+        """After rendering and the fast backend's tokens: HF encodes what has no tokens yet,
+        then masks, length policy and separators."""
         from packcli.chat.mask import encode_rendered
 
         encoded: list[EncodedDialogue | None] = [None] * len(dialogues)
@@ -219,7 +251,7 @@ class ChatEncoder(FastTokens):
             e_ids, e_labels = self._separate(e, ends_with_answer, stats)
             ids.append(e_ids)
             labels.append(e_labels)
-        return (*flat_documents(ids, labels), stats, failures)
+        return EncodedRecords(*flat_documents(ids, labels), stats, failures)
 
     def _adds(self, ids: np.ndarray) -> tuple[bool, bool]:
         """Whether BOS and EOS are to be added (not when the template wrote them)."""
@@ -281,80 +313,3 @@ def flat_documents(
     flat_ids = np.concatenate(ids).astype(np.int32) if ids else _EMPTY
     flat_labels = np.concatenate(labels).astype(np.int32) if labels else _EMPTY
     return flat_ids, flat_labels, lengths
-
-
-def chat_record_batch(
-    batch: DocBatch, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray
-) -> pa.RecordBatch:
-    base = batch_to_record_batch(batch, ids, lengths)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    labels_arr = list_array(offsets, labels, pa.int32())
-    return pa.RecordBatch.from_arrays([*base.columns, labels_arr], schema=CHAT_SHARD_SCHEMA)
-
-
-def tokenize_chat_batches(
-    batches: Iterator[DocBatch],
-    encoder: ChatEncoder,
-    stats: ChatStats,
-    on_failure: Callable[[DocBatch, int, str], None],
-    times: StageTimes | None = None,
-    renderers: RenderPool | None = None,
-) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
-    """``on_failure(batch, index, reason)`` applies the bad-line policy to a dialogue the
-    template refused (raise, or quarantine and count); the dialogue stays an empty document.
-    Rendering and tokenizing run in the caller's thread (``encode`` in ``times``), or, given
-    ``renderers``, batches render on its worker processes, a few ahead, while this thread
-    tokenizes and masks the batches before them (same results, same order)."""
-    times = times if times is not None else StageTimes()
-    # Rendering here, with a fast backend: batch i's ids and offsets are made on a thread
-    # while batch i+1 renders (Python). Masks and lengths follow in this thread, in order.
-    pool = None
-    if renderers is None and encoder.fast is not None:
-        pool = ThreadPoolExecutor(1, "packcli-chat")
-    # Every worker busy while this thread finishes one batch.
-    ahead = 2 * renderers.workers if renderers is not None else 1
-    pending: deque[tuple[DocBatch, Any, Any]] = deque()  # batch, rendering, tokens
-
-    def start(batch: DocBatch) -> None:
-        if renderers is not None:  # tokenized when its rendering comes back
-            pending.append((batch, renderers.submit(batch.texts), None))
-            return
-        t0 = time.perf_counter()
-        rendering = encoder.render(batch.texts)
-        tokens = pool.submit(encoder.tokens, rendering[0]) if pool is not None else None
-        pending.append((batch, rendering, tokens))
-        times.encode += time.perf_counter() - t0
-
-    def finish() -> tuple[DocBatch, pa.RecordBatch]:
-        batch, rendering, tokens = pending.popleft()
-        t0 = time.perf_counter()
-        if renderers is not None:
-            rendering = renderers.result(rendering)
-            tokens = encoder.tokens(rendering[0])
-        elif tokens is not None:
-            tokens = tokens.result()
-        rendered, failures = rendering
-        ids, labels, lengths, batch_stats, failures = encoder.finish(
-            batch.texts, rendered, tokens, failures
-        )
-        t1 = time.perf_counter()
-        for index, reason in failures:
-            on_failure(batch, index, reason)
-        stats.add(batch_stats)
-        record_batch = chat_record_batch(batch, ids, labels, lengths)
-        times.encode += t1 - t0
-        times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
-        return batch, record_batch
-
-    try:
-        for batch in batches:
-            start(batch)
-            if len(pending) > ahead:
-                yield finish()
-        while pending:
-            yield finish()
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-    while pending:
-        yield finish()

@@ -37,30 +37,17 @@ is refused: a pair is never split.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from packcli.arrow_np import to_arrow
-from packcli.chat.encoder import (
-    RENDER_DATE,
-    Counts,
-    FastTokens,
-    chat_record_batch,
-    flat_documents,
-)
+from packcli.chat.encoder import RENDER_DATE, Counts, EncodedRecords, FastTokens, flat_documents
 from packcli.chat.mask import encode_rendered
 from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
 from packcli.chat.validate import SIDES
 from packcli.names import IGNORE_INDEX
-from packcli.read import DocBatch
-from packcli.tokenize.encode import StageTimes
-from packcli.tokenize.shards import PREFERENCE_SHARD_SCHEMA
 
 
 @dataclass
@@ -139,8 +126,24 @@ class PreferenceEncoder(FastTokens):
     def rendered_texts(self, pairs: list[dict[str, Any]]) -> list[str]:
         """The texts this encoder tokenizes for ``pairs`` (prompts, prompt+chosen,
         prompt+rejected): the sample a fast backend is checked on."""
-        texts = self._texts(pairs, {}, PreferenceStats())
+        texts, _ = self.render(pairs)
         return [r.text for group in texts for r in group]
+
+    def render(self, pairs: list[dict[str, Any]]) -> tuple[list[list[Rendered]], list[Any]]:
+        """Per pair: the prompt's text, then prompt+chosen and prompt+rejected with the
+        character spans to train (empty for a pair that failed); and ``(index, reason)`` of
+        the pairs that failed."""
+        failed: dict[int, str] = {}
+        texts = self._texts(pairs, failed)
+        return texts, sorted(failed.items())
+
+    # ``tokens`` stays the base's (None): ``finish`` asks the fast backend itself, in this
+    # thread, since a response tokenized apart from its prompt needs it again, and the
+    # backend is called from one thread at a time.
+
+    def __call__(self, pairs: list[dict[str, Any]]) -> EncodedRecords:
+        texts, failures = self.render(pairs)
+        return self.finish(pairs, texts, None, failures)
 
     def _encode(self, rendered: list[Rendered], stats: PreferenceStats) -> list[Any]:
         """``encode_rendered`` on the fast backend's ids and offsets when there is one."""
@@ -149,17 +152,19 @@ class PreferenceEncoder(FastTokens):
             stats.hf_offsets += sum(t is None for t in tokens)
         return encode_rendered(self.tokenizer, rendered, "assistant", tokens=tokens)  # type: ignore[arg-type]
 
-    def __call__(
-        self, pairs: list[dict[str, Any]]
-    ) -> tuple[
-        np.ndarray, np.ndarray, np.ndarray, PreferenceStats, list[tuple[int, str]], np.ndarray
-    ]:
-        """``(ids, labels, lengths, stats, failures, chosen_lengths)``; ``failures`` lists
-        (index, reason) of pairs that could not be rendered (kept empty here; the caller
-        applies the bad-line policy)."""
+    def finish(
+        self,
+        pairs: list[dict[str, Any]],
+        texts: list[list[Rendered]],
+        tokens: list[Any] | None,
+        failures: list[tuple[int, str]],
+    ) -> EncodedRecords:
+        """Per pair one document (prompt+chosen tokens, then prompt+rejected tokens), its
+        labels and ``chosen_lengths``, the length policy applied."""
         stats = PreferenceStats(pairs=len(pairs))
-        failed: dict[int, str] = {}
-        texts = self._texts(pairs, failed, stats)
+        stats.conversational = sum(isinstance(p["chosen"], list) for p in pairs)
+        stats.implicit_prompt = sum(bool(p.get("implicit")) for p in pairs)
+        failed = dict(failures)
         ok = [i for i in range(len(pairs)) if i not in failed]
         rendered = [r for i in ok for r in texts[i]]
         encoded = self._encode(rendered, stats)
@@ -183,18 +188,13 @@ class PreferenceEncoder(FastTokens):
             ids[i] = np.concatenate([c_ids, r_ids])
             labels[i] = np.concatenate([c_labels, r_labels])
             firsts[i] = len(c_ids)
-        flat_ids, flat_labels, lengths = flat_documents(ids, labels)
-        return flat_ids, flat_labels, lengths, stats, sorted(failed.items()), firsts
+        return EncodedRecords(*flat_documents(ids, labels), stats, failures, firsts)
 
-    def _texts(
-        self, pairs: list[dict[str, Any]], failed: dict[int, str], stats: PreferenceStats
-    ) -> list[list[Rendered]]:
-        """Per pair: the prompt's text, then prompt+chosen and prompt+rejected with the
-        character spans to train (the responses' assistant turns; all of a string response)."""
+    def _texts(self, pairs: list[dict[str, Any]], failed: dict[int, str]) -> list[list[Rendered]]:
+        """``render``'s texts: the spans to train are the responses' assistant turns (all of
+        a string response)."""
         out: list[list[Rendered]] = [[] for _ in pairs]
         conv = [i for i, p in enumerate(pairs) if isinstance(p["chosen"], list)]
-        stats.conversational += len(conv)
-        stats.implicit_prompt += sum(bool(p.get("implicit")) for p in pairs)
         for i, p in enumerate(pairs):
             if isinstance(p["chosen"], str):
                 prompt = p["prompt"]
@@ -312,38 +312,3 @@ class PreferenceEncoder(FastTokens):
         stats.bos_added += 2 * add_bos
         stats.eos_added += sum(e for _, _, e in seqs)
         return [(ids, labels) for ids, labels, _ in seqs]
-
-
-def preference_record_batch(
-    batch: DocBatch,
-    ids: np.ndarray,
-    labels: np.ndarray,
-    lengths: np.ndarray,
-    chosen_lengths: np.ndarray,
-) -> pa.RecordBatch:
-    base = chat_record_batch(batch, ids, labels, lengths)
-    return pa.RecordBatch.from_arrays(
-        [*base.columns, to_arrow(chosen_lengths, pa.int32())], schema=PREFERENCE_SHARD_SCHEMA
-    )
-
-
-def tokenize_preference_batches(
-    batches: Iterator[DocBatch],
-    encoder: PreferenceEncoder,
-    stats: PreferenceStats,
-    on_failure: Callable[[DocBatch, int, str], None],
-    times: StageTimes | None = None,
-) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
-    """As ``packcli.chat.encoder.tokenize_chat_batches``, for pairs."""
-    times = times if times is not None else StageTimes()
-    for batch in batches:
-        t0 = time.perf_counter()
-        ids, labels, lengths, batch_stats, failures, firsts = encoder(batch.texts)
-        t1 = time.perf_counter()
-        for index, reason in failures:
-            on_failure(batch, index, reason)
-        stats.add(batch_stats)
-        record_batch = preference_record_batch(batch, ids, labels, lengths, firsts)
-        times.encode += t1 - t0
-        times.write += time.perf_counter() - t1
-        yield batch, record_batch

@@ -137,7 +137,8 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     items = [s[2] for s in sample]
     if tok.chat is not None:
         # (Preference pairs: one document each, the same as the verify segments' pair units.)
-        ids, _, lengths, _, failures, *_ = tok.chat(items)
+        encoded = tok.chat(items)
+        ids, lengths, failures = encoded.ids, encoded.lengths, encoded.failures
         if failures:  # the run quarantined or stopped on these; nothing to compare
             return {"skipped": f"the chat template rejects document {sample[failures[0][0]][0]}"}
     else:

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from packcli.arrow_np import to_numpy
 from packcli.atomic import atomic_write_json
-from packcli.chat.encoder import ChatEncoder, ChatStats, tokenize_chat_batches
+from packcli.chat.batches import tokenize_chat_batches
+from packcli.chat.encoder import ChatEncoder, ChatStats, FastTokens
 from packcli.config import RunConfig
 from packcli.errors import InputError
 from packcli.faults import crash_point
@@ -321,15 +322,11 @@ def _encoded(
     failed: Callable[[DocBatch, int, str], None],
     renderers: Any,
 ) -> Iterator[tuple[DocBatch, Any]]:
-    """(batch, its shard rows) for the run's format: preference pairs, chat, or text."""
-    if cfg.chat.is_preference:
-        from packcli.chat.preference import tokenize_preference_batches
-
-        return tokenize_preference_batches(
-            batches, encoder, counts.preference, failed, counts.times
-        )
-    if isinstance(encoder, ChatEncoder):
-        return tokenize_chat_batches(batches, encoder, counts.chat, failed, counts.times, renderers)
+    """(batch, its shard rows) for the run's format: chat records (dialogues or preference
+    pairs), or text."""
+    if isinstance(encoder, FastTokens):
+        stats = counts.preference if cfg.chat.is_preference else counts.chat
+        return tokenize_chat_batches(batches, encoder, stats, failed, counts.times, renderers)
     return tokenize_batches(
         batches,
         encoder,
