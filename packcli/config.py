@@ -24,6 +24,7 @@ from packcli.names import (
     BACKEND_ALIASES,
     BACKENDS,
     BAD_LINE_POLICIES,
+    COMPRESSIONS,
     DATA_FORMATS,
     INPUT_FORMATS,
     SPECIAL_IN_TEXT,
@@ -136,10 +137,9 @@ class WriteConfig:
             raise ConfigError(f"write.shard_tokens must be >= 1, got {self.shard_tokens}")
         if self.row_group_tokens < 1:
             raise ConfigError(f"write.row_group_tokens must be >= 1, got {self.row_group_tokens}")
-        if self.compression not in ("zstd", "snappy", "gzip", "lz4", "none"):
+        if self.compression not in COMPRESSIONS:
             raise ConfigError(
-                f"write.compression must be zstd, snappy, gzip, lz4 or none, "
-                f"got {self.compression!r}"
+                f"write.compression must be {one_of(COMPRESSIONS)}, got {self.compression!r}"
             )
 
 

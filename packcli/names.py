@@ -41,7 +41,13 @@ OVERLONG_POLICIES: tuple[str, ...] = ("split", "truncate", "drop")
 """What ``--overlong`` does with a document longer than ``--long-len``."""
 
 PLAN_ALGORITHMS: tuple[str, ...] = ("bfd", "ffd", "wrapped")
-"""Values of ``--algorithm`` (the planner of the long config)."""
+"""Values of ``--algorithm`` (the planner of the long config; ``packcli.binpack``'s)."""
+
+BALANCE_MODES: tuple[str, ...] = ("none", "attention")
+"""Values of ``--balance``: whether long documents move out of the costliest long rows."""
+
+COMPRESSIONS: tuple[str, ...] = ("zstd", "snappy", "gzip", "lz4", "none")
+"""Values of ``write.compression``: the Parquet codecs pyarrow writes."""
 
 DATA_FORMATS: tuple[str, ...] = ("text", "chat", "preference")
 """Values of ``--format``: what a record of the input is."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 
 import pytest
@@ -9,13 +10,14 @@ import pytest
 import packcli.chat.mask
 import packcli.collate
 import packcli.config
+import packcli.pack.binpack
 import packcli.pack.plan
 import packcli.pack.plan_config
 import packcli.publish.card
 import packcli.stages.executors
 import packcli.tokenize.backends
 from packcli import names
-from packcli.config import ReadConfig, TokenizeConfig
+from packcli.config import PlanConfig, ReadConfig, TokenizeConfig, WriteConfig
 from packcli.errors import ConfigError
 
 
@@ -32,8 +34,10 @@ def test_every_module_uses_the_one_definition() -> None:
         (packcli.publish.card.MARKER, names.MARKER),
         (packcli.publish.card.STATS_DIR, names.STATS_DIR),
         (packcli.collate.IGNORE_INDEX, names.IGNORE_INDEX),
+        (packcli.pack.binpack.ALGORITHMS, names.PLAN_ALGORITHMS),
     ]
     assert all(a is b for a, b in same)
+    assert typing.get_args(packcli.pack.binpack.Algorithm) == names.PLAN_ALGORITHMS
 
 
 @pytest.mark.parametrize(
@@ -50,6 +54,11 @@ def test_every_module_uses_the_one_definition() -> None:
         (
             lambda: ReadConfig(inputs=("a",), on_bad_line="x"),
             "read.on_bad_line must be error or skip",
+        ),
+        (lambda: PlanConfig(balance="x"), "plan.balance must be none or attention, got 'x'"),
+        (
+            lambda: WriteConfig(compression="x"),
+            "write.compression must be zstd, snappy, gzip, lz4 or none, got 'x'",
         ),
     ],
 )

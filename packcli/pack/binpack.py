@@ -38,9 +38,10 @@ from typing import Literal
 import numpy as np
 
 from packcli.jit import kernel, pick, trailing_zeros
+from packcli.names import PLAN_ALGORITHMS as ALGORITHMS
 
+# The same names as ALGORITHMS, for type checkers (a test checks they agree).
 Algorithm = Literal["bfd", "ffd", "wrapped"]
-ALGORITHMS: tuple[str, ...] = ("bfd", "ffd", "wrapped")
 
 
 def _validate(lengths: np.ndarray, capacity: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from packcli.errors import ConfigError, require_one_of
-from packcli.names import OVERLONG_POLICIES, PLAN_ALGORITHMS
+from packcli.names import BALANCE_MODES, OVERLONG_POLICIES, PLAN_ALGORITHMS, one_of
 
 # The planner's time and memory grow with the row capacity (its structures are indexed by
 # free room): 2**24 adds ~2 s and ~130 MB to planning 74 documents; 2**27 added ~26 s and
@@ -29,8 +29,8 @@ class PlanConfig:
     balance: str = "none"  # none | attention (see packcli/pack/balance.py)
 
     def __post_init__(self) -> None:
-        if self.balance not in ("none", "attention"):
-            raise ConfigError(f"plan.balance must be none or attention, got {self.balance!r}")
+        if self.balance not in BALANCE_MODES:
+            raise ConfigError(f"plan.balance must be {one_of(BALANCE_MODES)}, got {self.balance!r}")
         if self.short_len < 1:
             raise ConfigError(f"plan.short_len must be >= 1, got {self.short_len}")
         if self.long_len <= self.short_len:

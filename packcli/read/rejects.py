@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
+from packcli.atomic import temp_path
 from packcli.errors import InputError
 from packcli.names import BAD_LINE_POLICIES
 
@@ -68,7 +69,9 @@ class RejectSink:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.count = 0
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        # packcli.atomic's temp name and its flush, fsync, rename (in ``close``): its writers
+        # are ``with`` blocks, and this one stays open across calls and may never be opened.
+        self._tmp = temp_path(self.path)
         self._fh: BinaryIO | None = None
         self._closed = False
 
