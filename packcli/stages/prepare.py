@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packcli import __version__
 from packcli.chat.encoder import ChatEncoder
@@ -31,6 +31,13 @@ from packcli.tokenize.tokenizer import (
     set_special_in_text,
 )
 
+if TYPE_CHECKING:
+    from packcli.chat.preference import PreferenceEncoder
+    from packcli.tokenize.backends import Encoder
+
+    # What tokenizes a unit: a text encoder (HF or a fast backend) or a chat record encoder.
+    UnitEncoder: TypeAlias = Encoder | ChatEncoder | PreferenceEncoder
+
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +49,7 @@ class Tokenizing:
     eos: int | None
     bos: int | None
     settings: dict[str, Any]  # fingerprinted
-    chat: Any = None  # ChatEncoder, or PreferenceEncoder for --format preference
+    chat: ChatEncoder | PreferenceEncoder | None = None  # --format chat / preference
 
     @property
     def record(self) -> dict[str, Any]:
@@ -202,7 +209,7 @@ SAMPLE_DOCS = 256
 
 def choose_backend(
     cfg: RunConfig, tok: Tokenizing, units: list[dict[str, Any]], early: Any = None
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[UnitEncoder, dict[str, Any]]:
     """HF, or a fast backend after it reproduced HF's ids on a sample
     (packcli/tokenize/backends.py).
 
@@ -263,7 +270,7 @@ def choose_backend(
 
 def _chat_offsets(
     cfg: RunConfig, tok: Tokenizing, fast: FastOffsets, sample: list[str], record: dict[str, Any]
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[UnitEncoder, dict[str, Any]]:
     """The chat encoder on ``fast`` once its offsets equal HF's on the sample and the
     adversarial texts, else on HF (``auto``) or a ``ConfigError`` (a named backend)."""
     assert tok.chat is not None

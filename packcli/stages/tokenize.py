@@ -14,10 +14,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
+import pyarrow as pa
 from tqdm import tqdm
 
 from packcli.arrow_np import to_numpy
@@ -53,6 +54,11 @@ from packcli.tokenize.shards import (
     shard_intact,
 )
 from packcli.tokenize.tokenizer import SpecialStringCounter
+
+if TYPE_CHECKING:
+    from packcli.chat.preference import PreferenceStats
+    from packcli.chat.render_pool import RenderPool
+    from packcli.stages.prepare import UnitEncoder
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +114,7 @@ def tokenize_task(
         uncomplete(cfg)
         (folder / SUCCESS).unlink(missing_ok=True)  # collect_tokens rebuilds it
         store.remove(f"tokens/{SUCCESS}")
-    encoder: Any = tok.chat
+    encoder: UnitEncoder | None = tok.chat
     if pending or not (folder / "backend.json").is_file():
         # Building and checking the fast path costs seconds; skip it when nothing is left.
         encoder, backend = choose_backend(cfg, tok, units, prepared.early)
@@ -165,7 +171,9 @@ def _write_stage_record(
     )
 
 
-def _render_pool(cfg: RunConfig, encoder: Any, pending_bytes: int) -> Any:
+def _render_pool(
+    cfg: RunConfig, encoder: UnitEncoder | None, pending_bytes: int
+) -> RenderPool | None:
     """Worker processes for chat templates, when there is enough chat to render to repay
     starting them (packcli/render_pool.py) and more than one core to render on."""
     from packcli.chat.render_pool import MIN_POOL_BYTES
@@ -219,8 +227,8 @@ class _UnitCounts:
     """What tokenizing one unit counts, for its completion record."""
 
     read: ReadStats = field(default_factory=ReadStats)
-    chat: ChatStats = field(default_factory=ChatStats)
-    preference: Any = None  # PreferenceStats, for preference runs
+    chat: ChatStats | None = None  # dialogues (--format chat)
+    preference: PreferenceStats | None = None  # preference pairs
     times: StageTimes = field(default_factory=StageTimes)
     specials: Counter[str] = field(default_factory=Counter)
 
@@ -228,10 +236,10 @@ class _UnitCounts:
 def _tokenize_unit(
     cfg: RunConfig,
     unit: dict[str, Any],
-    encoder: Any,
+    encoder: UnitEncoder,
     tok: Tokenizing,
     progress: _TokenizeProgress,
-    renderers: Any = None,
+    renderers: RenderPool | None = None,
 ) -> None:
     """Tokenize one input unit (a file or a byte span of one) that is not complete yet,
     resuming after its finished shards. ``renderers``: chat rendering workers, or None."""
@@ -249,12 +257,12 @@ def _tokenize_unit(
         from packcli.chat.preference import PreferenceStats
 
         counts.preference = PreferenceStats()
+    elif cfg.chat.is_chat:
+        counts.chat = ChatStats()
     done_bytes = 0
     with (
         RejectSink(folder / REJECTED) as sink,
-        ShardWriter(
-            folder, cfg.tokenize.shard_tokens, done_shards, _schema(cfg, encoder)
-        ) as writer,
+        ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, _schema(cfg)) as writer,
     ):
         source = read_unit(cfg, unit, cfg.read.batch_size, counts.read, sink)
         batches = prefetch(
@@ -279,14 +287,14 @@ def _tokenize_unit(
         f" bytes {unit['span']}" if unit["span"] else "",
         ", ".join(f"{k} {v:.2f}" for k, v in dataclasses.asdict(counts.times).items()),
     )
-    atomic_write_json(folder / SUCCESS, _unit_record(unit, writer.manifests, encoder, counts))
+    atomic_write_json(folder / SUCCESS, _unit_record(unit, writer.manifests, counts))
 
 
-def _schema(cfg: RunConfig, encoder: Any) -> Any:
+def _schema(cfg: RunConfig) -> Any:
     """The shards' schema: text, chat (with labels) or preference (with the pair split)."""
     if cfg.chat.is_preference:
         return PREFERENCE_SHARD_SCHEMA
-    return CHAT_SHARD_SCHEMA if isinstance(encoder, ChatEncoder) else SHARD_SCHEMA
+    return CHAT_SHARD_SCHEMA if cfg.chat.is_chat else SHARD_SCHEMA
 
 
 def _template_failed(
@@ -316,16 +324,17 @@ def _template_failed(
 def _encoded(
     cfg: RunConfig,
     batches: Iterator[DocBatch],
-    encoder: Any,
+    encoder: UnitEncoder,
     tok: Tokenizing,
     counts: _UnitCounts,
     failed: Callable[[DocBatch, int, str], None],
-    renderers: Any,
-) -> Iterator[tuple[DocBatch, Any]]:
+    renderers: RenderPool | None,
+) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
     """(batch, its shard rows) for the run's format: chat records (dialogues or preference
     pairs), or text."""
     if isinstance(encoder, FastTokens):
-        stats = counts.preference if cfg.chat.is_preference else counts.chat
+        stats = counts.preference if counts.preference is not None else counts.chat
+        assert stats is not None  # set for chat and preference runs
         return tokenize_chat_batches(batches, encoder, stats, failed, counts.times, renderers)
     return tokenize_batches(
         batches,
@@ -338,7 +347,7 @@ def _encoded(
 
 
 def _unit_record(
-    unit: dict[str, Any], manifests: list[dict[str, Any]], encoder: Any, counts: _UnitCounts
+    unit: dict[str, Any], manifests: list[dict[str, Any]], counts: _UnitCounts
 ) -> dict[str, Any]:
     """The unit's completion record (``_SUCCESS.json``): its shards and what reading and
     encoding it counted; written last, so its presence marks the unit complete."""
@@ -360,7 +369,7 @@ def _unit_record(
             "rejected": dict(sorted(stats.rejected.items())),
             "corrupt_streams": stats.corrupt_streams,
         },
-        "chat": dataclasses.asdict(counts.chat) if isinstance(encoder, ChatEncoder) else None,
+        "chat": None if counts.chat is None else dataclasses.asdict(counts.chat),
         **(
             {"preference": dataclasses.asdict(counts.preference)}
             if counts.preference is not None
