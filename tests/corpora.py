@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -73,6 +75,24 @@ def mixed_lengths(n: int, seed: int = 0) -> list[int]:
 CHAT_WORDS = ["the", "of", "answer", "question", "tool", "packing", "token", "東京", "🙂", "naïve"]
 CHAT_WORDS += ["weather", "is", "sunny"]
 IM_END = "<|im_end|>"
+
+
+def hub_cache(cache: Path, kind: str, repo: str, files: dict[str, bytes]) -> str:
+    """A Hugging Face cache holding one snapshot of repo ``repo`` (``kind``: ``datasets`` or
+    ``models``), laid out as huggingface_hub lays it out (refs/main, snapshots/<commit>/
+    links into blobs/): what the Hub code paths read offline in tests."""
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    root = cache / f"{kind}--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    (root / "blobs").mkdir()
+    for rel, data in files.items():
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = root / "snapshots" / commit / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return commit
 
 
 def chatml_tokenizer(folder: Path) -> Path:

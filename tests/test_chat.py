@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from corpora import hub_cache
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from packcli.chat import (
@@ -485,6 +486,32 @@ def test_lookup_beside_the_tokenizer(tmp_path: Path, tok: Tokenizer) -> None:
     assert load_chat_template(str(folder), None).text == "{{ 'from jinja file' }}"
     # --chat-template still wins over the tokenizer's own.
     assert load_chat_template(str(folder), "chatml").source == "built-in chatml"
+
+
+def test_lookup_in_a_hub_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tokenizer given as a Hub repo id: its chat template and config come through
+    huggingface_hub (its cache here; conftest keeps every test offline), the .jinja file
+    winning over the config's string as beside a local tokenizer."""
+    import huggingface_hub.constants
+
+    from packcli.tokenize.tokenizer import _hub_config, hub_file
+
+    config = {"chat_template": "{{ 'from config' }}", "eos_token": "</s>"}
+    cache = tmp_path / "hub"
+    config_file = {"tokenizer_config.json": json.dumps(config).encode()}
+    jinja_file = {"chat_template.jinja": b"{{ 'from jinja file' }}"}
+    hub_cache(cache, "models", "packcli/cfg-only", config_file)
+    hub_cache(cache, "models", "packcli/with-jinja", {**config_file, **jinja_file})
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    assert load_chat_template("packcli/cfg-only", None).text == "{{ 'from config' }}"
+    assert load_chat_template("packcli/with-jinja", None).text == "{{ 'from jinja file' }}"
+    assert _hub_config("packcli/cfg-only") == config
+    assert hub_file("packcli/cfg-only", "chat_template.jinja") is None
+    assert _hub_config("packcli/absent") == {}
+    with pytest.raises(
+        ChatTemplateError, match=r"tokenizer_config\.json of Hub repo packcli/absent"
+    ):
+        load_chat_template("packcli/absent", None)
 
 
 def test_named_templates_and_stem_config(tmp_path: Path, tok: Tokenizer) -> None:

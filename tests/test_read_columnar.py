@@ -4,7 +4,6 @@ documents give the same Parquet bytes as jsonl, however the files are split into
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import random
@@ -19,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
-from corpora import mixed_lengths, random_text
+from corpora import hub_cache, mixed_lengths, random_text
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from packcli.errors import InputError
@@ -381,23 +380,6 @@ def test_resolve_formats_and_saved_datasets(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- Hub datasets
 
 
-def _hub_cache(cache: Path, repo: str, files: dict[str, bytes]) -> str:
-    """A Hugging Face cache holding one snapshot of dataset ``repo``, laid out as
-    huggingface_hub lays it out (refs/main, snapshots/<commit>/ links into blobs/)."""
-    commit = hashlib.sha1(repo.encode()).hexdigest()
-    root = cache / f"datasets--{repo.replace('/', '--')}"
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(commit)
-    (root / "blobs").mkdir()
-    for rel, data in files.items():
-        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        link = root / "snapshots" / commit / rel
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    return commit
-
-
 def test_hub_dataset_from_the_offline_cache(
     toy_tokenizer_path: Path, tmp_path: Path, cfg: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -412,7 +394,7 @@ def test_hub_dataset_from_the_offline_cache(
     files["other/notes.parquet"] = files["data/p0.parquet"]
     files.update({f"json/p{i}.jsonl": (jsonl / f"p{i}.jsonl").read_bytes() for i in range(2)})
     cache = tmp_path / "hub"
-    commit = _hub_cache(cache, "packcli/tiny", files)
+    commit = hub_cache(cache, "datasets", "packcli/tiny", files)
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # conftest: never the network
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
 

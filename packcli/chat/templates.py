@@ -19,7 +19,7 @@ from typing import Any
 
 from packcli.chat.errors import ChatTemplateError
 from packcli.chat.execute import compile_template
-from packcli.tokenize.tokenizer import config_candidates
+from packcli.tokenize.tokenizer import config_candidates, hub_file
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +104,9 @@ def _tokenizer_templates(spec: str) -> tuple[dict[str, ChatTemplate], list[str]]
 
 def _hub_templates(repo_id: str) -> tuple[dict[str, ChatTemplate], list[str]]:
     looked = [f"chat_template.jinja and tokenizer_config.json of Hub repo {repo_id}"]
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:  # pragma: no cover - a dependency of the project
-        return {}, looked
     for name in ("chat_template.jinja", "tokenizer_config.json"):
-        try:
-            file = Path(hf_hub_download(repo_id, name))
-        except Exception as exc:  # absent file, no network, offline mode: try the next place
-            log.info("no %s in %s: %s", name, repo_id, exc)
+        file = hub_file(repo_id, name)
+        if file is None:  # try the next place
             continue
         if name.endswith(".jinja"):
             text = file.read_text(encoding="utf-8")

@@ -35,9 +35,9 @@ import pyarrow.parquet as pq
 
 from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
-from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.publish.expected import expected_pieces, segment_hashes
-from packcli.publish.marker import read_json_object
+from packcli.publish.marker import peek_marker, read_json_object
 from packcli.publish.marker import read_marker as read_marker  # re-export: its old home
 from packcli.tokenize.shards import TokenShards, sha256_file
 
@@ -368,7 +368,7 @@ def verify_remote(url: str, *, use_shards: bool = True) -> dict[str, Any]:
         download_output(url, local, card=False)
         work = staging_root(url) / ".packcli"
         store = None
-        recorded = read_json_object(local / MARKER).get("run", {}).get("work_dir")
+        recorded = peek_marker(local).get("run", {}).get("work_dir")
         if use_shards and is_url(recorded):  # the work folder is on the store (workstore.py)
             from packcli.stages.workstore import WorkStore
 

@@ -230,16 +230,27 @@ def _looks_like_repo_id(spec: str) -> bool:
     )
 
 
-def _hub_config(repo_id: str) -> dict:
+def hub_file(repo_id: str, name: str) -> Path | None:
+    """``name`` of Hub repo ``repo_id`` (huggingface_hub's cache), or None when the repo has
+    no such file or the Hub cannot be reached: the tokenizer's config and chat template are
+    optional, and their callers fall back or say where they looked."""
     try:
         from huggingface_hub import hf_hub_download
 
-        file = hf_hub_download(repo_id, "tokenizer_config.json")
-        return json.loads(Path(file).read_text(encoding="utf-8"))
-    except Exception as exc:  # the config is optional; detection falls back to known names
-        log.info(
-            "no tokenizer_config.json for %s (%s); detecting special tokens by name", repo_id, exc
-        )
+        return Path(hf_hub_download(repo_id, name))
+    except Exception as exc:  # absent file, no network, offline mode
+        log.info("no %s in Hub repo %s: %s", name, repo_id, exc)
+        return None
+
+
+def _hub_config(repo_id: str) -> dict:
+    """The Hub repo's ``tokenizer_config.json``, or {} (special tokens are then detected by
+    their usual names)."""
+    file = hub_file(repo_id, "tokenizer_config.json")
+    try:
+        return {} if file is None else json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        log.info("unreadable tokenizer_config.json of %s (%s)", repo_id, exc)
         return {}
 
 
