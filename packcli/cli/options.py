@@ -74,11 +74,7 @@ def _spread(name: str, hint: Any, default: Any) -> list[inspect.Parameter]:
     fields (a group's field may be a group), in their order. Keyword-only, so a required one
     (``inputs``) may follow one with a default."""
     if not _is_group(hint):
-        return [
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint
-            )
-        ]
+        return [inspect.Parameter(name, _KEYWORD, default=default, annotation=hint)]
     fields = get_type_hints(hint, include_extras=True)
     return [
         p
@@ -94,20 +90,18 @@ def _spread(name: str, hint: Any, default: Any) -> list[inspect.Parameter]:
 def _gather(group: type, kwargs: dict[str, Any]) -> Any:
     """The group's value from typer's keyword arguments (taking its fields out of them)."""
     fields = get_type_hints(group, include_extras=True)
-    return group(
-        **{
-            f.name: _gather(fields[f.name], kwargs)
-            if _is_group(fields[f.name])
-            else kwargs.pop(f.name)
-            for f in dataclasses.fields(group)
-        }
-    )
+    values = {}
+    for f in dataclasses.fields(group):
+        hint = fields[f.name]
+        values[f.name] = _gather(hint, kwargs) if _is_group(hint) else kwargs.pop(f.name)
+    return group(**values)
 
 
 def grouped(fn: F) -> F:
     """Let a command take option groups: each parameter annotated with a dataclass (a section's
     flags, ``packcli.cli.flags``) stands, in the command's signature that typer reads, for the
-    dataclass's fields in their order; the command receives the group as one typed value. So
+    dataclass's fields in their order (a field that is a group in turn, as ``SourceFlags``'s
+    sections); the command receives the group as one typed value. So
     ``pack``, ``tokenize`` and ``plan`` declare the flags they share once, and a flag reaches
     the config under its field's name."""
     hints = get_type_hints(fn, include_extras=True)
