@@ -142,8 +142,9 @@ class PreferenceEncoder(FastTokens):
     # backend is called from one thread at a time.
 
     def __call__(self, pairs: list[dict[str, Any]]) -> EncodedRecords:
+        """The steps ``packcli.chat.batches`` takes, in this thread (verify's recheck)."""
         texts, failures = self.render(pairs)
-        return self.finish(pairs, texts, None, failures)
+        return self.finish(pairs, texts, self.tokens(texts), failures)
 
     def _encode(self, rendered: list[Rendered], stats: PreferenceStats) -> list[Any]:
         """``encode_rendered`` on the fast backend's ids and offsets when there is one."""
