@@ -23,6 +23,21 @@ Why it looks the way it does:
   null, empty or non-string value (chat: a malformed dialogue) is a bad record under
   ``--on-bad-line`` with the jsonl reason keys (``not_string``, ``empty_text``,
   ``bad_record``); ``rejected.jsonl`` then holds the row's value as JSON.
+* **Nothing a file's own checks refuse becomes a document** (``columnar_integrity.py``):
+  Parquet page CRCs are always verified where a writer stored them, and every array read
+  is validated before ``to_pylist`` (a damaged offset in a memory-mapped Arrow file would
+  otherwise read outside it). A Parquet row group is read on its own, so a page that fails
+  (its CRC, its decoder, its header) loses only the rest of that row group: the rows
+  before it came from verified pages, and reading goes on with the next row group. An
+  Arrow record batch that fails loses its rows; one that cannot be read at all ends the
+  file (its row count is unknown, so no later row could be numbered), as does a stream
+  without its end-of-stream marker. ``error`` stops naming the file and the rows;
+  ``skip`` records one ``corrupt_stream`` reject and one ``ReadStats.corrupt_streams``
+  entry (``rows``: the file's ``[first, end)``, end ``None`` when unknown) per damaged
+  range, as a damaged ``.gz`` is. Rows whose strings are not UTF-8 (a binary column is
+  read as UTF-8 text) are bad records (``invalid_utf8``), row by row. A read error of the
+  disk or the network is never skippable. A file whose footer or header is unreadable
+  (cut short, damaged) is refused whole, whatever ``--on-bad-line``.
 * **One place opens files** (``open_input``): a local file, or an fsspec URL
   (``packcli/fs.py``).
 
@@ -30,7 +45,11 @@ Cost: the per-row checks are the jsonl reader's type checks, and ``to_pylist`` m
 Python strings the tokenizer takes anyway. Measured on this project's 2-core box (CPU
 seconds, best of 3): 40,000 documents, 106 MB of text, read as jsonl in 0.36 s and as
 Parquet (40 MB, snappy, pyarrow's defaults) in 0.46 s (~230 MB/s), far above tokenizing
-(~10 MB/s with the fast path).
+(~10 MB/s with the fast path). The integrity checks cost nothing measurable: the strict
+decoding ``to_pylist`` does is the UTF-8 check, the structural validation is O(rows) on
+offsets, and page CRCs are checked at GB/s (a 30 MB Parquet file of 95 MB of text, 40,000
+rows: 0.49 s before and after; with page CRCs 0.53 -> 0.54 s; the same as an Arrow stream
+0.30 -> 0.28 s; best of 3 runs of 3, noise ~5%).
 """
 
 from __future__ import annotations
