@@ -7,6 +7,7 @@ reject and ``input.corrupt_streams``, or ``invalid_utf8`` per row)."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import struct
@@ -436,3 +437,25 @@ def test_chat_messages_that_are_not_utf8_are_rejected_row_by_row(tmp_path: Path,
     assert value[1]["content"].encode("utf-8", "surrogateescape") == b"the answer \xed\xa0\x80"
     report = json.loads((out / "packcli.json").read_text())["report"]["input"]
     assert report["documents"] == 29
+
+
+def test_a_failing_remote_read_is_a_read_error_not_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store's plain ``OSError`` mid-file says nothing about the data: never skipped."""
+    path = tmp_path / "c.parquet"
+    _crc_parquet(path, _texts(300))
+    blob = path.read_bytes()
+
+    class Flaky(io.BytesIO):
+        reads = 0
+
+        def read(self, *args: Any) -> bytes:
+            Flaky.reads += 1
+            if Flaky.reads > 3:
+                raise OSError("connection reset by peer")  # no errno, as s3fs raises them
+            return super().read(*args)
+
+    monkeypatch.setattr("packcli.fs.open_binary", lambda *_: Flaky(blob))
+    with pytest.raises(InputError, match=r"read error after row \d+: OSError: connection reset"):
+        _read("s3://bucket/c.parquet", "parquet", skip=True)  # type: ignore[arg-type]
