@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke
-from test_read_columnar import _chat_tokenizer, data_hashes
+from test_read_columnar import _chat_tokenizer, data_hashes, tiny_units  # noqa: F401
 
 from packcli.errors import InputError
 from packcli.read import BadLineError, ReadOptions, ReadStats, RejectSink, iter_columnar
@@ -126,7 +126,7 @@ def test_skip_leaves_out_the_rest_of_the_damaged_row_group(tmp_path: Path) -> No
     kept = [i for i in range(300) if not first <= i < end]
     assert rows == kept and got == [texts[i] for i in kept]  # never the altered text
     assert stats.rejected == {"corrupt_stream": 1}
-    assert stats.lines == stats.documents == len(kept)
+    assert stats.documents == len(kept) and stats.lines == 300  # every row accounted for
     (record,) = [json.loads(x) for x in sink.path.read_text().splitlines()]
     assert (record["line"], record["reason"], record["raw_b64"]) == (first, "corrupt_stream", "")
 
@@ -459,3 +459,42 @@ def test_a_failing_remote_read_is_a_read_error_not_damage(
     monkeypatch.setattr("packcli.fs.open_binary", lambda *_: Flaky(blob))
     with pytest.raises(InputError, match=r"read error after row \d+: OSError: connection reset"):
         _read("s3://bucket/c.parquet", "parquet", skip=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("tiny_units")
+def test_row_group_units_after_a_damaged_one_keep_the_files_row_numbers(
+    toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """A unit that left rows out still counts them, so the next unit's rows (its rejects,
+    the largest document's row) are the file's own."""
+    texts = _texts(400)
+    path = tmp_path / "in" / "c.parquet"
+    path.parent.mkdir()
+    column = _not_utf8(texts, {333: b"\xff in a later unit"})
+    table = pa.table({"text": column})
+    pq.write_table(
+        table,
+        path,
+        row_group_size=100,
+        compression="none",
+        use_dictionary=False,
+        write_page_checksum=True,
+        data_page_size=512,
+    )
+    _flip_in(path, b"row 0120 ")
+    out = tmp_path / "out"
+    code, output = _pack(
+        path, out, toy_tokenizer_path, "--on-bad-line", "skip", "--split-bytes", 20000
+    )
+    assert code == 0, output
+    meta = json.loads((out / "packcli.json").read_text())
+    stage = json.loads((out / ".packcli" / "tokens" / "stage.json").read_text())
+    assert [u["row_groups"] for u in stage["units"]] == [[0, 2], [2, 4]]
+    records = _rejected(out)
+    (entry,) = meta["report"]["input"]["corrupt_streams"]
+    first, end = entry["rows"]
+    assert end == 200 and 100 <= first <= 120
+    assert [(r["line"], r["reason"]) for r in records] == [
+        (first, "corrupt_stream"),
+        (333, "invalid_utf8"),
+    ]

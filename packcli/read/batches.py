@@ -39,7 +39,9 @@ class ReadStats:
     documents: int = 0
     blank_lines: int = 0
     bytes_read: int = 0  # uncompressed bytes
-    lines: int = 0  # lines read: documents + blank + rejected
+    # Lines read: documents + blank + rejected; Parquet/Arrow: rows, those left out as
+    # damaged included (a later unit of the file numbers its rows from this count).
+    lines: int = 0
     rejected: dict[str, int] = field(default_factory=dict)  # reason key -> lines (``skip``)
     # Under ``skip``, one entry per compressed file that failed verification: ``file``,
     # ``reason``, ``kept_lines``, ``discarded_lines`` (decoded after them; fewer than were

@@ -430,7 +430,7 @@ class _ColumnarRead(FileReader):
             table.require(self.column, self.option)
             before = 0  # rows of the file before the range
             row = 0  # rows of this file (range) read so far, or left out as damaged
-            counted = 0  # rows already added to stats.lines (or left out)
+            counted = 0  # rows already added to stats.lines
             nbytes = 0  # value bytes not yet added to stats.bytes_read
             try:
                 # Parquet is decoded batch_size rows at a time: memory holds one batch of
@@ -444,7 +444,8 @@ class _ColumnarRead(FileReader):
                         self._damaged(path, piece, before)
                         if piece.stop is None:
                             break
-                        counted += piece.stop - before - row  # rows lost are not rows read
+                        # Rows left out still count as the range's rows (stats.lines): a
+                        # later unit's rows are numbered from this unit's count.
                         row = piece.stop - before
                         continue
                     array, where = piece
@@ -454,7 +455,6 @@ class _ColumnarRead(FileReader):
                     except Broken as exc:  # its offsets: not one row can be trusted
                         end = before + row + len(array)
                         self._damaged(path, _Damage(before + row, end, where, str(exc)), before)
-                        counted += len(array)
                         row += len(array)
                         continue
                     for i, (value, size) in enumerate(zip(values, _row_bytes(array), strict=True)):
