@@ -498,3 +498,40 @@ def test_row_group_units_after_a_damaged_one_keep_the_files_row_numbers(
         (first, "corrupt_stream"),
         (333, "invalid_utf8"),
     ]
+
+
+# --------------------------------------------------------------------------- the checks alone
+
+
+def test_rows_finds_the_rows_that_are_not_utf8_and_refuses_broken_offsets() -> None:
+    from packcli.read.columnar_integrity import Broken, rows
+
+    array = _not_utf8(["a", "b", "c"], {1: b"\xc3"})
+    values, bad = rows(array)
+    assert values == ["a", "\udcc3", "c"] and list(bad) == [1]
+    assert bad[1].startswith("invalid UTF-8 at byte 1: unexpected end of data (c3)")
+    assert rows(pa.array(["x", None])) == (["x", None], {})
+    # A large_string and a binary_view-free nested column go the same way.
+    values, bad = rows(
+        _not_utf8(["a", "b"], {0: b"\xff"}).cast(pa.large_binary()).view(pa.large_string())
+    )
+    assert list(bad) == [0]
+    nested = _messages_with_bad_content(_dialogues(3), 2)
+    values, bad = rows(nested)
+    assert list(bad) == [2] and "of one of its strings" in bad[2]
+    assert values[0] == _dialogues(3)[0]
+    offsets = struct.pack("<3i", 0, 1 << 20, 2)
+    broken = pa.StringArray.from_buffers(2, pa.py_buffer(offsets), pa.py_buffer(b"ab"))
+    with pytest.raises(Broken, match="offset"):
+        rows(broken)
+
+
+def test_damage_is_told_from_read_errors() -> None:
+    from packcli.fs import ReadFailed
+    from packcli.read.columnar_integrity import is_damage
+
+    assert is_damage(OSError("CRC checksum verification failed"))  # pyarrow's, no errno
+    assert is_damage(pa.ArrowInvalid("Offset invariant failure"))
+    assert not is_damage(OSError(5, "Input/output error"))  # a failed system call
+    assert not is_damage(ConnectionResetError("reset"))
+    assert not is_damage(ReadFailed("OSError: connection reset"))

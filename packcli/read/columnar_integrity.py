@@ -137,9 +137,9 @@ def rows(array: pa.Array) -> tuple[list[Any], dict[int, str]]:
         raise Broken(one_line(exc)) from exc
     try:
         return array.to_pylist(), {}
-    except UnicodeDecodeError:
-        if raw is array:
-            raise
+    except UnicodeDecodeError as exc:
+        if raw is array:  # no binary view to find the rows by (a dictionary, a map)
+            raise Broken(f"invalid UTF-8: {exc}") from exc
     nested = not _is_text(kind)
     values: list[Any] = []
     bad: dict[int, str] = {}
