@@ -97,11 +97,22 @@ def _rejected(out: Path) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- Parquet pages
 
 
-def test_a_page_failing_its_crc_is_an_error_naming_file_and_rows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["plain", "dictionary", "snappy"])
+def test_a_page_failing_its_crc_is_an_error_naming_file_and_rows(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "c.parquet"
     texts = _texts(300)
-    _crc_parquet(path, texts)
-    _flip_in(path, b"row 0150 ")
+    if kind == "plain":
+        _crc_parquet(path, texts)
+        _flip_in(path, b"row 0150 ")
+    else:  # the flip in the middle of row group 1's text chunk (its dictionary: all of it)
+        options = {"compression": "snappy"} if kind == "snappy" else {"use_dictionary": True}
+        table = pa.table({"text": texts})
+        pq.write_table(table, path, row_group_size=100, write_page_checksum=True, **options)
+        chunk = pq.ParquetFile(path).metadata.row_group(1).column(0)
+        start = chunk.dictionary_page_offset or chunk.data_page_offset
+        blob = bytearray(path.read_bytes())
+        blob[start + chunk.total_compressed_size // 2] ^= 0x10
+        path.write_bytes(bytes(blob))
     with pytest.raises(BadLineError) as err:
         _read(path, "parquet")
     assert err.value.reason == "corrupt_stream"
