@@ -340,11 +340,35 @@ def opened_size(fh: Any) -> int:
     return int(size) if isinstance(size, int) else os.fstat(fh.fileno()).st_size
 
 
+class ReadFailed(OSError):
+    """Reading a URL's bytes failed (the network, the store): nothing is known about the
+    data. Its own type, because pyarrow passes a Python file's exception through as it is,
+    and reports damaged data as a plain ``OSError``: a store's plain ``OSError`` (s3fs
+    raises one for errors it does not map) would otherwise read as damage, skippable."""
+
+
+class _Reads:
+    """An fsspec file whose failed reads raise ``ReadFailed``; everything else as it is."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fh, name)
+
+    def read(self, *args: Any) -> bytes:
+        try:
+            return self._fh.read(*args)
+        except Exception as exc:  # re-raised: any backend error is a read error
+            raise ReadFailed(f"{type(exc).__name__}: {redact_text(str(exc))}") from exc
+
+
 def open_arrow(path: str) -> Any:
-    """A URL as a pyarrow random-access file (Parquet footers, Arrow IPC batches)."""
+    """A URL as a pyarrow random-access file (Parquet footers, Arrow IPC batches); a read
+    that fails raises ``ReadFailed``, never a skippable "damaged file"."""
     import pyarrow as pa
 
-    return pa.PythonFile(open_binary(path), mode="r")
+    return pa.PythonFile(_Reads(open_binary(path)), mode="r")
 
 
 # --------------------------------------------------------------------------- outputs

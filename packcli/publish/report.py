@@ -184,6 +184,11 @@ def _input_problem_lines(inp: dict[str, Any]) -> list[str]:
         lines.append(f"rejected  {_n(inp['rejected_lines'])} lines ({reasons}): rejected.jsonl")
     corrupt = inp.get("corrupt_streams") or []
     for entry in corrupt[:_CORRUPT_SHOWN]:
+        if "rows" in entry:  # a Parquet/Arrow file: a range of rows, later ones kept
+            first, end = entry["rows"]
+            left_out = f"rows {_n(first)}-{_n(end - 1)}" if end else f"rows from {_n(first)} on"
+            lines.append(f"corrupt   {entry['file']}: left out {left_out} ({entry['reason']})")
+            continue
         lines.append(
             f"corrupt   {entry['file']}: kept its first {_n(entry['kept_lines'])} lines, "
             f"discarded the rest ({entry['reason']})"

@@ -8,7 +8,8 @@ The modules follow the data:
 * ``spans.py``: byte spans of a large jsonl file, so several tasks can share it;
   ``columnar.py`` does the same with row-group ranges.
 * ``streams.py``: a jsonl file opened as lines, a compressed one verified first.
-* ``jsonl.py`` and ``columnar.py``: the two readers, filling ``batches.py``'s ``DocBatch``.
+* ``jsonl.py`` and ``columnar.py``: the two readers, filling ``batches.py``'s ``DocBatch``;
+  ``columnar_integrity.py`` judges what a Parquet/Arrow file's own checks say of its values.
 * ``bad_lines.py``: why a refused line is bad; ``rejects.py``: the ``--on-bad-line`` policy
   and the ``rejected.jsonl`` quarantine.
 """

@@ -39,11 +39,16 @@ class ReadStats:
     documents: int = 0
     blank_lines: int = 0
     bytes_read: int = 0  # uncompressed bytes
-    lines: int = 0  # lines read: documents + blank + rejected
+    # Lines read: documents + blank + rejected; Parquet/Arrow: rows, those left out as
+    # damaged included (a later unit of the file numbers its rows from this count).
+    lines: int = 0
     rejected: dict[str, int] = field(default_factory=dict)  # reason key -> lines (``skip``)
     # Under ``skip``, one entry per compressed file that failed verification: ``file``,
     # ``reason``, ``kept_lines``, ``discarded_lines`` (decoded after them; fewer than were
     # lost when decoding stopped early) and ``byte`` (compressed offset of the failed member).
+    # A Parquet/Arrow file: one entry per damaged range, ``file``, ``reason``, ``rows`` (the
+    # file's ``[first, end)``, end None when unknown) and ``discarded_lines`` (rows left out,
+    # None when unknown).
     corrupt_streams: list[dict[str, Any]] = field(default_factory=list)
     # With ``span``: the byte offset of the span's first line (the start of the first line
     # that begins inside the span); ``count_newlines(path, first_line_byte)`` lines precede it.
