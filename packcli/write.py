@@ -192,12 +192,19 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
     starts = plan.piece_start[pieces]
     lens = plan.piece_len[pieces]
     seg_offsets = layout.row_offsets[r0 : r1 + 1] - p0
+    # Where the tokens are read: by doc id and start, or (the tail) whole from a tail shard.
+    if plan.piece_source is None:
+        src, src_starts = docs, starts
+    else:
+        src, src_starts = plan.piece_source[pieces], np.zeros_like(starts)
     roles = None
     if source.has_pairs:
-        docs, starts, lens, seg_offsets, roles = pair_segments(
-            docs, starts, lens, seg_offsets, source.chosen_len(docs)
+        chosen = source.chosen_len(src)
+        docs = np.repeat(docs, 1 + (chosen > 0))  # a pair's two sequences keep its doc id
+        src, src_starts, lens, seg_offsets, roles = pair_segments(
+            src, src_starts, lens, seg_offsets, chosen
         )
-    tokens = source.gather(docs, starts, lens)
+    tokens = source.gather(src, src_starts, lens)
 
     segment_ids = _segment_ids(seg_offsets, lens)
     row_tokens = layout.row_tokens[r0:r1]
@@ -213,7 +220,7 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
         to_arrow(row_tokens, pa.int32()),
     ]
     if source.has_labels:
-        labels = source.gather(docs, starts, lens, labels=True)
+        labels = source.gather(src, src_starts, lens, labels=True)
         labels[np.cumsum(lens) - lens] = IGNORE_INDEX  # no loss on a segment's first token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
     if roles is not None:

@@ -146,6 +146,7 @@ def plan_tail(tails: Sequence[Pieces], config: PlanConfig) -> Plan:
         piece_doc=tail.doc[idx],
         piece_start=tail.start[idx] + plan.piece_start,
         stats=stats | {"tail_pieces": tail.size, "tail_tokens": int(tail.length.sum())},
+        piece_source=idx,
     )
 
 

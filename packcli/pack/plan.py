@@ -81,6 +81,10 @@ class Plan:
     short: RowLayout | None
     long: RowLayout | None
     stats: dict[str, Any] = field(default_factory=dict)
+    # Where each piece's tokens are read, when not at (doc, start) in the tokenized shards:
+    # the tail's pieces are read whole from the tail shards the group writes made, by their
+    # index there (``packcli.pack.groups.plan_tail``). None: read by doc id and start.
+    piece_source: np.ndarray | None = None
 
 
 def make_pieces(

@@ -27,6 +27,8 @@ class PlanConfig:
     algorithm: str = "bfd"
     seed: int = 0
     balance: str = "none"  # none | attention (see packcli/pack/balance.py)
+    # Tokens per group of token shards planned (and written) on its own (packcli/pack/groups.py)
+    group_tokens: int = 1 << 28
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCE_MODES:
@@ -45,5 +47,7 @@ class PlanConfig:
             )
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"plan.seed must be in 0..{MAX_SEED}, got {self.seed}")
+        if self.group_tokens < 1:
+            raise ConfigError(f"plan.group_tokens must be >= 1, got {self.group_tokens}")
         require_one_of("plan.overlong", self.overlong, OVERLONG_POLICIES)
         require_one_of("plan.algorithm", self.algorithm, PLAN_ALGORITHMS)

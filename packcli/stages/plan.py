@@ -1,5 +1,8 @@
-"""The plan stage: one global task over the lengths of every document (``packcli.pack.plan``
-decides the tiers and rows); the plan is saved for the write tasks with a digest of its arrays."""
+"""The plan stage: the documents' lengths planned by groups of token shards, plus the tail
+the groups released (``packcli.pack.groups``; a corpus of one group is one global plan,
+``packcli.pack.plan``). Each part is saved with a digest of its arrays, and ``plan.json``
+lists the parts and the row ranges of their output files, so a write task loads only the
+parts it writes."""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ import dataclasses
 import hashlib
 import logging
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,11 +29,20 @@ from packcli.config import (
 from packcli.errors import InputError, PackcliError
 from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES
+from packcli.pack.groups import (
+    POLICY_KEYS,
+    Pieces,
+    group_count,
+    plan_group,
+    plan_tail,
+    shard_groups,
+)
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import collect_tokens
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.tokenize.shards import TokenShards
+from packcli.write import file_ranges
 
 log = logging.getLogger(__name__)
 
@@ -39,85 +53,276 @@ def plan_fingerprint(plan_cfg: PlanConfig, tokens_fingerprint: str) -> str:
     )
 
 
+PLAN_DIR = "plan"  # the parts' arrays: plan/group-NNNNN.npz, plan/tail.npz
+
+
+@dataclass(frozen=True)
+class PlanPart:
+    """One independently planned part of the output: a group of token shards, or the tail
+    (the pieces the groups released, planned together). Its rows are written from its own
+    shards only (the tail: from the tail shards the groups' write tasks cut)."""
+
+    name: str  # group-NNNNN | tail
+    shards: tuple[int, ...]  # token shards its rows read (the tail: none)
+    files: dict[str, list[tuple[int, int]]]  # per config, each file's rows r0..r1-1
+    tokens: dict[str, int]  # per config
+    tail_pieces: int  # a group: pieces it released; the tail: pieces it holds
+    content_sha256: str
+
+    @property
+    def is_tail(self) -> bool:
+        return self.name == TAIL
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> PlanPart:
+        return cls(
+            name=r["name"],
+            shards=tuple(r["shards"]),
+            files={k: [tuple(f) for f in v] for k, v in r["files"].items()},  # type: ignore[misc]
+            tokens=dict(r["tokens"]),
+            tail_pieces=int(r["tail_pieces"]),
+            content_sha256=r["content_sha256"],
+        )
+
+
+TAIL = "tail"
+
+
+@dataclass(frozen=True)
+class PlanSet:
+    """The saved plan: its parts in output order (groups, then the tail) and the settings it
+    was made with. Parts' arrays are loaded one at a time (``load_part``), so no process
+    needs the plan of the whole corpus to write its share."""
+
+    parts: tuple[PlanPart, ...]
+    config: PlanConfig
+    stats: dict[str, Any]
+    shard_tokens: int  # write.shard_tokens the files were cut by
+
+    def jobs(self) -> list[FileJob]:
+        """Every output file, in a fixed order: per config, part after part."""
+        jobs = []
+        for name in CONFIG_NAMES:
+            count = sum(len(p.files[name]) for p in self.parts)
+            i = 0
+            for k, part in enumerate(self.parts):
+                for r0, r1 in part.files[name]:
+                    jobs.append(FileJob(name, i, count, k, r0, r1))
+                    i += 1
+        return jobs
+
+
+@dataclass(frozen=True)
+class FileJob:
+    """One output Parquet file: config, index and count (its name), and which rows of which
+    part it holds."""
+
+    config: str
+    index: int
+    count: int
+    part: int
+    r0: int
+    r1: int
+
+    @property
+    def rel(self) -> str:
+        return f"data/{self.config}/train-{self.index:05d}-of-{self.count:05d}.parquet"
+
+
 @in_mirror
-def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShards]:
-    """Global plan over the lengths of all tokenized documents; saved for the write tasks.
+def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[PlanSet, TokenShards]:
+    """The plan over the lengths of all tokenized documents, by groups of shards plus the
+    tail (``packcli.pack.groups``; a corpus of one group is one global plan); saved for the
+    write tasks.
 
     The finished output (if any) stays complete: its Parquet files do not change here."""
     require_out(cfg)
     shards = collect_tokens(cfg)
-    lengths = shards.column("length").astype(np.int64)
-    if lengths.size == 0:
+    if shards.num_docs == 0:
         raise InputError(
             f"no documents in {len(shards.success['files'])} input file(s) "
             f"({shards.success['read_stats']['blank_lines']} blank lines); nothing to pack"
         )
-    with progress_bar(quiet, total=1, desc="plan") as bar:
-        plan = plan_two_tier(lengths, cfg.plan)
-        bar.update(1)
-    _save_plan(cfg, plan, shards.success["fingerprint"])
-    work_store(cfg).push("plan.npz", "plan.json")
+    n_groups = group_count(int(shards.success["tokens"]), cfg.plan.group_tokens)
+    groups = shard_groups(len(shards), n_groups)
+    parts: list[PlanPart] = []
+    tails: list[Pieces] = []
+    stats: dict[str, Any] = {}
+    folder = cfg.work_path / PLAN_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    with progress_bar(quiet, total=len(groups) + (len(groups) > 1), desc="plan") as bar:
+        for g, members in enumerate(groups):
+            lengths = _group_lengths(shards, members)
+            if len(groups) == 1:  # one group: the global plan, nothing released
+                plan = plan_two_tier(lengths, cfg.plan)
+                tail = Pieces.concat([])
+            else:
+                docs = _group_docs(shards, members)
+                grouped = plan_group(lengths, docs, cfg.plan, g)
+                plan, tail = grouped.plan, grouped.tail
+            del lengths
+            parts.append(_save_part(cfg, f"group-{g:05d}", plan, members, tail))
+            tails.append(tail)
+            stats = _add_stats(stats, plan.stats)
+            bar.update(1)
+        if len(groups) > 1:
+            tail_plan = plan_tail(tails, cfg.plan)
+            parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None))
+            stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
+            bar.update(1)
+    if len(groups) == 1:
+        stats = dict(plan.stats)
+    planset = PlanSet(tuple(parts), cfg.plan, stats, cfg.write.shard_tokens)
+    _save_plan(cfg, planset, shards.success["fingerprint"])
+    work_store(cfg).push(*(f"{PLAN_DIR}/{p.name}.npz" for p in parts), "plan.json")
     crash_point("plan")
-    return plan, shards
+    return planset, shards
 
 
-def _save_plan(cfg: RunConfig, plan: Plan, tokens_fingerprint: str) -> None:
-    path = cfg.work_path / "plan.npz"
+def _group_lengths(shards: TokenShards, members: np.ndarray) -> np.ndarray:
+    """The documents' lengths of a group's shards (ranged reads of one column each)."""
+    parts = [shards.shard_column(int(s), "length").astype(np.int64) for s in members]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _group_docs(shards: TokenShards, members: np.ndarray) -> np.ndarray:
+    """The global doc ids of a group's shards' documents, in the group's order."""
+    ranges = [
+        np.arange(shards.first_doc_ids[s], shards.first_doc_ids[s] + shards.manifests[s]["num_docs"])
+        for s in members
+    ]
+    return np.concatenate(ranges).astype(np.int64) if ranges else np.zeros(0, dtype=np.int64)
+
+
+def _add_stats(total: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """Policy counts summed over groups (the tail adds none)."""
+    return {k: int(total.get(k, 0)) + int(part.get(k, 0)) for k in POLICY_KEYS}
+
+
+def _plan_arrays(plan: Plan) -> dict[str, np.ndarray]:
     arrays = {"piece_doc": plan.piece_doc, "piece_start": plan.piece_start}
     arrays["piece_len"] = plan.piece_len
+    if plan.piece_source is not None:
+        arrays["piece_source"] = plan.piece_source
     for name in CONFIG_NAMES:
         layout: RowLayout = getattr(plan, name)
         arrays[f"{name}_row_offsets"] = layout.row_offsets
         arrays[f"{name}_row_pieces"] = layout.row_pieces
         arrays[f"{name}_row_tokens"] = layout.row_tokens
-    with atomic_writer(path) as fh:  # np.savez writes the same bytes to a file or a path
-        np.savez(fh, **arrays)
-    # What the Parquet files depend on is the plan itself, not only the settings that made it
-    # (another packcli build may plan the same settings differently): write records carry
-    # this digest of the arrays (the npz bytes hold zip timestamps, so not the file's hash).
+    return arrays
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    """What the Parquet files depend on is the plan itself, not only the settings that made
+    it (another packcli build may plan the same settings differently): write records carry
+    this digest of the arrays (the npz bytes hold zip timestamps, so not the file's hash)."""
     digest = hashlib.sha256()
     for name in sorted(arrays):
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(arrays[name]).view(np.uint8).data)
+    return digest.hexdigest()
+
+
+def _save_part(
+    cfg: RunConfig, name: str, plan: Plan, members: np.ndarray, tail: Pieces | None
+) -> PlanPart:
+    arrays = _plan_arrays(plan)
+    if tail is not None:
+        arrays.update(tail_doc=tail.doc, tail_start=tail.start, tail_len=tail.length)
+    with atomic_writer(cfg.work_path / PLAN_DIR / f"{name}.npz") as fh:
+        np.savez(fh, **arrays)  # np.savez writes the same bytes to a file or a path
+    return PlanPart(
+        name=name,
+        shards=tuple(int(s) for s in members),
+        files={
+            c: file_ranges(getattr(plan, c), cfg.write.shard_tokens) for c in CONFIG_NAMES
+        },
+        tokens={c: int(getattr(plan, c).row_tokens.sum()) for c in CONFIG_NAMES},
+        tail_pieces=int(plan.piece_len.size if tail is None else tail.size),
+        content_sha256=_digest(arrays),
+    )
+
+
+def _save_plan(cfg: RunConfig, planset: PlanSet, tokens_fingerprint: str) -> None:
+    digest = fingerprint([p.content_sha256 for p in planset.parts])
     atomic_write_json(
         cfg.work_path / "plan.json",
         {
-            "content_sha256": digest.hexdigest(),
+            "content_sha256": digest,
             "fingerprint": plan_fingerprint(cfg.plan, tokens_fingerprint),
             "tokens_fingerprint": tokens_fingerprint,
-            "stats": plan.stats,
+            "stats": planset.stats,
             "plan": dataclasses.asdict(cfg.plan),
+            # Output files are cut when planning (each part's rows into files of about
+            # this many tokens), so write tasks need only their own parts' arrays.
+            "write_shard_tokens": cfg.write.shard_tokens,
+            "parts": [p.as_record() for p in planset.parts],
         },
     )
 
 
-def load_plan(work: Path, shards: TokenShards) -> tuple[Plan, PlanConfig]:
-    """The saved plan and the settings it was made with (write tasks need no plan flags)."""
+def load_plan(work: Path, shards: TokenShards) -> PlanSet:
+    """The saved plan's parts and the settings it was made with (write tasks need no plan
+    flags); each part's arrays are read by ``load_part`` when needed."""
     meta = read_json(work / "plan.json")
     if not meta or meta.get("tokens_fingerprint") != shards.success["fingerprint"]:
         raise PackcliError(
             f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
         )
     try:
-        plan_cfg = PlanConfig(**meta["plan"])
-        with np.load(work / "plan.npz") as z:
+        return PlanSet(
+            tuple(PlanPart.from_record(r) for r in meta["parts"]),
+            PlanConfig(**meta["plan"]),
+            meta["stats"],
+            int(meta["write_shard_tokens"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PackcliError(
+            f"{work / 'plan.json'}: damaged plan ({exc}); run `packcli plan` again"
+        ) from exc
+
+
+def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Pieces]:
+    """A part's plan, and (a group) the pieces it released to the tail."""
+    path = work / PLAN_DIR / f"{part.name}.npz"
+    cfg = planset.config
+    try:
+        with np.load(path) as z:
             layouts = {
                 name: RowLayout(
-                    plan_cfg.short_len if name == "short" else plan_cfg.long_len,
+                    cfg.short_len if name == "short" else cfg.long_len,
                     z[f"{name}_row_offsets"],
                     z[f"{name}_row_pieces"],
                     z[f"{name}_row_tokens"],
                 )
                 for name in CONFIG_NAMES
             }
+            source = z["piece_source"] if "piece_source" in z.files else None
             plan = Plan(
-                z["piece_doc"], z["piece_start"], z["piece_len"], stats=meta["stats"], **layouts
+                z["piece_doc"],
+                z["piece_start"],
+                z["piece_len"],
+                stats={},
+                piece_source=source,
+                **layouts,
             )
+            if "tail_doc" in z.files:
+                tail = Pieces(z["tail_doc"], z["tail_start"], z["tail_len"])
+            else:
+                tail = Pieces.concat([])
+            arrays = {k: z[k] for k in z.files}
+            if part.tail_pieces != (plan.piece_len.size if part.is_tail else tail.size):
+                raise ValueError("the part's piece count differs from plan.json")
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
         raise PackcliError(
-            f"{work / 'plan.npz'}: damaged or missing plan ({exc}); run `packcli plan` again"
+            f"{path}: damaged or missing plan ({exc}); run `packcli plan` again"
         ) from exc
-    return plan, plan_cfg
+    if _digest(arrays) != part.content_sha256:
+        raise PackcliError(f"{path}: does not match plan.json; run `packcli plan` again")
+    return plan, tail
 
 
 def stored_config(cfg: RunConfig) -> RunConfig:

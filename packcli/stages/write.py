@@ -1,24 +1,34 @@
-"""The write stage: each task writes its share of the output Parquet files from the saved plan
-and the tokenized shards, with a record per finished file for resume."""
+"""The write stage: each task writes the output Parquet files of whole parts of the saved plan
+(groups of token shards), so it reads each of its groups' shards once and no other; with a
+record per finished file for resume. A group's task also cuts the group's *tail shard* (the
+tokens of the pieces the group released); the tail's files are written from those last."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from packcli.atomic import atomic_write_json
+import numpy as np
+import pyarrow as pa
+
+from packcli.arrow_np import list_array, to_numpy
+from packcli.atomic import atomic_path, atomic_write_json
 from packcli.config import RunConfig
+from packcli.errors import PackcliError
 from packcli.faults import crash_point
 from packcli.fs import begin_changes, put_output_file
-from packcli.names import CONFIG_NAMES
+from packcli.pack.groups import Pieces
 from packcli.pack.plan import Plan
 from packcli.stages.index import collect_tokens
-from packcli.stages.plan import load_plan, plan_fingerprint
+from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan, plan_fingerprint
+from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
 from packcli.stages.workstore import WorkStore, in_mirror, work_store
-from packcli.tokenize.shards import TokenShards, sha256_file
-from packcli.write import TokenSource, file_ranges, write_config_file
+from packcli.tokenize.shards import ShardTokens, TokenShards, sha256_file
+from packcli.write import TokenSource, write_config_file
 
 log = logging.getLogger(__name__)
 
@@ -33,93 +43,234 @@ def write_fingerprint(cfg: RunConfig, shards: TokenShards) -> str:
     )
 
 
-def parquet_jobs(cfg: RunConfig, plan: Plan) -> list[tuple[str, int, int, int, int]]:
-    """Every output file as (config, index, count, first row, end row), in a fixed order."""
-    jobs = []
-    for name in CONFIG_NAMES:
-        ranges = file_ranges(getattr(plan, name), cfg.write.shard_tokens)
-        jobs += [(name, i, len(ranges), r0, r1) for i, (r0, r1) in enumerate(ranges)]
-    return jobs
+def task_parts(planset: PlanSet, task_index: int, num_tasks: int) -> list[int]:
+    """The groups (part indices) a write task writes: whole groups, balanced by tokens, the
+    same assignment in every task. The tail is not a task's: ``write_tail`` writes it."""
+    groups = [k for k, part in enumerate(planset.parts) if not part.is_tail]
+    owner = assign_by_size([sum(planset.parts[k].tokens.values()) for k in groups], num_tasks)
+    return [k for k, t in zip(groups, owner, strict=True) if t == task_index]
+
+
+class _Writer:
+    """What writing any part's files needs: the records folder, the fingerprint, where the
+    finished files are, and the one rule for whether a file is already written."""
+
+    def __init__(self, cfg: RunConfig, shards: TokenShards) -> None:
+        self.cfg = cfg
+        self.out = require_out(cfg)
+        self.store = work_store(cfg)
+        self.fingerprint = write_fingerprint(cfg, shards)
+        self.records = cfg.work_path / "write"
+        self.records.mkdir(parents=True, exist_ok=True)
+        # Where the Parquet files are: this disk, or (URL work folder) the remote output.
+        self.placed = self.store.out_listing("data") if isinstance(self.store, WorkStore) else None
+
+    def written(self, job: FileJob) -> bool:
+        record = read_json(self.records / f"{job.config}-{job.index:05d}.json")
+        if record.get("fingerprint") != self.fingerprint:
+            return False
+        if self.placed is not None:
+            return self.placed.get(job.rel) == record.get("bytes")
+        return (self.out / job.rel).is_file()
+
+    def begin(self, jobs: list[FileJob]) -> None:
+        """Before the first file of ``jobs`` changes: the finished output is no longer."""
+        if not all(self.written(job) for job in jobs):
+            uncomplete(self.cfg)  # a Parquet file the finished output lists is about to change
+            if self.cfg.remote_out:  # and on the store: its packcli.json goes before the first
+                begin_changes(self.cfg.remote_out)
+
+    def write_files(
+        self,
+        plan: Plan,
+        source: TokenSource,
+        jobs: list[FileJob],
+        on_tokens: Callable[[int], None],
+    ) -> None:
+        """``jobs`` (files of one part) from ``plan`` and ``source``, side by side on the
+        process's threads (Parquet encoding runs without the GIL; each file's bytes do not
+        depend on which thread wrote it, or when)."""
+
+        def write_one(job: FileJob) -> None:
+            layout = getattr(plan, job.config)
+            final = self.out / job.rel
+            record_path = self.records / f"{job.config}-{job.index:05d}.json"
+            if self.written(job):
+                on_tokens(int(layout.row_tokens[job.r0 : job.r1].sum()))
+                return
+            record_path.unlink(missing_ok=True)
+            write_config_file(
+                plan, layout, source, final, self.cfg.write, job.r0, job.r1, on_tokens
+            )
+            record = {
+                "fingerprint": self.fingerprint,
+                "file": final.name,
+                "rows": job.r1 - job.r0,
+                "tokens": int(layout.row_tokens[job.r0 : job.r1].sum()),
+                "bytes": final.stat().st_size,
+                "sha256": sha256_file(final),
+            }
+            if isinstance(self.store, WorkStore):  # straight to the remote output, then the record
+                self.store.put_output(final, job.rel)
+            elif self.cfg.remote_out:  # uploads overlap writing; finalize puts only what is not up
+                put_output_file(
+                    self.out,
+                    self.cfg.work_path,
+                    self.cfg.remote_out,
+                    job.rel,
+                    record["bytes"],
+                    record["sha256"],
+                )
+            atomic_write_json(record_path, record)
+            self.store.push(f"write/{record_path.name}")
+            crash_point(f"write:{job.config}:{job.index}")
+
+        workers = max(1, min(len(jobs), self.cfg.tokenize.threads))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="packcli-write") as pool:
+            for _ in pool.map(write_one, jobs):
+                pass
 
 
 @in_mirror
 def write_task(
     cfg: RunConfig,
-    plan: Plan,
+    planset: PlanSet,
     shards: TokenShards,
     *,
     task_index: int = 0,
     num_tasks: int = 1,
     quiet: bool = False,
 ) -> None:
-    """Write this task's share of the output files (round robin over all files)."""
-    out = require_out(cfg)
-    store = work_store(cfg)
+    """Write this task's groups' files (and tail shards); a single task writes the tail too."""
+    writer = _Writer(cfg, shards)
+    store = writer.store
     # plan.json is here already: write_stage pulled it, or ``pack`` made it in this process.
     store.pull_records("write")
-    fingerprint = write_fingerprint(cfg, shards)
-    records = cfg.work_path / "write"
-    records.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(records / "config.json", {"write": dataclasses.asdict(cfg.write)})
+    atomic_write_json(writer.records / "config.json", {"write": dataclasses.asdict(cfg.write)})
     store.push("write/config.json")
-    jobs = parquet_jobs(cfg, plan)[task_index::num_tasks]
-    # Where the Parquet files are: this disk, or (URL work folder) the remote output.
-    placed = store.out_listing("data") if isinstance(store, WorkStore) else None
-
-    def written(job: tuple[str, int, int, int, int]) -> bool:
-        name, i, count = job[:3]
-        final = out / "data" / name / f"train-{i:05d}-of-{count:05d}.parquet"
-        record = read_json(records / f"{name}-{i:05d}.json")
-        if record.get("fingerprint") != fingerprint:
-            return False
-        if placed is not None:
-            return placed.get(f"data/{name}/{final.name}") == record.get("bytes")
-        return final.is_file()
-
-    if not all(written(job) for job in jobs):
-        uncomplete(cfg)  # a Parquet file the finished output lists is about to change
-        if cfg.remote_out:  # and on the store: its packcli.json goes before the first one
-            begin_changes(cfg.remote_out)
-    total = sum(int(getattr(plan, j[0]).row_tokens[j[3] : j[4]].sum()) for j in jobs)
-    source = TokenSource.of(shards)
+    mine = task_parts(planset, task_index, num_tasks)
+    jobs = [job for job in planset.jobs() if job.part in mine]
+    writer.begin(jobs)
+    has_tail = planset.parts[-1].is_tail
+    total = sum(sum(planset.parts[k].tokens.values()) for k in mine)
     with progress_bar(quiet, total=total, unit="tok", unit_scale=True, desc="write") as bar:
+        for k in mine:
+            part = planset.parts[k]
+            part_jobs = [job for job in jobs if job.part == k]
+            if all(writer.written(job) for job in part_jobs) and (
+                not has_tail or _tail_shard_done(writer, part)
+            ):
+                bar.update(sum(part.tokens.values()))
+                continue
+            store.pull(f"plan/{part.name}.npz")
+            plan, tail = load_part(cfg.work_path, planset, part)
+            source = TokenSource.of(shards)  # loads a shard when a row first needs it
+            writer.write_files(plan, source, part_jobs, bar.update)
+            if has_tail:
+                _write_tail_shard(writer, part, source, tail)
+    if num_tasks == 1:
+        write_tail(cfg, planset, shards, quiet=quiet)
 
-        def write_one(job: tuple[str, int, int, int, int]) -> None:
-            name, i, count, r0, r1 = job
-            layout = getattr(plan, name)
-            final = out / "data" / name / f"train-{i:05d}-of-{count:05d}.parquet"
-            record_path = records / f"{name}-{i:05d}.json"
-            if written(job):
-                bar.update(int(layout.row_tokens[r0:r1].sum()))
-                return
-            record_path.unlink(missing_ok=True)
-            write_config_file(plan, layout, source, final, cfg.write, r0, r1, bar.update)
-            record = {
-                "fingerprint": fingerprint,
-                "file": final.name,
-                "rows": r1 - r0,
-                "tokens": int(layout.row_tokens[r0:r1].sum()),
-                "bytes": final.stat().st_size,
-                "sha256": sha256_file(final),
-            }
-            if isinstance(store, WorkStore):  # straight to the remote output, then the record
-                store.put_output(final, f"data/{name}/{final.name}")
-            elif cfg.remote_out:  # uploads overlap writing; finalize puts only what is not up
-                rel = f"data/{name}/{final.name}"
-                put_output_file(
-                    out, cfg.work_path, cfg.remote_out, rel, record["bytes"], record["sha256"]
-                )
-            atomic_write_json(record_path, record)
-            store.push(f"write/{record_path.name}")
-            crash_point(f"write:{name}:{i}")
 
-        # Files are independent and Parquet encoding/compression runs without the GIL, so
-        # files are written side by side on the process's threads (each file's bytes do not
-        # depend on which thread wrote it, or when).
-        workers = max(1, min(len(jobs), cfg.tokenize.threads))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="packcli-write") as pool:
-            for _ in pool.map(write_one, jobs):
-                pass
+def _tail_shard_name(part: PlanPart) -> str:
+    return f"tail-{part.name}"
+
+
+def _tail_shard_done(writer: _Writer, part: PlanPart) -> bool:
+    record = read_json(writer.records / f"{_tail_shard_name(part)}.json")
+    return (
+        record.get("fingerprint") == writer.fingerprint
+        and record.get("pieces") == part.tail_pieces
+        and (writer.placed is not None or (writer.records / record.get("file", "-")).is_file())
+    )
+
+
+def _write_tail_shard(writer: _Writer, part: PlanPart, source: TokenSource, tail: Pieces) -> None:
+    """The tokens (labels, pair lengths) of the pieces ``part`` released, one list per piece
+    in the tail's order, into ``write/tail-group-NNNNN.arrow``: read from the group's own
+    shards while they are open, so the tail's writer never touches a group's shards."""
+    if _tail_shard_done(writer, part):
+        return
+    name = _tail_shard_name(part)
+    offsets = np.zeros(tail.size + 1, dtype=np.int64)
+    np.cumsum(tail.length, out=offsets[1:])
+    columns = {"input_ids": list_array(offsets, source.gather(tail.doc, tail.start, tail.length))}
+    if source.has_labels:
+        labels = source.gather(tail.doc, tail.start, tail.length, labels=True)
+        columns["labels"] = list_array(offsets, labels)
+    if source.has_pairs:
+        columns["chosen_len"] = pa.array(source.chosen_len(tail.doc).astype(np.int32))
+    batch = pa.record_batch(columns)
+    path = writer.records / f"{name}.arrow"
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink:
+        with pa.ipc.new_file(sink, batch.schema) as w:
+            w.write_batch(batch)
+    store = writer.store
+    store.push(f"write/{path.name}")
+    record = {
+        "fingerprint": writer.fingerprint,
+        "file": path.name,
+        "pieces": tail.size,
+        "bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+    }
+    atomic_write_json(writer.records / f"{name}.json", record)
+    store.push(f"write/{name}.json")
+
+
+def _load_tail_shard(path: Path, first: int) -> ShardTokens:
+    batch = pa.ipc.open_file(pa.memory_map(str(path), "r")).get_batch(0)
+    ids = batch.column("input_ids")
+    names = batch.schema.names
+    return ShardTokens(
+        values=to_numpy(ids.values),
+        offsets=to_numpy(ids.offsets).astype(np.int64),
+        first_doc_id=first,
+        labels=to_numpy(batch.column("labels").values) if "labels" in names else None,
+        chosen_len=to_numpy(batch.column("chosen_len")) if "chosen_len" in names else None,
+    )
+
+
+def write_tail(cfg: RunConfig, planset: PlanSet, shards: TokenShards, *, quiet: bool = False) -> None:
+    """The tail's files, from the groups' tail shards (after every group's task is done)."""
+    if not planset.parts[-1].is_tail:
+        return
+    writer = _Writer(cfg, shards)
+    store = writer.store
+    store.pull_records("write")
+    k = len(planset.parts) - 1
+    part = planset.parts[k]
+    jobs = [job for job in planset.jobs() if job.part == k]
+    if all(writer.written(job) for job in jobs):
+        return
+    writer.begin(jobs)
+    groups = planset.parts[:-1]
+    missing = [p.name for p in groups if not _tail_shard_done(writer, p)]
+    if missing:
+        raise PackcliError(
+            f"write task(s) not finished: {len(missing)} group(s) have no tail shard, e.g. "
+            f"{missing[0]}; run `packcli write` for every task first"
+        )
+    loaded, first = [], 0
+    for p in groups:
+        rel = f"write/{_tail_shard_name(p)}.arrow"
+        store.pull(rel)
+        path = cfg.work_path / rel
+        record = read_json(writer.records / f"{_tail_shard_name(p)}.json")
+        if not path.is_file() or sha256_file(path) != record.get("sha256"):
+            raise PackcliError(f"{path}: damaged tail shard; run `packcli write` again")
+        loaded.append(_load_tail_shard(path, first))
+        first += p.tail_pieces
+    store.pull(f"plan/{part.name}.npz")
+    plan, _ = load_part(cfg.work_path, planset, part)
+    source = TokenSource(
+        loaded,
+        columns={c for c in ("labels", "chosen_len") if all(getattr(s, c) is not None for s in loaded)}
+        if loaded
+        else set(),
+    )
+    with progress_bar(quiet, total=sum(part.tokens.values()), unit="tok", unit_scale=True, desc="write tail") as bar:
+        writer.write_files(plan, source, jobs, bar.update)
 
 
 @in_mirror
@@ -128,7 +279,14 @@ def write_stage(
 ) -> None:
     """``packcli write``: one write task over the saved plan, with the plan's own settings."""
     shards = collect_tokens(cfg)
-    work_store(cfg).pull("plan.json", "plan.npz")
-    plan, plan_cfg = load_plan(cfg.work_path, shards)
-    cfg = dataclasses.replace(cfg, plan=plan_cfg)
-    write_task(cfg, plan, shards, task_index=task_index, num_tasks=num_tasks, quiet=quiet)
+    cfg, planset = planned_config(cfg, shards)
+    write_task(cfg, planset, shards, task_index=task_index, num_tasks=num_tasks, quiet=quiet)
+
+
+def planned_config(cfg: RunConfig, shards: TokenShards) -> tuple[RunConfig, PlanSet]:
+    """The saved plan, and ``cfg`` with the settings it was made with (the plan's, and the
+    output file size its files were cut by)."""
+    work_store(cfg).pull("plan.json")
+    planset = load_plan(cfg.work_path, shards)
+    write = dataclasses.replace(cfg.write, shard_tokens=planset.shard_tokens)
+    return dataclasses.replace(cfg, plan=planset.config, write=write), planset

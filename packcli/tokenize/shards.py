@@ -251,9 +251,13 @@ class TokenShards:
         except pa.ArrowException as exc:
             raise _damaged(self.folder / self.manifests[index]["file"], exc) from exc
 
+    def shard_column(self, index: int, name: str) -> np.ndarray:
+        """One scalar column of one shard (reads only that column)."""
+        return to_numpy(self._read_column(index, name))
+
     def column(self, name: str) -> np.ndarray:
         """One scalar column over all shards, in doc-id order (reads only that column)."""
-        parts = [to_numpy(self._read_column(i, name)) for i in range(len(self))]
+        parts = [self.shard_column(i, name) for i in range(len(self))]
         if not parts:
             return np.zeros(0, dtype=PREFERENCE_SHARD_SCHEMA.field(name).type.to_pandas_dtype())
         return np.concatenate(parts)
