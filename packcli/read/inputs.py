@@ -147,7 +147,9 @@ def _walk_local(base: Path, wanted: Sequence[str]) -> _Tree:
                 is_dir = is_file = False
             if is_dir:
                 real = os.path.realpath(path)
-                if real in above:
+                # A link to a folder holding it (by real paths), or back to one this search
+                # came through: a loop, whose files are reached without it.
+                if real in above or Path(above[-1]).is_relative_to(real):
                     logger.info("not following %s: a link to %s, which holds it", path, real)
                     continue
                 stack.append((path, f"{name}/", (*above, real)))
@@ -289,6 +291,7 @@ class _Found:
         # A remote --out: inputs under its prefix are its own output files.
         self.url_fences = [normalize(str(p)) + "/" for p in exclude if is_url(p)]
         self.fenced_out = 0  # files skipped because they are under an excluded folder
+        self.twice: list[tuple[Path | str, Path | str]] = []  # a file reached again: names
 
     def files(self, n_specs: int) -> list[Path | str]:
         """Every file found, in the order that numbers the documents."""
@@ -296,6 +299,15 @@ class _Found:
             raise InputError("no input files given")
         if self.fenced_out:
             logger.info("not reading %d file(s) under the output or work folder", self.fenced_out)
+        if self.twice:
+            first, again = self.twice[0]
+            also = f"also as {shown_name(again)}" if again != first else "by two inputs"
+            logger.warning(
+                "%d file(s) reached more than once, read once each (e.g. %s, %s)",
+                len(self.twice),
+                shown_name(first),
+                also,
+            )
         result = [shown for shown, _ in sorted(self.found.values(), key=lambda v: v[1])]
         logger.debug("resolved %d input spec(s) to %d file(s)", n_specs, len(result))
         return result
@@ -324,12 +336,7 @@ class _Found:
             key = (st.st_dev, st.st_ino)
         old = self.found.get(key)
         if old is not None:
-            also = f"also as {shown_name(shown)}" if old[0] != shown else "by several inputs"
-            logger.warning(
-                "%s is reached more than once (%s): its documents are read once",
-                shown_name(old[0]),
-                also,
-            )
+            self.twice.append((old[0], shown))
             if str(shown) >= str(old[0]):
                 return
             if order is None and old[1][1] >= 0:
