@@ -236,6 +236,24 @@ def test_a_link_that_cannot_be_followed_is_named(tree: Path, form: str) -> None:
     assert len(resolve_inputs([f"{tree}/a*.jsonl"])) == 1
 
 
+@pytest.mark.parametrize("spec", ["{d}", "{d}/*", "{d}/fifo.jsonl"])
+def test_an_entry_that_is_not_a_file_is_named_not_read(tmp_path: Path, spec: str) -> None:
+    folder = tmp_path / "d"
+    write_rows(folder / "a.jsonl", ["x"])
+    os.mkfifo(folder / "fifo.jsonl")  # reading it would wait for a writer forever
+    with hang_guard(), pytest.raises(InputError, match=r"fifo\.jsonl.*not a"):
+        resolve_inputs([spec.format(d=folder)])
+
+
+def test_file_urls_take_hash_and_question_marks_as_name_characters(tmp_path: Path) -> None:
+    folder = tmp_path / "we#ird?dir é"
+    write_rows(folder / "a b.jsonl", ["x"])
+    want = resolve_inputs([str(folder)])
+    assert resolve_inputs([f"file://{folder}"]) == want
+    assert resolve_inputs([f"file://{urllib.parse.quote(str(folder))}/"]) == want
+    assert resolve_inputs([f"file://localhost{folder}/*.jsonl"]) == want
+
+
 def test_a_file_reached_twice_is_read_once_with_a_warning(
     tree: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
