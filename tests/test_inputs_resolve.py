@@ -293,7 +293,13 @@ def _list_twice(folder: Path) -> None:
     (folder / "state.json").write_text(json.dumps(state))
 
 
+def _no_records(folder: Path) -> None:
+    for name in ("state.json", "dataset_info.json"):  # killed before save_to_disk wrote them
+        (folder / name).unlink()
+
+
 DAMAGES = {
+    "no_records": (_no_records, r"saved looks like a datasets save_to_disk folder \(cache-"),
     "truncated": (_truncate, r"saved/state\.json: not a datasets state\.json"),
     "missing": (_drop_state, r"saved looks like a datasets save_to_disk folder .*no state\.json"),
     "absent_file": (
@@ -361,6 +367,28 @@ def test_pack_reads_a_mapped_saved_dataset_once(toy_tokenizer_path: Path, tmp_pa
     code, output = invoke("pack", parent, "-t", toy_tokenizer_path, "-o", tmp_path / "o2", *ARGS)
     assert code == 1
     assert "saved/state.json: not a datasets state.json" in output
+
+
+def test_a_saved_dataset_in_a_hub_repo_is_fetched_with_its_state_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+    from corpora import hub_cache
+
+    saved = saved_dataset(tmp_path / "saved")
+    files = {f"ds/{p.name}": p.read_bytes() for p in saved.iterdir()}
+    commit = hub_cache(tmp_path / "hub", "datasets", "packcli/saved", files)
+    snapshot = tmp_path / "hub" / "datasets--packcli--saved" / "snapshots" / commit
+    asked: list[str] = []
+
+    def download(repo_id: str, **kwargs: Any) -> str:
+        asked.extend(kwargs["allow_patterns"])
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    got = resolve_inputs(["hf-dataset:packcli/saved/ds"])
+    assert texts_of(got) == [f"saved {i}" for i in range(9)]  # not the map() cache's rows
+    assert "ds/*state.json" in asked
 
 
 # --------------------------------------------------------------------------- names

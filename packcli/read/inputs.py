@@ -96,10 +96,6 @@ def split_glob(parts: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(parts[:first]), [p for p in parts[first:] if p]
 
 
-def _parent(rel: str) -> str:
-    return rel.rpartition("/")[0]
-
-
 class _Tree:
     """The files under one folder by path relative to it (``/``-separated), as local paths or
     URLs, and the entries with an input's name that cannot be read (why, by path)."""
@@ -361,6 +357,8 @@ class _Found:
         _, listed = list_tree(spec)
         if "" in listed:  # a file
             url = listed[""]
+            if self.input_format == "hf-disk":
+                raise InputError(f"{redact(spec)} is not a datasets save_to_disk folder")
             if self.input_format in ("parquet", "arrow") or suffix_format(url) in self.wanted:
                 self.add_reached([(url, None)])
                 return

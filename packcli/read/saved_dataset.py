@@ -21,11 +21,11 @@ from packcli.errors import InputError
 
 STATE = "state.json"
 DICT = "dataset_dict.json"
-# The Arrow file names datasets writes: save_to_disk's shards, map()/filter()'s caches (one
-# per process with num_proc), and old versions' single file.
-_ARROW_NAMES = re.compile(
-    r"^(data-\d{5}-of-\d{5}|cache-[0-9a-f]{8,}(_\d{5}_of_\d{5})?|dataset)\.arrow$"
-)
+SAVED_DATASET_RECORDS = (STATE, "dataset_info.json", DICT)
+"""The JSON files ``save_to_disk`` writes beside its Arrow files."""
+# The Arrow file names datasets writes: save_to_disk's shards (a save killed before its
+# state.json leaves only these) and map()/filter()'s caches (one per process with num_proc).
+_ARROW_NAMES = re.compile(r"^(data-\d{5}-of-\d{5}|cache-[0-9a-f]{8,}(_\d{5}_of_\d{5})?)\.arrow$")
 
 
 def saved_dataset_marks(names: Collection[str], read: Callable[[str], str]) -> list[str]:
@@ -52,28 +52,22 @@ def _has_key(read: Callable[[str], str], name: str, key: str) -> bool:
     return isinstance(data, dict) and key in data
 
 
-def is_saved_dataset(folder: Path) -> bool:
-    """Whether a local folder is, or looks like, a ``datasets`` ``save_to_disk`` folder."""
-    names = {p.name for p in folder.iterdir()}
-    return bool(saved_dataset_marks(names, lambda n: (folder / n).read_text(encoding="utf-8")))
-
-
 def saved_dataset_members(
-    folder: str, present: Collection[str], read: Callable[[str], str], sep: str = "/"
+    folder: str, present: Collection[str], read: Callable[[str], str]
 ) -> list[str]:
     """The data files of the saved dataset ``folder`` (shown as given) in the order its
     ``state.json`` lists them, as names inside it. ``present``: the names of its entries;
     ``read``: a file's text by name (raises ``OSError``). Raises ``InputError`` naming the
     folder when it is a saved DatasetDict, has no usable ``state.json``, or its
     ``state.json`` lists a file that is absent, outside the folder or named twice."""
-    state_path = f"{folder.rstrip(sep)}{sep}{STATE}"
+    state_path = f"{folder.rstrip('/')}/{STATE}"
     if STATE not in present:
         if DICT in present:
             splits = _dict_splits(read)
             first = splits[0] if splits else "train"
             raise InputError(
                 f"{folder} is a saved DatasetDict (splits: {', '.join(splits) or 'none'}): "
-                f"give one split's folder, e.g. {folder.rstrip(sep)}{sep}{first}"
+                f"give one split's folder, e.g. {folder.rstrip('/')}/{first}"
             )
         marks = ", ".join(saved_dataset_marks(present, read)[:3]) or "no state.json"
         raise InputError(
@@ -110,7 +104,7 @@ def hf_disk_files(folder: Path) -> list[Path]:
         raise InputError(f"{folder} is not a datasets save_to_disk folder (no state.json)")
     present = {p.name for p in folder.iterdir() if p.is_file()}
     names = saved_dataset_members(
-        str(folder), present, lambda n: (folder / n).read_text(encoding="utf-8"), sep="/"
+        str(folder), present, lambda n: (folder / n).read_text(encoding="utf-8")
     )
     return [folder / name for name in names]
 
