@@ -177,34 +177,37 @@ def _fail(url: str, what: str, exc: BaseException) -> InputError:
 # --------------------------------------------------------------------------- inputs
 
 
-def list_tree(url: str) -> tuple[str, dict[str, str]]:
-    """Every file under ``url`` (a file, or a folder searched recursively), listed by its
-    filesystem (one ``find``, whose sizes and versions are kept for ``info``): the display
-    URL of ``url`` itself, and each file's display URL by its path relative to it (``""``:
-    ``url`` is a file). An empty dict: nothing there. Which of them are inputs (names,
-    globs, hidden files, saved datasets) is ``packcli/read/inputs.py``'s rule, the same for
-    local folders."""
+def list_tree(url: str, depth: int | None = None) -> tuple[str, dict[str, str], list[str]]:
+    """Every file under ``url`` (a file, or a folder searched recursively; ``depth``: only
+    that many levels down), listed by its filesystem (one ``find``, whose sizes and versions
+    are kept for ``info``): the display URL of ``url`` itself, each file's display URL by
+    its path relative to it (``""``: ``url`` is a file; an empty dict: nothing there), and
+    with ``depth`` the folders within it (relative). Which of them are inputs (names, globs,
+    hidden files, saved datasets) is ``packcli/read/inputs.py``'s rule, the same for local
+    folders."""
     fs, path = locate(url)
     path = path.rstrip("/") or path
     try:
         try:
             top = fs.info(path)
         except FileNotFoundError:
-            return _display(fs, path), {}
+            return _display(fs, path), {}, []
         if top.get("type") != "directory":
-            return _display(fs, path), {"": _remember(fs, path, top)}
-        found = fs.find(path, detail=True)
+            return _display(fs, path), {"": _remember(fs, path, top)}, []
+        found = fs.find(path, maxdepth=depth, withdirs=depth is not None, detail=True)
     except (InputError, ConfigError):
         raise
     except Exception as exc:  # botocore, aiohttp, HfHub...: one line, never a traceback
         raise _fail(url, "list", exc) from exc
     root = path.rstrip("/") + "/"
-    files = {
-        p[len(root) :]: _remember(fs, p, i)
-        for p, i in sorted(found.items())
-        if p.startswith(root) and i.get("type", "file") == "file"
-    }
-    return _display(fs, path), files
+    files: dict[str, str] = {}
+    folders: list[str] = []
+    for p, i in sorted(found.items()):
+        if p.startswith(root) and i.get("type", "file") == "file":
+            files[p[len(root) :]] = _remember(fs, p, i)
+        elif p.startswith(root) and i.get("type") == "directory":
+            folders.append(p[len(root) :].rstrip("/"))
+    return _display(fs, path), files, folders
 
 
 def read_text(url: str) -> str:

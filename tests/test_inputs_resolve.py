@@ -219,6 +219,24 @@ def test_a_glob_over_a_loop_terminates_as_the_folder_does(
     assert report["input"]["documents"] == 2 * len(PLAIN)
 
 
+def test_a_glob_lists_only_the_folders_it_can_reach(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listed: list[str] = []
+    scandir = os.scandir
+
+    def spy(path: Any) -> Any:
+        listed.append(os.path.relpath(path, tree))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", spy)
+    assert names_under(resolve_inputs([f"{tree}/*.jsonl"]), str(tree))[0] == "a.jsonl"
+    assert listed == ["."]
+    listed.clear()
+    assert names_under(resolve_inputs([f"{tree}/s*/*/*.jsonl"]), str(tree)) == ["sub/deep/c.jsonl"]
+    assert sorted(listed) == [".", "saved", "sub", "sub/deep"]
+
+
 @pytest.mark.parametrize("form", ["folder", "glob", "file"])
 def test_a_link_that_cannot_be_followed_is_named(tree: Path, form: str) -> None:
     os.symlink("gone.jsonl", tree / "sub" / "dangling.jsonl")

@@ -25,6 +25,7 @@ URL of it), so each gives the same documents:
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -120,9 +121,21 @@ class _Tree:
         return self.names.get(folder, set())
 
 
-def _walk_local(base: Path, wanted: Sequence[str]) -> _Tree:
-    """Every regular file under ``base``, following links, skipping hidden entries and links
-    back to a folder above them (a loop: logged, not followed)."""
+def _may_reach(rel_folder: str, pattern: Sequence[str] | None) -> bool:
+    """Whether files under the folder at ``rel_folder`` can be reached by ``pattern``: its
+    components match the pattern's, up to its first ``**`` (a glob's search stays as
+    narrow as the glob)."""
+    if pattern is None:
+        return True
+    fixed = list(itertools.takewhile(lambda p: p != "**", pattern))
+    parts = rel_folder.split("/")
+    return all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, fixed, strict=False))
+
+
+def _walk_local(base: Path, wanted: Sequence[str], pattern: Sequence[str] | None = None) -> _Tree:
+    """Every regular file under ``base`` (in folders ``pattern`` may reach), following links,
+    skipping hidden entries and links back to a folder above them (a loop: logged, not
+    followed)."""
     files: dict[str, Path | str] = {}
     unreadable: dict[str, str] = {}
     stack: list[tuple[Path, str, tuple[str, ...]]] = [(base, "", (os.path.realpath(base),))]
@@ -142,6 +155,8 @@ def _walk_local(base: Path, wanted: Sequence[str]) -> _Tree:
             except OSError:
                 is_dir = is_file = False
             if is_dir:
+                if not _may_reach(name, pattern):
+                    continue
                 real = os.path.realpath(path)
                 # A link to a folder holding it (by real paths), or back to one this search
                 # came through: a loop, whose files are reached without it.
@@ -162,20 +177,29 @@ def _walk_local(base: Path, wanted: Sequence[str]) -> _Tree:
     )
 
 
-def _tree_of_url(base: str) -> _Tree:
-    """A URL folder's files, hidden ones left out as a local search leaves them."""
-    shown_base, listed = list_tree(base)
-    files: dict[str, Path | str] = {
-        rel: url
-        for rel, url in listed.items()
-        if not any(part.startswith(".") for part in rel.split("/"))
-    }
+def _tree_of_url(base: str, pattern: Sequence[str] | None) -> _Tree:
+    """A URL folder's files, hidden ones left out as a local search leaves them. A glob
+    without ``**`` lists only as deep as its pattern, then each folder it matches whole."""
+    if pattern is None or "**" in pattern:
+        shown_base, listed, _ = list_tree(base)
+    else:
+        shown_base, listed, folders = list_tree(base, depth=len(pattern))
+        for folder in folders:
+            parts = folder.split("/")
+            if not _hidden(folder) and _match_parts(parts, pattern):
+                _, under, _ = list_tree(f"{base.rstrip('/')}/{folder}")
+                listed.update({f"{folder}/{rel}": url for rel, url in under.items()})
+    files: dict[str, Path | str] = {rel: url for rel, url in listed.items() if not _hidden(rel)}
     return _Tree(
         files,
         {},
         lambda r: read_text(str(files[r])),
         lambda r: f"{shown_base}/{r}" if r else shown_base,
     )
+
+
+def _hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in rel.split("/"))
 
 
 def _select(
@@ -354,7 +378,7 @@ class _Found:
 
     def add_url_spec(self, spec: str) -> None:
         """An fsspec URL: a file, folder or glob, listed by its filesystem."""
-        _, listed = list_tree(spec)
+        _, listed, _ = list_tree(spec)
         if "" in listed:  # a file
             url = listed[""]
             if self.input_format == "hf-disk":
@@ -370,12 +394,11 @@ class _Found:
             if _has_magic(parts[0]):
                 raise InputError(f"{redact(spec)!r}: a wildcard in the bucket or host name")
             folder, pattern = split_glob(parts)
-            spec_folder = f"{scheme}://{'/'.join(folder)}"
-            tree = _tree_of_url(spec_folder)
+            tree = _tree_of_url(f"{scheme}://{'/'.join(folder)}", pattern)
         elif not listed:
             raise InputError(f"input not found: {redact(spec)!r}")
         else:
-            tree = _tree_of_url(spec)
+            tree = _tree_of_url(spec, None)
         if self.input_format == "hf-disk" and pattern is None:
             saved_dataset_members(redact(spec), tree.names_in(""), tree.read)
         chosen = _select(tree, pattern, self.wanted)
@@ -411,7 +434,8 @@ class _Found:
         elif _GLOB_MAGIC.intersection(spec):
             folder, pattern = split_glob(spec.split(os.sep))
             base = Path(os.sep.join(folder) or ("/" if spec.startswith(os.sep) else "."))
-            chosen = _select(_walk_local(base, wanted), pattern, wanted) if base.is_dir() else []
+            tree = _walk_local(base, wanted, pattern) if base.is_dir() else None
+            chosen = _select(tree, pattern, wanted) if tree else []
             if not self.add_reached(chosen):
                 note = _SKIPPED_NOTE if chosen else ""
                 raise InputError(f"glob pattern {spec!r} matched no {suffixes} files{note}")
