@@ -140,7 +140,7 @@ def _missing_package(url: str, exc: Exception) -> ConfigError:
 
 def locate(url: str) -> tuple[Any, str]:
     """The fsspec filesystem and path of ``url``: the instance that listed it when it came
-    from ``expand``, else a new one from the URL (credentials from the environment)."""
+    from ``list_tree``, else a new one from the URL (credentials from the environment)."""
     with _LOCK:
         found = _LOCATED.get(url)
     if found is not None:
