@@ -25,7 +25,7 @@ from packcli.errors import InputError, PackcliError
 from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
-from packcli.stages.index import collect_tokens
+from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.tokenize.shards import TokenShards
@@ -68,10 +68,7 @@ def _no_documents(cfg: RunConfig, shards: TokenShards) -> str:
     rejected = stats.get("rejected") or {}
     if not rejected:
         return f"no documents in {files} ({blank}); nothing to pack"
-    # Lazy: finalize imports this module (its plan loader).
-    from packcli.stages.finalize import _gather_rejects
-
-    _gather_rejects(cfg, cfg.out_path, shards)
+    gather_rejects(cfg, cfg.out_path, shards)
     total = sum(rejected.values())
     reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(rejected.items()))
     corrupt = len(stats.get("corrupt_streams") or [])
