@@ -5,14 +5,13 @@ uploads a remote output)."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packcli import __version__
-from packcli.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
+from packcli.atomic import atomic_write_bytes, atomic_write_json
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
@@ -21,10 +20,9 @@ from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.pack.plan import Plan, RowLayout
 from packcli.publish.card import render_card
 from packcli.publish.report import TOKENS_PER_STEP, build_report
-from packcli.read import shift_reject_lines
-from packcli.stages.index import collect_tokens
+from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.plan import load_plan, stored_config
-from packcli.stages.work import REJECTED, read_json, recorded_read, require_out
+from packcli.stages.work import read_json, recorded_read, require_out
 from packcli.stages.workstore import WorkStore, in_mirror, work_store
 from packcli.stages.write import parquet_jobs, write_fingerprint
 from packcli.tokenize.shards import TokenShards
@@ -53,7 +51,7 @@ def finalize_stage(
     fingerprint = write_fingerprint(cfg, shards)
     files = _written_files(cfg, plan, fingerprint)
     _remove_strays(cfg, out, files)
-    _gather_rejects(cfg, out, shards)
+    gather_rejects(cfg, out, shards)
     report = _report(cfg, plan, shards, tokens_per_step)
     run_info = {
         "packcli_version": __version__,
@@ -196,28 +194,6 @@ def tokenizer_report(index: dict[str, Any]) -> dict[str, Any]:
             "by_token": dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))[:20]),
         },
     }
-
-
-def _gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
-    """``OUT/rejected.jsonl``: every quarantined line of every input file, in input order
-    (written atomically; removed when nothing was rejected). A unit that is a byte span of a
-    file numbered its lines from the span; they become the file's own line numbers here."""
-    target = out / REJECTED
-    parts = [
-        (cfg.work_path / "tokens" / "files" / unit["key"] / REJECTED, unit["first_line"])
-        for unit in shards.success.get("units", [])
-    ]
-    parts = [(p, first_line) for p, first_line in parts if p.is_file()]
-    if not parts:
-        target.unlink(missing_ok=True)
-        return
-    with atomic_writer(target) as sink:
-        for part, first_line in parts:
-            with open(part, "rb") as fh:
-                if first_line:
-                    shift_reject_lines(fh, sink, first_line)
-                else:
-                    shutil.copyfileobj(fh, sink)
 
 
 def _relative_to_out(path: Path, out: Path) -> str:

@@ -25,8 +25,8 @@ from packcli.errors import InputError, PackcliError
 from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
-from packcli.stages.index import collect_tokens
-from packcli.stages.work import fingerprint, progress_bar, read_json, require_out
+from packcli.stages.index import collect_tokens, gather_rejects
+from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.tokenize.shards import TokenShards
 
@@ -48,10 +48,7 @@ def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShard
     shards = collect_tokens(cfg)
     lengths = shards.column("length").astype(np.int64)
     if lengths.size == 0:
-        raise InputError(
-            f"no documents in {len(shards.success['files'])} input file(s) "
-            f"({shards.success['read_stats']['blank_lines']} blank lines); nothing to pack"
-        )
+        raise InputError(_no_documents(cfg, shards))
     with progress_bar(quiet, total=1, desc="plan") as bar:
         plan = plan_two_tier(lengths, cfg.plan)
         bar.update(1)
@@ -59,6 +56,27 @@ def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[Plan, TokenShard
     work_store(cfg).push("plan.npz", "plan.json")
     crash_point("plan")
     return plan, shards
+
+
+def _no_documents(cfg: RunConfig, shards: TokenShards) -> str:
+    """Why there is nothing to pack, in figures: a run whose every line was rejected under
+    ``--on-bad-line skip`` says so, and its quarantine is kept in ``OUT/rejected.jsonl``
+    (finalize, which gathers it otherwise, never runs)."""
+    stats = shards.success["read_stats"]
+    files = f"{len(shards.success['files'])} input file(s)"
+    blank = f"{stats['blank_lines']} blank lines"
+    rejected = stats.get("rejected") or {}
+    if not rejected:
+        return f"no documents in {files} ({blank}); nothing to pack"
+    gather_rejects(cfg, cfg.out_path, shards)
+    total = sum(rejected.values())
+    reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(rejected.items()))
+    corrupt = len(stats.get("corrupt_streams") or [])
+    streams = f", {corrupt} corrupt stream(s)" if corrupt else ""
+    return (
+        f"no documents in {files}: all {total:,} record(s) were rejected ({reasons}; "
+        f"{blank}{streams}); see {cfg.out_path / REJECTED}; nothing to pack"
+    )
 
 
 def _save_plan(cfg: RunConfig, plan: Plan, tokens_fingerprint: str) -> None:
