@@ -44,13 +44,15 @@ def verify_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Check every packing invariant of OUT; exit 1 with a precise message on the first failure."""
-    from packcli.fs import is_url, local_path
-    from packcli.publish.verify import verify_output, verify_remote
+    from packcli.fs import is_url, local_path, redact
+    from packcli.publish.verify import check_output, verify_remote
 
     if is_url(out):
         summary = verify_remote(out, use_shards=shards)
+        shown = redact(out).rstrip("/")
     else:
-        summary = verify_output(Path(local_path(out)), use_shards=shards)
+        summary = check_output(Path(local_path(out)), use_shards=shards)
+        shown = local_path(out)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
         return
@@ -59,12 +61,16 @@ def verify_command(
             f"{name:<6} {s['rows']:>10,} rows {s['tokens']:>15,} tokens "
             f"{s['segments']:>12,} segments"
         )
-    against = (
-        "and against the tokenized shards"
-        if summary["checked_against_shards"]
-        else ("(tokenized shards not present: token identity checked between configs only)")
-    )
+    shards_state = summary["shards"]
+    if summary["checked_against_shards"]:
+        against = "and against the tokenized shards"
+    elif not shards:
+        against = "(tokenized shards skipped on request, --no-shards: token identity checked "
+        against += "between configs only)"
+    else:
+        against = "(tokenized shards not present: token identity checked between configs only)"
     typer.echo(f"OK: all invariants hold {against}")
+    typer.echo(f"    output {shown}; tokenized shards {shards_state}")
     recheck = summary["checked_against_input"]
     if "checked" in recheck:
         typer.echo(f"    {recheck['checked']} input documents encoded again match the output")

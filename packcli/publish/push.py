@@ -7,8 +7,9 @@ must never reach the Hub, and a half-written or corrupt output must not be publi
 So the upload set is exact: ``README.md``, ``packcli.json``, the Parquet files listed in
 ``packcli.json`` and the plots ``packcli stats`` wrote (``stats/*.png``, by name; skipped
 when older than ``packcli.json``, as they would describe an earlier pack), and the folder
-must pass ``verify_output(out, use_shards=False)`` first (structure, counts and the sha256
-of every data file; no tokenized shards needed).
+must pass the checks ``packcli verify`` runs first (``verify.check_output``: structure, the
+figures of ``packcli.json``, the sha256 of every data file, and every token against the
+tokenized shards when they are present), so push refuses what verify refuses.
 
 The upload itself is ``huggingface_hub``'s resumable folder upload: ``upload_large_folder``
 where it exists (huggingface_hub 0.25 to 1.x), else ``upload_folder``, which from
@@ -126,15 +127,20 @@ def _refuse_links(out: Path, rel: str) -> None:
         raise PushError(f"{out}: {rel} lies outside the output folder; refusing to upload it")
 
 
-def prepare_push(out: Path) -> list[UploadFile]:
-    """The upload set of ``out`` after proving the folder is complete and intact."""
-    from packcli.publish.verify import verify_output
+def prepare_push(out: Path, url: str | None = None) -> list[UploadFile]:
+    """The upload set of ``out`` after proving the folder is complete and intact: the
+    checks ``packcli verify`` runs (``check_output``, the tokenized shards included when
+    present), so push refuses exactly what verify refuses. ``url``: the output ``out`` is a
+    downloaded copy of (its work folder, and its name in messages)."""
+    from packcli.fs import redact
+    from packcli.publish.verify import check_output
 
     files = upload_files(out)
     try:
-        verify_output(out, use_shards=False)
+        check_output(out, url)
     except VerifyError as exc:
-        raise PushError(f"refusing to push {out}: {exc} (see packcli verify)") from exc
+        shown = redact(url).rstrip("/") if url else out
+        raise PushError(f"refusing to push {shown}: {exc} (see packcli verify)") from exc
     return files
 
 
@@ -177,17 +183,19 @@ def push(
     revision: str | None = None,
     prune: bool = True,
     api: Any = None,
+    url: str | None = None,
 ) -> PushResult:
     """Verify ``out`` and upload its exact file set to the dataset repo ``repo_id``.
 
     Creates the repo (``private`` applies only to a new repo) and the branch ``revision``
-    when missing. Rerunning after an interruption resumes the upload.
+    when missing. Rerunning after an interruption resumes the upload. ``url``: the remote
+    output ``out`` is a downloaded copy of (``local_output``).
     """
     from huggingface_hub import CommitOperationDelete, HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     check_repo_id(repo_id)
-    files = prepare_push(out)
+    files = prepare_push(out, url)
     api = api if api is not None else HfApi()
     total = sum(f.size for f in files)
     log.info("pushing %d files (%d bytes) from %s to %s", len(files), total, out, repo_id)

@@ -25,6 +25,7 @@ hide itself. The first failure raises ``VerifyError`` with a precise message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.publish.expected import expected_pieces, segment_hashes
 from packcli.publish.marker import peek_marker, read_json_object
 from packcli.publish.marker import read_marker as read_marker  # re-export: its old home
-from packcli.tokenize.shards import TokenShards, sha256_file
+from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
 
 
 @dataclass
@@ -270,7 +271,7 @@ def _expected_pieces(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(doc, length, hash) of every piece the policy should put in the long config."""
     docs, lens, hashes = [], [], []
-    for shard in shards.iter_shards():
+    for shard in shards.iter_shards(check=True):  # each shard's sha256 first
         doc_lens = np.diff(shard.offsets)
         first = shard.first_doc_id
         ids = np.arange(first, first + doc_lens.size, dtype=np.int64)
@@ -356,29 +357,63 @@ def _check_nesting(short: Segments, long: Segments, short_len: int) -> None:
 
 def verify_remote(url: str, *, use_shards: bool = True) -> dict[str, Any]:
     """Verify an output on object storage: its ``packcli.json`` and data files are
-    downloaded to a temp folder (the disk needs room for the dataset) and checked there;
-    messages name the URL. The tokenized shards are used when this machine made the
-    output (its local staging folder, ``fs.staging_root``, holds the same run's)."""
+    downloaded to a temp folder (the disk needs room for the dataset) and checked there
+    (``verify_copy``); messages name the URL."""
     import tempfile
 
-    from packcli.fs import download_output, is_url, reword, staging_root
+    from packcli.fs import download_output
 
     with tempfile.TemporaryDirectory(prefix="packcli-verify-") as tmp:
         local = Path(tmp) / "out"
-        download_output(url, local, card=False)
-        work = staging_root(url) / ".packcli"
-        store = None
-        recorded = peek_marker(local).get("run", {}).get("work_dir")
-        if use_shards and is_url(recorded):  # the work folder is on the store (workstore.py)
-            from packcli.stages.workstore import WorkStore
+        download_output(url, local, card=False)  # its errors name the URL
+        return verify_copy(local, url, Path(tmp), use_shards=use_shards)
 
-            store = WorkStore(recorded, Path(tmp) / "work", url, Path(tmp) / "mirror-out")
-            store.pull_records("tokens")
-            work = store.local
-        try:
-            return verify_output(local, use_shards=use_shards, work=work, store=store)
-        except VerifyError as exc:
-            raise VerifyError(reword(str(exc), local, url)) from None
+
+def verify_copy(local: Path, url: str, scratch: Path, *, use_shards: bool = True) -> dict[str, Any]:
+    """Verify ``local``, a downloaded copy of the output at ``url`` (``scratch``: a temp
+    folder for the shards' mirror). The tokenized shards are those of the work folder the
+    output names when it is on the store (fetched), else this machine's staging folder of
+    ``url`` (``fs.staging_root``) when it holds the same run's. Every message, and every
+    path in the summary, names the URL and the work folder's URL, never the temp copies."""
+    from packcli.fs import is_url, staging_root
+
+    work = staging_root(url) / ".packcli"
+    store = None
+    names: dict[Path, str] = {local: url}
+    recorded = peek_marker(local).get("run", {}).get("work_dir")
+    if use_shards and is_url(recorded):  # the work folder is on the store (workstore.py)
+        from packcli.stages.workstore import WorkStore
+
+        store = WorkStore(recorded, scratch / "work", url, scratch / "mirror-out")
+        store.pull_records("tokens")
+        work = store.local
+        names[work] = recorded
+    try:
+        summary = verify_output(local, use_shards=use_shards, work=work, store=store)
+    except VerifyError as exc:
+        raise VerifyError(_named(str(exc), names)) from None
+    return json.loads(_named(json.dumps(summary), names))
+
+
+def _named(text: str, names: dict[Path, str]) -> str:
+    """``text`` with each local copy's path replaced by the URL it is a copy of."""
+    from packcli.fs import reword
+
+    for local, url in names.items():
+        text = reword(text, local, url)
+    return text
+
+
+def check_output(out: Path, url: str | None = None, *, use_shards: bool = True) -> dict[str, Any]:
+    """The checks ``verify`` runs, for every caller that must refuse what verify refuses
+    (``push``, ``push --dry-run``): ``out`` itself, or with ``url`` a downloaded copy of the
+    output there (shards included when present, as verify finds them)."""
+    if url is None:
+        return verify_output(out, use_shards=use_shards)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="packcli-verify-") as tmp:
+        return verify_copy(out, url, Path(tmp), use_shards=use_shards)
 
 
 def verify_output(
@@ -437,15 +472,23 @@ def verify_output(
     ) == meta["run"].get("tokens_fingerprint"):
         tokens_dir = work / "tokens"
     summary["checked_against_shards"] = False
-    if use_shards and (tokens_dir / "_SUCCESS.json").is_file():
+    if not use_shards:
+        summary["shards"] = "not read (--no-shards)"
+    elif not (tokens_dir / "_SUCCESS.json").is_file():
+        summary["shards"] = f"not found (no completed tokenize stage in {tokens_dir})"
+    else:
         shards = TokenShards(tokens_dir, store if tokens_dir.parent == work else None)
         if shards.success.get("fingerprint") != meta["run"].get("tokens_fingerprint"):
             _fail(str(tokens_dir), "tokenized shards belong to another run")
-        exp = _expected_pieces(shards, long_len, plan_cfg["overlong"])
+        try:
+            exp = _expected_pieces(shards, long_len, plan_cfg["overlong"])
+        except ShardError as exc:
+            raise VerifyError(str(exc)) from None
         _compare("long", segments["long"], exp)
         small = exp[1] <= short_len
         _compare("short", segments["short"], (exp[0][small], exp[1][small], exp[2][small]))
         summary["checked_against_shards"] = True
+        summary["shards"] = f"checked: {len(shards)} shard(s) in {tokens_dir}"
     # The shards came out of the same tokenize stage: also encode some input again.
     from packcli.publish.recheck import check_against_input
 

@@ -1,0 +1,187 @@
+"""``verify`` (and ``push``, through the same checks) on outputs that are wrong without being
+damaged: a shard edited in place, a figure of ``packcli.json`` that does not describe the data,
+and outputs on object storage (tests/s3local.py), whose messages must name the URL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from clirun import invoke, invoke_ok
+from corpora import mixed_lengths, write_corpus
+from s3local import cfg, local_hashes, upload
+
+from packcli import fs as packfs
+from packcli.tokenize.shards import sha256_file
+
+SMALL = ["--short-len", "64", "--long-len", "1024", "-q"]
+
+
+def pack_args(corpus: Path, tok: Path, out: Path | str, *more: str) -> list[Any]:
+    return ["pack", corpus, "-t", tok, "-o", out, *SMALL, *more]
+
+
+@pytest.fixture(scope="module")
+def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "c.jsonl"
+    write_corpus(path, mixed_lengths(250, seed=3), seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def packed(
+    text_corpus: Path, toy_tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "out"
+    invoke_ok(*pack_args(text_corpus, toy_tokenizer_path, out))
+    return out
+
+
+@pytest.fixture
+def out(packed: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "out"
+    shutil.copytree(packed, copy)
+    return copy
+
+
+def flip_token(data: bytes, *, at: float = 0.5) -> bytes:
+    """The shard's bytes with one token id changed (another valid id), the file otherwise
+    untouched: still valid Arrow, the same size."""
+    raw = bytearray(data)
+    buf = pa.py_buffer(raw)
+    batch = pa.ipc.open_file(pa.BufferReader(buf)).get_batch(0)
+    values = batch.column("input_ids").values
+    start = values.buffers()[1].address - buf.address + 4 * values.offset
+    k = int(len(values) * at)
+    pos = start + 4 * k
+    token = int.from_bytes(raw[pos : pos + 4], "little")
+    raw[pos : pos + 4] = (token + 1 if token < 100 else token - 1).to_bytes(4, "little")
+    assert len(raw) == len(data) and raw != data
+    pa.ipc.open_file(pa.BufferReader(pa.py_buffer(bytes(raw)))).read_all().validate(full=True)
+    return bytes(raw)
+
+
+# --------------------------------------------------------------------------- item 4: shards
+
+
+def test_a_shard_edited_in_place_is_named_by_verify_and_tokenized_again(
+    out: Path, text_corpus: Path, toy_tokenizer_path: Path
+) -> None:
+    before = local_hashes(out)
+    (shard,) = (out / ".packcli" / "tokens" / "files").glob("*/shard-*.arrow")
+    original = shard.read_bytes()
+    shard.write_bytes(flip_token(original))
+    code, output = invoke("verify", out)
+    assert code == 1, output
+    assert str(shard) in output and "tokenized shard changed since it was written" in output
+    # The rerun does not reuse it: its unit is tokenized again, so the Parquet files written
+    # again (here: deleted first) hold the original tokens, not the edited ones.
+    for parquet in (out / "data").rglob("*.parquet"):
+        parquet.unlink()
+    again = invoke_ok(*pack_args(text_corpus, toy_tokenizer_path, out)[:-1])
+    assert "reused tokenized shards" not in again
+    assert shard.read_bytes() == original
+    assert local_hashes(out) == before
+    assert "against the tokenized shards" in invoke_ok("verify", out)
+
+
+# --------------------------------------------------------------------------- item 16: messages
+
+
+def test_verify_no_shards_says_they_were_skipped_not_absent(out: Path) -> None:
+    output = invoke_ok("verify", out, "--no-shards")
+    assert "not present" not in output
+    assert "skipped on request" in output and "--no-shards" in output
+    shutil.rmtree(out / ".packcli")
+    output = invoke_ok("verify", out)
+    assert "tokenized shards not present" in output
+
+
+# --------------------------------------------------------------------------- object storage
+
+
+@pytest.fixture
+def on_store(
+    s3: dict[str, str], corpus: Path, toy_tokenizer_path: Path, bucket: str
+) -> tuple[str, str]:
+    """An output and its work folder, both on the store (s3local's corpus, one file)."""
+    upload(corpus, f"s3://{bucket}/in", "part-0.jsonl.zst")
+    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
+    invoke_ok(
+        "pack", f"s3://{bucket}/in/", "-t", toy_tokenizer_path, "-o", out, "--work-dir", work,
+        *cfg(corpus),
+    )  # fmt: skip
+    return out, work
+
+
+def test_remote_verify_names_the_edited_shard_and_the_urls(on_store: tuple[str, str]) -> None:
+    """The work folder on the store: verify fetches the shards and checks each one's sha256;
+    every message, OK or not, names the output's and the work folder's URLs."""
+    out, work = on_store
+    output = invoke_ok("verify", out)
+    assert f"output {out};" in output and f"in {work}/tokens" in output
+    assert "packcli-verify-" not in output  # the temp copies are never named
+    summary = json.loads(invoke_ok("verify", out, "--json"))
+    assert "packcli-verify-" not in json.dumps(summary) and work in summary["shards"]
+    fs, prefix = packfs.locate(work)
+    shard = sorted(p for p in fs.find(f"{prefix}/tokens") if p.endswith(".arrow"))[0]
+    fs.pipe_file(shard, flip_token(bytes(fs.cat_file(shard))))
+    code, output = invoke("verify", out)
+    assert code == 1, output
+    assert f"s3://{shard}: tokenized shard changed since it was written" in output, output
+    assert "packcli-verify-" not in output
+    output = invoke_ok("verify", out, "--no-shards")
+    assert "skipped on request" in output and f"output {out};" in output
+
+
+# --------------------------------------------------------------------------- item 11: push
+
+
+def fix_up(out: Path, config: str, path: Path) -> None:
+    """Make packcli.json vouch for ``path`` as it is now (sha256 and size): a forgery that
+    only the data's own checks can see through."""
+    meta = json.loads((out / "packcli.json").read_text())
+    entry = next(f for f in meta["files"][config] if f["file"] == path.name)
+    entry["sha256"], entry["bytes"] = sha256_file(path), path.stat().st_size
+    (out / "packcli.json").write_text(json.dumps(meta, indent=2))
+
+
+def alter_a_long_document(out: Path, short_len: int = 64) -> Path:
+    """One token changed inside a long document of the long config (not in a short pack, so
+    the configs still agree), the file's entry in packcli.json fixed up."""
+    path = sorted((out / "data" / "long").glob("*.parquet"))[0]
+    table = pq.read_table(path)
+    data = table.to_pydict()
+    row, seg = next(
+        (r, i)
+        for r, lens in enumerate(data["seq_lengths"])
+        for i, n in enumerate(lens)
+        if n > short_len
+    )
+    at = sum(data["seq_lengths"][row][:seg]) + 5
+    data["input_ids"][row][at] = (data["input_ids"][row][at] + 1) % 300
+    pq.write_table(pa.Table.from_pydict(data, schema=table.schema), path)
+    fix_up(out, "long", path)
+    return path
+
+
+def test_push_refuses_what_verify_refuses(
+    text_corpus: Path, toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "c.jsonl"
+    shutil.copy(text_corpus, corpus)
+    out = tmp_path / "out"
+    invoke_ok(*pack_args(corpus, toy_tokenizer_path, out))
+    alter_a_long_document(out)
+    os.utime(corpus, (1, 1))  # the input changed since: verify cannot encode it again
+    code, output = invoke("verify", out)
+    assert code == 1 and "differ from the tokenized shards" in output, output
+    code, output = invoke("push", out, "me/packed", "--dry-run")
+    assert code == 1, output
+    assert "refusing to push" in output and "differ from the tokenized shards" in output
