@@ -635,12 +635,20 @@ def _still_there(
     return logged[1] == digest(rel)
 
 
-def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = False) -> list[str]:
+def download_output(
+    url: str,
+    dest: Path,
+    *,
+    card: bool = True,
+    plots: bool = False,
+    data: Callable[[str], bool] | None = None,
+) -> list[str]:
     """Copy a remote output's ``packcli.json`` and the files it lists (with ``card`` its
     README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns them relative.
-    ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them: plots on
-    the store are always the current output's (``upload_output`` puts only fresh ones and
-    deletes the others)."""
+    ``data``: which listed files (``data/<config>/<file>``) to copy, all when None (``inspect``
+    needs one). ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them:
+    plots on the store are always the current output's (``upload_output`` puts only fresh
+    ones and deletes the others)."""
     fs, prefix = locate(url)
     try:
         remote = listing(fs, prefix)
@@ -653,6 +661,7 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
         try:
             meta = load_marker(dest)
             listed = [f"data/{n}/{f['file']}" for n in CONFIG_NAMES for f in meta["files"][n]]
+            listed = [rel for rel in listed if data is None or data(rel)]
         except (ValueError, KeyError, TypeError):
             return wanted  # verify names what is wrong with it
         if card:

@@ -185,3 +185,30 @@ def test_push_refuses_what_verify_refuses(
     code, output = invoke("push", out, "me/packed", "--dry-run")
     assert code == 1, output
     assert "refusing to push" in output and "differ from the tokenized shards" in output
+
+
+# --------------------------------------------------------------------------- item 14: URLs
+
+
+def test_stats_and_inspect_read_an_output_on_the_store(
+    s3: dict[str, str], corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    upload(corpus, f"s3://{bucket}/in", "part-0.jsonl.zst")
+    url = f"s3://{bucket}/out/wc"
+    local = tmp_path / "local"
+    for out in (url, local):
+        invoke_ok("pack", f"s3://{bucket}/in/", "-t", toy_tokenizer_path, "-o", out, *cfg(corpus))
+    numbers = json.loads(invoke_ok("stats", url, "--json"))
+    assert numbers == json.loads(invoke_ok("stats", local, "--json", "--no-plots"))
+    assert "plots: not written for" in invoke_ok("stats", url)
+    listed = packfs.locate(url)[0].find(f"{bucket}/out/wc")
+    assert not any("/stats/" in p for p in listed)  # the store is only read
+    for config, row in (("long", 0), ("short", 3)):
+        args = ["--config", config, "--row", row, "--json"]
+        assert invoke_ok("inspect", url, *args) == invoke_ok("inspect", local, *args)
+    code, output = invoke("stats", f"s3://{bucket}/out/nothing")
+    assert code == 1 and f"s3://{bucket}/out/nothing: no packcli.json" in output, output
+    code, output = invoke("inspect", f"s3://{bucket}/out/nothing", "--row", 0)
+    assert code == 1 and f"s3://{bucket}/out/nothing: no packcli.json" in output, output
+    code, output = invoke("inspect", url, "--row", 10**6)
+    assert code == 1 and "row 1000000 does not exist" in output

@@ -21,7 +21,7 @@ push that this output does not have are deleted (``prune``): the card loads
 would silently join the dataset.
 
 An output on object storage (``packcli push s3://bucket/out REPO``) is first downloaded to a
-temp folder (``local_output``), then pushed the same way.
+temp folder (``publish.remote.local_output``), then pushed the same way.
 
 Authentication is huggingface_hub's own (``HF_TOKEN`` or ``hf auth login``); packcli never
 sees the token.
@@ -29,13 +29,10 @@ sees the token.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import glob
 import logging
 import os
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +42,7 @@ from packcli.errors import ConfigError, PackcliError, VerifyError
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.publish.card import PLOT_FILES
 from packcli.publish.marker import load_marker
+from packcli.publish.remote import local_output as local_output  # re-export: its old home
 
 log = logging.getLogger(__name__)
 
@@ -264,22 +262,3 @@ def format_upload_list(files: list[UploadFile]) -> str:
     lines = [f"  {f.path:<{width}}  {_size(f.size):>10}" for f in files]
     lines.append(f"  {len(files)} files, {_size(sum(f.size for f in files))}")
     return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def local_output(out: str) -> Iterator[Path]:
-    """``out`` as a local folder: itself, or an output on object storage (``s3://...``)
-    downloaded to a temp folder (its packcli.json, card, listed Parquet files and plots).
-    Errors about the copy name the URL."""
-    from packcli.fs import download_output, is_url, local_path, reword
-
-    if not is_url(out):
-        yield Path(local_path(out))
-        return
-    with tempfile.TemporaryDirectory(prefix="packcli-push-") as tmp:
-        local = Path(tmp)
-        try:
-            download_output(out, local, card=True, plots=True)
-            yield local
-        except PackcliError as exc:
-            raise type(exc)(reword(str(exc), local, out)) from None
