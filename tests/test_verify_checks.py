@@ -21,6 +21,7 @@ from packcli import fs as packfs
 from packcli.tokenize.shards import sha256_file
 
 SMALL = ["--short-len", "64", "--long-len", "1024", "-q"]
+FILE_KEYS = ("bytes", "file", "rows", "sha256", "tokens")
 
 
 def pack_args(corpus: Path, tok: Path, out: Path | str, *more: str) -> list[Any]:
@@ -212,3 +213,91 @@ def test_stats_and_inspect_read_an_output_on_the_store(
     assert code == 1 and f"s3://{bucket}/out/nothing: no packcli.json" in output, output
     code, output = invoke("inspect", url, "--row", 10**6)
     assert code == 1 and "row 1000000 does not exist" in output
+
+
+# --------------------------------------------------------------------------- item 12: figures
+
+# Every figure the text output's packcli.json states (``files`` and ``report``) but those that
+# no data determines (``figures.UNCHECKED``): each one edited alone must fail verify.
+TEXT_FIGURES = [
+    *(f"files.{c}[0].{k}" for c in ("long", "short") for k in FILE_KEYS),
+    "report.chat",
+    *(f"report.documents_by_length.{k}" for k in ("empty", "long", "overlong", "short")),
+    *(
+        f"report.input.{k}"
+        for k in ("blank_lines", "bytes", "documents", "files", "rejected", "rejected_lines")
+    ),
+    "report.input.tokens",
+    *(f"report.largest_document.{k}" for k in ("doc_id", "file", "line", "tokens")),
+    *(
+        f"report.policy.{k}"
+        for k in (
+            "dropped_docs", "dropped_tokens", "empty_docs", "split_docs", "split_pieces",
+            "split_tokens", "truncated_docs", "truncated_tokens",
+        )
+    ),  # fmt: skip
+    "report.tiers.long.attention_balance.ratio",
+    *(
+        f"report.tiers.{c}.{k}"
+        for c in ("long", "short")
+        for k in (
+            "capacity", "efficiency", "lower_bound_rows", "max_row_tokens", "rows",
+            "rows_over_bound", "segments", "tokens",
+        )
+    ),  # fmt: skip
+    "report.tokenizer.special_strings.by_token",
+    "report.tokenizer.special_strings.occurrences",
+    *(
+        f"report.training.{c}.{k}"
+        for c in ("long", "short")
+        for k in (
+            "documents_per_step", "rows_per_step", "samples_per_row", "steps_per_epoch",
+            "tokens_per_row", "unpacked_batch_size", "unpacked_steps_per_epoch",
+        )
+    ),  # fmt: skip
+]
+
+
+def _edited(value: Any) -> Any:
+    """Another value of the same kind (packcli.json stays valid)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 1.01 + 0.01
+    if isinstance(value, str):
+        return value + "0"
+    if value is None or value == {}:
+        return {"x": 1}
+    raise AssertionError(f"no edit for {value!r}")
+
+
+def _at(meta: dict[str, Any], key: str) -> tuple[Any, str]:
+    """The container holding ``key`` (dotted, ``[i]`` for list items) and its last part."""
+    parts = key.replace("[", ".[").split(".")
+    node: Any = meta
+    for part in parts[:-1]:
+        node = node[int(part[1:-1])] if part.startswith("[") else node[part]
+    return node, parts[-1]
+
+
+def test_every_figure_is_checked_or_listed_as_unchecked(packed: Path) -> None:
+    from packcli.publish.figures import flatten, unchecked
+
+    meta = json.loads((packed / "packcli.json").read_text())
+    stated = [k for k, _ in flatten({k: meta[k] for k in ("files", "report")})]
+    assert sorted(k for k in stated if not unchecked(k, with_shards=True)) == sorted(TEXT_FIGURES)
+
+
+@pytest.mark.parametrize("key", TEXT_FIGURES)
+def test_verify_names_each_figure_of_packcli_json_that_the_data_does_not_give(
+    out: Path, key: str
+) -> None:
+    meta = json.loads((out / "packcli.json").read_text())
+    node, last = _at(meta, key)
+    node[last] = _edited(node[last])
+    (out / "packcli.json").write_text(json.dumps(meta, indent=2))
+    code, output = invoke("verify", out)
+    assert code == 1, output
+    assert key in output, output

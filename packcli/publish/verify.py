@@ -38,6 +38,7 @@ from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.publish.expected import expected_pieces, segment_hashes
+from packcli.publish.figures import ConfigScan, check_figures, derive
 from packcli.publish.marker import peek_marker, read_json_object
 from packcli.publish.marker import read_marker as read_marker  # re-export: its old home
 from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
@@ -239,40 +240,66 @@ def _scan_config(
     vocab: int,
     files: list[dict[str, Any]],
     on_rows: Callable[[int], None] | None,
-) -> tuple[Segments, int, int]:
+) -> tuple[Segments, ConfigScan]:
     folder = out / "data" / name
     found = sorted(p.name for p in folder.glob("*.parquet")) if folder.is_dir() else []
     listed = [f["file"] for f in files]
     if found != sorted(listed):
-        _fail(f"data/{name}", f"files {found} do not match packcli.json {sorted(listed)}")
+        stray = [i for i, f in enumerate(listed) if f not in found]
+        named = f"files.{name}[{stray[0]}].file" if stray else f"files.{name}"
+        _fail(f"data/{name}", f"files {found} do not match packcli.json's {named} {sorted(listed)}")
     parts: list[Segments] = []
-    rows = tokens = 0
+    scan = ConfigScan()
     rows_per_batch = max(1, (1 << 21) // capacity)
-    for entry in files:
+    for i, entry in enumerate(files):
         path = folder / entry["file"]
         where = f"data/{name}/{entry['file']}"
-        if sha256_file(path) != entry["sha256"]:
-            _fail(where, "content hash differs from packcli.json (file changed or corrupt)")
-        file_rows = 0
+        digest = sha256_file(path)
+        if digest != entry["sha256"]:
+            _fail(
+                where,
+                f"content hash differs from packcli.json's files.{name}[{i}].sha256 (file "
+                "changed or corrupt)",
+            )
+        file_rows = file_tokens = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=rows_per_batch):
-            parts.append(_check_rows(batch, where, rows, capacity, vocab))
+            parts.append(_check_rows(batch, where, scan.rows, capacity, vocab))
+            offsets = to_numpy(batch.column("seq_lengths").offsets)
+            scan.segments += int(offsets[-1] - offsets[0])
             file_rows += batch.num_rows
-            rows += batch.num_rows
-            tokens += int(parts[-1].length.sum())
+            scan.rows += batch.num_rows
+            file_tokens += int(parts[-1].length.sum())
             if on_rows is not None:
                 on_rows(batch.num_rows)
         if file_rows != entry["rows"]:
-            _fail(where, f"{file_rows} rows, packcli.json says {entry['rows']}")
-    return _concat(parts), rows, tokens
+            _fail(
+                where,
+                f"{file_rows} rows, packcli.json's files.{name}[{i}].rows says {entry['rows']}",
+            )
+        scan.files.append(
+            {
+                "file": entry["file"],
+                "rows": file_rows,
+                "tokens": file_tokens,
+                "bytes": path.stat().st_size,
+                "sha256": digest,
+            }
+        )
+    segments = _concat(parts)
+    scan.doc, scan.length, scan.row = segments.doc, segments.length, segments.row
+    return segments, scan
 
 
 def _expected_pieces(
-    shards: TokenShards, long_len: int, policy: str
+    shards: TokenShards, long_len: int, policy: str, all_lengths: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(doc, length, hash) of every piece the policy should put in the long config."""
+    """(doc, length, hash) of every piece the policy should put in the long config; every
+    document's length is appended to ``all_lengths`` (the report's figures are checked
+    against them)."""
     docs, lens, hashes = [], [], []
     for shard in shards.iter_shards(check=True):  # each shard's sha256 first
         doc_lens = np.diff(shard.offsets)
+        all_lengths.append(doc_lens)
         first = shard.first_doc_id
         ids = np.arange(first, first + doc_lens.size, dtype=np.int64)
         base = int(shard.offsets[0])
@@ -433,9 +460,10 @@ def verify_output(
     vocab = int(meta["run"]["tokenizer"]["vocab_size"])
     caps = {"short": short_len, "long": long_len}
     segments: dict[str, Segments] = {}
+    scans: dict[str, ConfigScan] = {}
     summary: dict[str, Any] = {"configs": {}}
     for name in CONFIG_NAMES:
-        segs, rows, tokens = _scan_config(
+        segs, scan = _scan_config(
             out,
             name,
             caps[name],
@@ -445,24 +473,13 @@ def verify_output(
             if progress is None
             else progress(name, sum(f["rows"] for f in meta["files"][name])),
         )
-        tier = meta["report"]["tiers"][name]
-        if rows != tier["rows"] or tokens != tier["tokens"]:
-            _fail(
-                f"config {name}",
-                f"{rows} rows / {tokens} tokens, report says {tier['rows']} / {tier['tokens']}",
-            )
-        segments[name] = segs
-        summary["configs"][name] = {"rows": rows, "tokens": tokens, "segments": int(segs.doc.size)}
-
-    report = meta["report"]
-    pol = report["policy"]
-    kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
-    if summary["configs"]["long"]["tokens"] != kept:
-        _fail(
-            "config long",
-            f"holds {summary['configs']['long']['tokens']} tokens; input minus "
-            f"truncated and dropped is {kept}",
-        )
+        segments[name], scans[name] = segs, scan
+        tokens = int(segs.length.sum())
+        summary["configs"][name] = {
+            "rows": scan.rows,
+            "tokens": tokens,
+            "segments": int(segs.doc.size),
+        }
     _check_nesting(segments["short"], segments["long"], short_len)
 
     recorded = Path(meta["run"].get("work_dir") or ".packcli")
@@ -472,6 +489,8 @@ def verify_output(
     ) == meta["run"].get("tokens_fingerprint"):
         tokens_dir = work / "tokens"
     summary["checked_against_shards"] = False
+    doc_lengths: np.ndarray | None = None
+    shards: TokenShards | None = None
     if not use_shards:
         summary["shards"] = "not read (--no-shards)"
     elif not (tokens_dir / "_SUCCESS.json").is_file():
@@ -480,15 +499,30 @@ def verify_output(
         shards = TokenShards(tokens_dir, store if tokens_dir.parent == work else None)
         if shards.success.get("fingerprint") != meta["run"].get("tokens_fingerprint"):
             _fail(str(tokens_dir), "tokenized shards belong to another run")
+        lengths: list[np.ndarray] = []
         try:
-            exp = _expected_pieces(shards, long_len, plan_cfg["overlong"])
+            exp = _expected_pieces(shards, long_len, plan_cfg["overlong"], lengths)
         except ShardError as exc:
             raise VerifyError(str(exc)) from None
+        doc_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         _compare("long", segments["long"], exp)
         small = exp[1] <= short_len
         _compare("short", segments["short"], (exp[0][small], exp[1][small], exp[2][small]))
         summary["checked_against_shards"] = True
         summary["shards"] = f"checked: {len(shards)} shard(s) in {tokens_dir}"
+    # Every figure packcli.json states, against the data it describes.
+    derived = derive(meta, out, scans, shards if doc_lengths is not None else None, doc_lengths)
+    summary["figures_checked"] = len(check_figures(meta, derived))
+    report = meta["report"]
+    pol = report["policy"]
+    kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
+    if summary["configs"]["long"]["tokens"] != kept:
+        _fail(
+            "config long",
+            f"holds {summary['configs']['long']['tokens']} tokens; packcli.json's "
+            f"report.input.tokens minus report.policy.truncated_tokens and dropped_tokens is "
+            f"{kept}",
+        )
     # The shards came out of the same tokenize stage: also encode some input again.
     from packcli.publish.recheck import check_against_input
 
