@@ -643,8 +643,9 @@ def download_output(
     plots: bool = False,
     data: Callable[[str], bool] | None = None,
 ) -> list[str]:
-    """Copy a remote output's ``packcli.json`` and the files it lists (with ``card`` its
-    README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns them relative.
+    """Copy a remote output's ``packcli.json``, the files it lists and its ``rejected.jsonl``
+    (with ``card`` its README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns
+    them relative.
     ``data``: which listed files (``data/<config>/<file>``) to copy, all when None (``inspect``
     needs one). ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them:
     plots on the store are always the current output's (``upload_output`` puts only fresh
@@ -666,6 +667,7 @@ def download_output(
             return wanted  # verify names what is wrong with it
         if card:
             listed.append("README.md")
+        listed.append("rejected.jsonl")  # the quarantine the report counts (verify checks it)
         if plots:
             listed += sorted(
                 r for r in remote if r.startswith(f"{STATS_DIR}/") and r.endswith(".png")

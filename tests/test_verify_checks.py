@@ -287,3 +287,29 @@ def test_verify_names_each_figure_of_packcli_json_that_the_data_does_not_give(
     code, output = invoke("verify", out)
     assert code == 1, output
     assert key in output, output
+
+
+def test_the_quarantine_counts_are_checked_against_rejected_jsonl(
+    s3: dict[str, str], toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "in" / "c.jsonl"
+    corpus.parent.mkdir()
+    write_corpus(corpus, [5, 80, 7, 30] * 20, seed=4)
+    with open(corpus, "a") as fh:
+        fh.write('{"text": 3}\nnot json\n{"id": 1}\n')
+    args = ["--on-bad-line", "skip"]
+    local = tmp_path / "out"
+    invoke_ok(*pack_args(corpus, toy_tokenizer_path, local, *args))
+    url = f"s3://{bucket}/out"
+    invoke_ok(*pack_args(corpus, toy_tokenizer_path, url, *args))
+    for out in (local, url):  # a remote verify reads the quarantine too
+        assert "all invariants hold" in invoke_ok("verify", out)
+    rejected = local / "rejected.jsonl"
+    lines = rejected.read_text().splitlines(keepends=True)
+    assert len(lines) == 3
+    rejected.write_text("".join(lines[:2]))
+    code, output = invoke("verify", local)
+    assert code == 1 and "report.input.rejected" in output, output
+    rejected.unlink()
+    code, output = invoke("verify", local)
+    assert code == 1 and "report.input.rejected" in output, output

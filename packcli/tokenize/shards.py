@@ -165,7 +165,7 @@ def shard_intact(folder: Path, manifest: dict[str, Any]) -> bool:
         return False
 
 
-def _damaged(path: Path, exc: Exception) -> ShardError:
+def _damaged(path: Path, exc: Exception | str) -> ShardError:
     return ShardError(
         f"{path}: damaged tokenized shard or index ({exc}); rerun the same packcli pack or "
         "tokenize command to rebuild it (`packcli verify --no-shards` checks the output "
@@ -293,6 +293,9 @@ class TokenShards:
         if self.store is not None and not path.is_file():
             path = self.store.fetch(f"{self.folder.name}/{rel}", manifest.get("bytes"))
         try:
+            size = path.stat().st_size
+            if "bytes" in manifest and size != manifest["bytes"]:
+                raise _damaged(path, f"{size} bytes, written as {manifest['bytes']}")
             same = sha256_file(path) == manifest["sha256"]
         except OSError as exc:
             raise _damaged(path, exc) from exc
