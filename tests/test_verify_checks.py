@@ -313,3 +313,46 @@ def test_the_quarantine_counts_are_checked_against_rejected_jsonl(
     rejected.unlink()
     code, output = invoke("verify", local)
     assert code == 1 and "report.input.rejected" in output, output
+
+
+def _uncovered(out: Path) -> list[str]:
+    """Figures the output's packcli.json states that verify neither checked nor lists as
+    unchecked."""
+    from packcli.publish.figures import flatten, unchecked
+
+    meta = json.loads((out / "packcli.json").read_text())
+    checked = set(json.loads(invoke_ok("verify", out, "--json"))["figures_checked"])
+    return [
+        k
+        for k, _ in flatten({k: meta[k] for k in ("files", "report")})
+        if k not in checked and not unchecked(k, with_shards=True)
+    ]
+
+
+@pytest.mark.parametrize("form", ["chat", "preference"])
+def test_chat_and_preference_figures_are_all_checked(
+    form: str, toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "in.jsonl"
+    with open(path, "w") as fh:
+        for i in range(12):
+            if form == "chat":
+                turns = [
+                    {"role": "user", "content": f"question {i} " * (1 + i % 5)},
+                    {"role": "assistant", "content": "an answer " * (1 + i * 7 % 40)},
+                ]
+                fh.write(json.dumps({"messages": turns}) + "\n")
+            else:
+                pair = {"prompt": f"say {i}", "chosen": "yes " * (1 + i % 9), "rejected": "no"}
+                fh.write(json.dumps(pair) + "\n")
+    out = tmp_path / "out"
+    more = ["--chat-template", "chatml"] if form == "chat" else []
+    invoke_ok(*pack_args(path, toy_tokenizer_path, out, "--format", form, *more))
+    assert _uncovered(out) == []
+    meta = json.loads((out / "packcli.json").read_text())
+    key = "report.chat.dialogues" if form == "chat" else "report.preference.kept_pairs"
+    node, last = _at(meta, key)
+    node[last] += 1
+    (out / "packcli.json").write_text(json.dumps(meta))
+    code, output = invoke("verify", out)
+    assert code == 1 and key in output, output

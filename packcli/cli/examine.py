@@ -80,6 +80,7 @@ def verify_command(
         against = "(tokenized shards not present: token identity checked between configs only)"
     typer.echo(f"OK: all invariants hold {against}")
     typer.echo(f"    output {shown}; tokenized shards {shards_state}")
+    typer.echo(f"    {len(summary['figures_checked'])} figures of packcli.json match the data")
     recheck = summary["checked_against_input"]
     if "checked" in recheck:
         typer.echo(f"    {recheck['checked']} input documents encoded again match the output")

@@ -173,8 +173,16 @@ def derive(
                 got[f"files.{name}[{i}].{k}"] = v
         for k, v in _tier(scans[name], caps[name]).items():
             got[f"report.tiers.{name}.{k}"] = v
-        stated = (report.get("training") or {}).get(name)
-        if isinstance(stated, dict) and scans[name].rows:
+        training = report.get("training") or {}
+        stated = training.get(name)
+        if not scans[name].rows:  # a config without rows has no step plan
+            got[f"report.training.{name}"] = None
+        elif not isinstance(stated, dict):
+            raise VerifyError(
+                f"{MARKER}: report.training.{name} is {stated!r}, but the config has "
+                f"{scans[name].rows} rows"
+            )
+        else:
             units = np.bincount(scans[name].row, minlength=scans[name].rows)
             row_tokens = np.bincount(
                 scans[name].row, weights=scans[name].length, minlength=scans[name].rows

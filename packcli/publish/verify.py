@@ -512,7 +512,7 @@ def verify_output(
         summary["shards"] = f"checked: {len(shards)} shard(s) in {tokens_dir}"
     # Every figure packcli.json states, against the data it describes.
     derived = derive(meta, out, scans, shards if doc_lengths is not None else None, doc_lengths)
-    summary["figures_checked"] = len(check_figures(meta, derived))
+    summary["figures_checked"] = check_figures(meta, derived)
     report = meta["report"]
     pol = report["policy"]
     kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
