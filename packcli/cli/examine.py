@@ -54,13 +54,13 @@ def verify_command(
 ) -> None:
     """Check every packing invariant of OUT; exit 1 with a precise message on the first failure."""
     from packcli.fs import is_url, local_path, redact
-    from packcli.publish.verify import check_output, verify_remote
+    from packcli.publish.verify import verify_folder, verify_remote
 
     if is_url(out):
         summary = verify_remote(out, use_shards=shards)
         shown = redact(out).rstrip("/")
     else:
-        summary = check_output(Path(local_path(out)), use_shards=shards)
+        summary = verify_folder(Path(local_path(out)), use_shards=shards)
         shown = local_path(out)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))

@@ -7,7 +7,7 @@ must never reach the Hub, and a half-written or corrupt output must not be publi
 So the upload set is exact: ``README.md``, ``packcli.json``, the Parquet files listed in
 ``packcli.json`` and the plots ``packcli stats`` wrote (``stats/*.png``, by name; skipped
 when older than ``packcli.json``, as they would describe an earlier pack), and the folder
-must pass the checks ``packcli verify`` runs first (``verify.check_output``: structure, the
+must pass the checks ``packcli verify`` runs first (``verify.verify_folder``: structure, the
 figures of ``packcli.json``, the sha256 of every data file, and every token against the
 tokenized shards when they are present), so push refuses what verify refuses.
 
@@ -127,15 +127,15 @@ def _refuse_links(out: Path, rel: str) -> None:
 
 def prepare_push(out: Path, url: str | None = None) -> list[UploadFile]:
     """The upload set of ``out`` after proving the folder is complete and intact: the
-    checks ``packcli verify`` runs (``check_output``, the tokenized shards included when
+    checks ``packcli verify`` runs (``verify_folder``, the tokenized shards included when
     present), so push refuses exactly what verify refuses. ``url``: the output ``out`` is a
     downloaded copy of (its work folder, and its name in messages)."""
     from packcli.fs import redact
-    from packcli.publish.verify import check_output
+    from packcli.publish.verify import verify_folder
 
     files = upload_files(out)
     try:
-        check_output(out, url)
+        verify_folder(out, url)
     except VerifyError as exc:
         shown = redact(url).rstrip("/") if url else out
         raise PushError(f"refusing to push {shown}: {exc} (see packcli verify)") from exc

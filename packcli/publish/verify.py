@@ -431,7 +431,7 @@ def _named(text: str, names: dict[Path, str]) -> str:
     return text
 
 
-def check_output(out: Path, url: str | None = None, *, use_shards: bool = True) -> dict[str, Any]:
+def verify_folder(out: Path, url: str | None = None, *, use_shards: bool = True) -> dict[str, Any]:
     """The checks ``verify`` runs, for every caller that must refuse what verify refuses
     (``push``, ``push --dry-run``): ``out`` itself, or with ``url`` a downloaded copy of the
     output there (shards included when present, as verify finds them)."""
