@@ -10,7 +10,8 @@ What each figure is derived from:
   and tokens at the stated ``tokens_per_step``); ``policy.split_*`` (documents in several
   pieces); ``documents_by_length.short``; ``preference.kept_pairs``; with ``--overlong split``
   also ``documents_by_length.overlong`` and ``largest_document`` (doc id and tokens);
-* ``rejected.jsonl`` (always): ``input.rejected_lines`` and ``input.rejected`` by reason;
+* ``rejected.jsonl`` (when there; else the index, with the shards): ``input.rejected_lines``
+  and ``input.rejected`` by reason;
 * ``run.inputs`` (always): ``input.files`` and ``input.bytes``;
 * the tokenized shards, when verify reads them: ``input.documents``, ``input.tokens``, every
   ``documents_by_length`` and ``policy`` count (the overlong rule applied to each document's
@@ -61,6 +62,7 @@ NEEDS_SHARDS = (
     "report.input.tokens",
     "report.input.blank_lines",
     "report.input.corrupt_streams*",
+    "report.input.rejected*",
     "report.documents_by_length.*",
     "report.policy.*",
     "report.largest_document.*",
@@ -137,12 +139,14 @@ def _by_doc(scan: ConfigScan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return docs, pieces, tokens
 
 
-def _rejected(out: Path) -> Counter[str]:
-    """Quarantined lines of ``OUT/rejected.jsonl`` by reason (none when it is not there)."""
+def _rejected(out: Path) -> Counter[str] | None:
+    """Quarantined lines of ``OUT/rejected.jsonl`` by reason; None when it is not there (a
+    run that rejected nothing leaves none, and a user may delete it: then the counts are
+    checked against the tokenize stage's index, when verify reads the shards)."""
     found: Counter[str] = Counter()
     path = out / "rejected.jsonl"
     if not path.is_file():
-        return found
+        return None
     with open(path, "rb") as fh:
         for n, line in enumerate(fh, 1):
             try:
@@ -213,19 +217,23 @@ def derive(
     if "preference" in report:
         got["report.preference.kept_pairs"] = long.segments - int(long.doc.size)
     rejected = _rejected(out)
-    got["report.input.rejected_lines"] = sum(rejected.values())
-    got["report.input.rejected"] = dict(sorted(rejected.items()))
+    if rejected is not None:
+        got["report.input.rejected_lines"] = sum(rejected.values())
+        got["report.input.rejected"] = dict(sorted(rejected.items()))
     inputs = meta["run"].get("inputs") or []
     got["report.input.files"] = len(inputs)
     got["report.input.bytes"] = sum(int(f.get("size", 0)) for f in inputs)
     if doc_lengths is not None:
-        got.update(_from_shards(meta, shards, doc_lengths))
+        got.update(_from_shards(meta, shards, doc_lengths, rejected is not None))
     return got
 
 
-def _from_shards(meta: dict[str, Any], shards: Any, lengths: np.ndarray) -> dict[str, Any]:
+def _from_shards(
+    meta: dict[str, Any], shards: Any, lengths: np.ndarray, quarantined: bool
+) -> dict[str, Any]:
     """The figures only the shards (and their index) know: every document's length, so the
-    overlong rule's counts, and what reading and encoding counted."""
+    overlong rule's counts, and what reading and encoding counted (the quarantine's counts
+    too, unless ``quarantined``: ``rejected.jsonl`` gave them)."""
     plan = meta["config"]["plan"]
     short_len, long_len = int(plan["short_len"]), int(plan["long_len"])
     over = lengths > long_len
@@ -257,8 +265,12 @@ def _from_shards(meta: dict[str, Any], shards: Any, lengths: np.ndarray) -> dict
     index = shards.success
     read = index.get("read_stats") or {}
     got["report.input.blank_lines"] = read.get("blank_lines")
-    if read.get("corrupt_streams"):
-        got["report.input.corrupt_streams"] = read["corrupt_streams"]
+    # Stated only when a file failed, so other reports stay as they were.
+    got["report.input.corrupt_streams"] = read.get("corrupt_streams") or None
+    if not quarantined:  # no rejected.jsonl: the index's counts
+        rejected = read.get("rejected") or {}
+        got["report.input.rejected_lines"] = sum(rejected.values())
+        got["report.input.rejected"] = dict(sorted(rejected.items()))
     got["report.chat"] = index.get("chat")
     for k, v in (index.get("preference") or {}).items():
         got[f"report.preference.{k}"] = v

@@ -17,7 +17,12 @@ What is proved, streaming over the Parquet files (memory ~24 bytes per segment):
   exactly once, in order, and nothing else appears;
 * nesting: every short pack appears intact and contiguous inside exactly one long row, and
   every short-sized segment of the long config belongs to a short pack;
-* bookkeeping: row and token counts agree with the report, file hashes with ``packcli.json``.
+* the shards themselves: each one's bytes have the sha256 recorded as it was written (an
+  edited shard is named; it is hashed once, as it is read);
+* bookkeeping: every figure ``packcli.json`` states (counts, sizes, hashes, efficiencies, the
+  step plan, the quarantine) is derived again from the data it describes and the first that
+  differs is named by its key (``figures.py`` says what comes from where, and what no data
+  determines).
 
 The expected pieces are derived here independently of the planner, so a planner bug cannot
 hide itself. The first failure raises ``VerifyError`` with a precise message.
