@@ -652,12 +652,21 @@ def _still_there(
     return logged[1] == digest(rel)
 
 
-def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = False) -> list[str]:
-    """Copy a remote output's ``packcli.json`` and the files it lists (with ``card`` its
-    README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns them relative.
-    ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them: plots on
-    the store are always the current output's (``upload_output`` puts only fresh ones and
-    deletes the others)."""
+def download_output(
+    url: str,
+    dest: Path,
+    *,
+    card: bool = True,
+    plots: bool = False,
+    data: Callable[[str], bool] | None = None,
+) -> list[str]:
+    """Copy a remote output's ``packcli.json``, the files it lists and its ``rejected.jsonl``
+    (with ``card`` its README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns
+    them relative.
+    ``data``: which listed files (``data/<config>/<file>``) to copy, all when None (``inspect``
+    needs one). ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them:
+    plots on the store are always the current output's (``upload_output`` puts only fresh
+    ones and deletes the others)."""
     fs, prefix = locate(url)
     try:
         remote = listing(fs, prefix)
@@ -670,10 +679,12 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
         try:
             meta = load_marker(dest)
             listed = [f"data/{n}/{f['file']}" for n in CONFIG_NAMES for f in meta["files"][n]]
+            listed = [rel for rel in listed if data is None or data(rel)]
         except (ValueError, KeyError, TypeError):
             return wanted  # verify names what is wrong with it
         if card:
             listed.append("README.md")
+        listed.append("rejected.jsonl")  # the quarantine the report counts (verify checks it)
         if plots:
             listed += sorted(
                 r for r in remote if r.startswith(f"{STATS_DIR}/") and r.endswith(".png")
