@@ -3,7 +3,7 @@
 One module knows about URLs, so the readers, the pipeline and the tools keep working on
 plain paths and call in here only where a URL can reach them:
 
-* **Inputs.** ``expand`` lists a URL's files with the filesystem's own ``glob``/``find``
+* **Inputs.** ``list_tree`` lists a URL's files with the filesystem's own ``find``
   (one listing, whose sizes and versions are kept), ``open_binary`` streams one through
   an fsspec file object (seekable, ranged reads: byte spans and the damaged-stream check
   work as on disk) and ``open_arrow`` hands one to pyarrow. A remote file's identity, for
@@ -58,7 +58,6 @@ _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 _SECRET_QUERY = re.compile(
     r"sig|signature|token|key|secret|password|credential|auth|^x-(amz|goog)-"
 )
-_GLOB_MAGIC = frozenset("*?[")
 
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 """URL schemes whose filesystem is a packcli extra (``pip install 'packcli[EXTRA]'``)."""
@@ -92,8 +91,14 @@ def is_url(spec: object) -> bool:
 def local_path(spec: str) -> str:
     """A ``file://`` URL as the local path it names; anything else unchanged."""
     if spec.lower().startswith("file://"):
-        parsed = urllib.parse.urlparse(spec)
-        return urllib.parse.unquote(parsed.path) or "/"
+        # Not urlparse: a local file URL has no query or fragment, so a '?' or '#' in it is
+        # part of a file name (a glob's '?' too), as in the same path given plainly.
+        rest = spec[len("file://") :]
+        if rest.lower().startswith("localhost/"):
+            rest = rest[len("localhost") :]
+        if not rest.startswith("/"):
+            raise ConfigError(f"{spec}: not a local file URL: write file:///absolute/path")
+        return urllib.parse.unquote(rest)
     return spec
 
 
@@ -135,7 +140,7 @@ def _missing_package(url: str, exc: Exception) -> ConfigError:
 
 def locate(url: str) -> tuple[Any, str]:
     """The fsspec filesystem and path of ``url``: the instance that listed it when it came
-    from ``expand``, else a new one from the URL (credentials from the environment)."""
+    from ``list_tree``, else a new one from the URL (credentials from the environment)."""
     with _LOCK:
         found = _LOCATED.get(url)
     if found is not None:
@@ -172,65 +177,53 @@ def _fail(url: str, what: str, exc: BaseException) -> InputError:
 # --------------------------------------------------------------------------- inputs
 
 
-def expand(
-    spec: str, keep: Callable[[str], bool], *, saved_dataset: bool = False, any_name: bool = False
-) -> tuple[list[str], bool]:
-    """The files ``spec`` (a URL: a file, a folder searched recursively, or a glob, ``**``
-    allowed) names, as display URLs whose names pass ``keep`` (``any_name``: a URL naming
-    one file is taken whatever its name), listed by the filesystem; and whether they are a
-    ``save_to_disk`` folder's files in its ``state.json`` order (``saved_dataset``: such a
-    folder gives only those). An empty list: nothing matched.
-    """
-    fs, path = locate(spec)
+def list_tree(url: str, depth: int | None = None) -> tuple[str, dict[str, str], list[str]]:
+    """Every file under ``url`` (a file, or a folder searched recursively; ``depth``: only
+    that many levels down), listed by its filesystem (one ``find``, whose sizes and versions
+    are kept for ``info``): the display URL of ``url`` itself, each file's display URL by
+    its path relative to it (``""``: ``url`` is a file; an empty dict: nothing there), and
+    with ``depth`` the folders within it (relative). Which of them are inputs (names, globs,
+    hidden files, saved datasets) is ``packcli/read/inputs.py``'s rule, the same for local
+    folders."""
+    fs, path = locate(url)
+    path = path.rstrip("/") or path
     try:
-        if _GLOB_MAGIC.intersection(path):
-            infos = fs.glob(path, detail=True)
-            files: dict[str, dict[str, Any]] = {}
-            for p, info in sorted(infos.items()):
-                if info.get("type") == "directory":
-                    files.update(fs.find(p, detail=True))
-                else:
-                    files[p] = info
-        else:
-            try:
-                info = fs.info(path)
-            except FileNotFoundError:
-                raise InputError(f"input not found: {redact(spec)!r}") from None
-            if info.get("type") != "directory":
-                if any_name:
-                    return [_remember(fs, path, info)], False
-                files = {path: info}
-            else:
-                ordered = _saved_dataset_files(fs, path) if saved_dataset else None
-                if ordered is not None:
-                    return [_remember(fs, p, fs.info(p)) for p in ordered], True
-                files = fs.find(path, detail=True)
+        try:
+            top = fs.info(path)
+        except FileNotFoundError:
+            return _display(fs, path), {}, []
+        if top.get("type") != "directory":
+            return _display(fs, path), {"": _remember(fs, path, top)}, []
+        found = fs.find(path, maxdepth=depth, withdirs=depth is not None, detail=True)
     except (InputError, ConfigError):
         raise
     except Exception as exc:  # botocore, aiohttp, HfHub...: one line, never a traceback
-        raise _fail(spec, "list", exc) from exc
-    kept = [
-        _remember(fs, p, info)
-        for p, info in sorted(files.items())
-        if info.get("type", "file") == "file" and keep(p)
-    ]
-    return kept, False
+        raise _fail(url, "list", exc) from exc
+    root = path.rstrip("/") + "/"
+    files: dict[str, str] = {}
+    folders: list[str] = []
+    for p, i in sorted(found.items()):
+        if p.startswith(root) and i.get("type", "file") == "file":
+            files[p[len(root) :]] = _remember(fs, p, i)
+        elif p.startswith(root) and i.get("type") == "directory":
+            folders.append(p[len(root) :].rstrip("/"))
+    return _display(fs, path), files, folders
+
+
+def read_text(url: str) -> str:
+    """A small file's text (a ``state.json``), as UTF-8; errors are ``OSError``s."""
+    with open_binary(url) as fh:
+        data = fh.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise OSError(f"{redact(url)}: not UTF-8 ({exc})") from exc
 
 
 def normalize(url: str) -> str:
-    """``url`` in the form ``expand`` gives its files (for comparing prefixes)."""
+    """``url`` in the form ``list_tree`` gives its files (for comparing prefixes)."""
     fs, path = locate(url)
     return _display(fs, path.rstrip("/"))
-
-
-def _saved_dataset_files(fs: Any, folder: str) -> list[str] | None:
-    """A remote ``save_to_disk`` folder's data files in ``state.json`` order, or None."""
-    try:
-        state = json.loads(fs.cat_file(f"{folder.rstrip('/')}/state.json"))
-        names = [entry["filename"] for entry in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return [f"{folder.rstrip('/')}/{name}" for name in names] or None
 
 
 def info(url: str, *, fresh: bool = False) -> dict[str, Any]:
@@ -659,12 +652,21 @@ def _still_there(
     return logged[1] == digest(rel)
 
 
-def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = False) -> list[str]:
-    """Copy a remote output's ``packcli.json`` and the files it lists (with ``card`` its
-    README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns them relative.
-    ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them: plots on
-    the store are always the current output's (``upload_output`` puts only fresh ones and
-    deletes the others)."""
+def download_output(
+    url: str,
+    dest: Path,
+    *,
+    card: bool = True,
+    plots: bool = False,
+    data: Callable[[str], bool] | None = None,
+) -> list[str]:
+    """Copy a remote output's ``packcli.json``, the files it lists and its ``rejected.jsonl``
+    (with ``card`` its README.md, with ``plots`` its ``stats/*.png``) into ``dest``; returns
+    them relative.
+    ``data``: which listed files (``data/<config>/<file>``) to copy, all when None (``inspect``
+    needs one). ``packcli.json`` comes first, so the plots are newer, as ``push`` wants them:
+    plots on the store are always the current output's (``upload_output`` puts only fresh
+    ones and deletes the others)."""
     fs, prefix = locate(url)
     try:
         remote = listing(fs, prefix)
@@ -677,10 +679,12 @@ def download_output(url: str, dest: Path, *, card: bool = True, plots: bool = Fa
         try:
             meta = load_marker(dest)
             listed = [f"data/{n}/{f['file']}" for n in CONFIG_NAMES for f in meta["files"][n]]
+            listed = [rel for rel in listed if data is None or data(rel)]
         except (ValueError, KeyError, TypeError):
             return wanted  # verify names what is wrong with it
         if card:
             listed.append("README.md")
+        listed.append("rejected.jsonl")  # the quarantine the report counts (verify checks it)
         if plots:
             listed += sorted(
                 r for r in remote if r.startswith(f"{STATS_DIR}/") and r.endswith(".png")

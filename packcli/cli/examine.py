@@ -15,7 +15,6 @@ from typing import Annotated
 
 import typer
 
-from packcli.cli.options import OutFolder
 from packcli.errors import ConfigError
 from packcli.publish.rowview import PREVIEW_CHARS
 
@@ -23,12 +22,22 @@ VERIFY_EPILOG = (
     "Examples:\n\n  packcli verify out/\n\n  packcli verify out/ --no-shards --json\n\n"
     "  packcli verify s3://bucket/packed/"
 )
-STATS_EPILOG = "Examples:\n\n  packcli stats out/\n\n  packcli stats out/ --json --no-plots"
+STATS_EPILOG = (
+    "Examples:\n\n  packcli stats out/\n\n  packcli stats out/ --json --no-plots\n\n"
+    "  packcli stats s3://bucket/packed/"
+)
+# A finished output, read by stats and inspect: a folder, or its URL (downloaded to a temp
+# folder, as verify and push do).
+OutSpec = Annotated[
+    str,
+    typer.Argument(help="Output folder written by packcli pack, or its s3:// (fsspec) URL."),
+]
 INSPECT_EPILOG = (
     "Examples:\n\n"
     "  packcli inspect out/ --row 0\n\n"
     "  packcli inspect out/ --config short --row 17 --json\n\n"
-    "  packcli inspect out/ --row 3 --tokenizer path/to/tokenizer.json"
+    "  packcli inspect out/ --row 3 --tokenizer path/to/tokenizer.json\n\n"
+    "  packcli inspect s3://bucket/packed/ --row 0"
 )
 
 
@@ -44,13 +53,15 @@ def verify_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Check every packing invariant of OUT; exit 1 with a precise message on the first failure."""
-    from packcli.fs import is_url, local_path
-    from packcli.publish.verify import verify_output, verify_remote
+    from packcli.fs import is_url, local_path, redact
+    from packcli.publish.verify import verify_folder, verify_remote
 
     if is_url(out):
         summary = verify_remote(out, use_shards=shards)
+        shown = redact(out).rstrip("/")
     else:
-        summary = verify_output(Path(local_path(out)), use_shards=shards)
+        summary = verify_folder(Path(local_path(out)), use_shards=shards)
+        shown = local_path(out)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
         return
@@ -59,12 +70,17 @@ def verify_command(
             f"{name:<6} {s['rows']:>10,} rows {s['tokens']:>15,} tokens "
             f"{s['segments']:>12,} segments"
         )
-    against = (
-        "and against the tokenized shards"
-        if summary["checked_against_shards"]
-        else ("(tokenized shards not present: token identity checked between configs only)")
-    )
+    shards_state = summary["shards"]
+    if summary["checked_against_shards"]:
+        against = "and against the tokenized shards"
+    elif not shards:
+        against = "(tokenized shards skipped on request, --no-shards: token identity checked "
+        against += "between configs only)"
+    else:
+        against = "(tokenized shards not present: token identity checked between configs only)"
     typer.echo(f"OK: all invariants hold {against}")
+    typer.echo(f"    output {shown}; tokenized shards {shards_state}")
+    typer.echo(f"    {len(summary['figures_checked'])} figures of packcli.json match the data")
     recheck = summary["checked_against_input"]
     if "checked" in recheck:
         typer.echo(f"    {recheck['checked']} input documents encoded again match the output")
@@ -73,25 +89,31 @@ def verify_command(
 
 
 def stats_command(
-    out: OutFolder,
+    out: OutSpec,
     json_out: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
     plots: Annotated[
         bool,
         typer.Option(
             "--plots/--no-plots",
-            help="Write PNG plots to OUT/stats/ (needs pip install 'packcli[stats]').",
+            help="Write PNG plots to OUT/stats/ (needs pip install 'packcli[stats]'; not for "
+            "a URL, which stats only reads).",
         ),
     ] = True,
 ) -> None:
     """Row fill, document lengths, documents per row and attention cost of OUT, with plots."""
+    from packcli.fs import is_url, redact
+    from packcli.publish.remote import local_output
     from packcli.publish.stats import compute_stats, render_tables, write_plots
 
-    numbers, tiers = compute_stats(out)
-    numbers["plots"] = write_plots(out, tiers) if plots else []
+    remote = is_url(out)
+    with local_output(out, card=False, plots=False) as folder:
+        numbers, tiers = compute_stats(folder)
+        # An output on the store is only read: its plots and card stay as they are.
+        numbers["plots"] = write_plots(folder, tiers) if plots and not remote else []
     if numbers["plots"]:
         from packcli.publish.card import refresh_card  # the card embeds the new plots
 
-        refresh_card(out)
+        refresh_card(folder)
     if json_out:
         typer.echo(json.dumps(numbers, indent=2))
         return
@@ -102,11 +124,16 @@ def stats_command(
     for table in tables:
         console.print(table)
     if numbers["plots"]:
-        console.print(f"plots: {', '.join(str(out / p) for p in numbers['plots'])}")
+        console.print(f"plots: {', '.join(str(folder / p) for p in numbers['plots'])}")
+    elif remote and plots:
+        console.print(
+            f"plots: not written for {redact(out)} (stats only reads an output on object "
+            "storage); run packcli stats on a local copy for them"
+        )
 
 
 def inspect_command(
-    out: OutFolder,
+    out: OutSpec,
     row: Annotated[int, typer.Option("--row", "-r", help="Row index within the config, from 0.")],
     config: Annotated[str, typer.Option(help="Dataset config: long or short.")] = "long",
     tokenizer: Annotated[
@@ -121,11 +148,19 @@ def inspect_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the row as JSON.")] = False,
 ) -> None:
     """Show one row of OUT: segments, doc ids, offsets, no-loss spans and boundary text."""
-    from packcli.publish.rowview import inspect_row, render_row
+    from packcli.fs import is_url
+    from packcli.publish.remote import local_output
+    from packcli.publish.rowview import inspect_row, locate_row, read_meta, render_row
 
     if chars < 0:
         raise ConfigError(f"--chars must be >= 0, got {chars}")
-    view = inspect_row(out, config, row, tokenizer=tokenizer, chars=chars)
+    wanted = None
+    if is_url(out):  # fetch only the Parquet file that holds the row
+        with local_output(out, card=False, plots=False, data=lambda rel: False) as folder:
+            file, _ = locate_row(read_meta(folder), config, row)
+        wanted = f"data/{config}/{file}"
+    with local_output(out, card=False, plots=False, data=lambda rel: rel == wanted) as folder:
+        view = inspect_row(folder, config, row, tokenizer=tokenizer, chars=chars)
     if json_out:
         typer.echo(json.dumps(view, indent=2, ensure_ascii=False))
         return

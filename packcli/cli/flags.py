@@ -187,6 +187,13 @@ class PlanFlags:
             f"[{PlanConfig.balance}]."
         ),
     ] = None
+    group_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens per group of token shards planned and written on its own (a write "
+            f"task reads only its groups' shards) [{PlanConfig.group_tokens}]."
+        ),
+    ] = None
 
 
 @dataclass(frozen=True)

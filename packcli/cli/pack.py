@@ -180,7 +180,6 @@ def plan_command(
     quiet: Quiet = False,
 ) -> None:
     """Stage 2 of 4: the global plan over all documents' lengths (one task)."""
-    from packcli.pack.plan import tier_summary
     from packcli.stages.lock import hold
     from packcli.stages.plan import plan_stage
 
@@ -188,9 +187,13 @@ def plan_command(
     cfg = config_from_flags(config, flags)
     with hold(cfg.out_path, cfg.work_path):
         planned, _ = plan_stage(cfg, quiet=quiet)
+    capacity = {"short": cfg.plan.short_len, "long": cfg.plan.long_len}
     for name in ("short", "long"):
-        t = tier_summary(getattr(planned, name))
-        typer.echo(f"{name:<6}{t['rows']:>12,} rows  {t['rows_over_bound']:.5f}x lower bound")
+        rows = sum(p.rows[name] for p in planned.parts)
+        tokens = sum(p.tokens[name] for p in planned.parts)
+        bound = -(-tokens // capacity[name])
+        ratio = rows / bound if bound else 1.0
+        typer.echo(f"{name:<6}{rows:>12,} rows  {ratio:.5f}x lower bound")
 
 
 def write_command(

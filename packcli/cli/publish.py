@@ -53,10 +53,13 @@ def push_command(
     ] = False,
 ) -> None:
     """Verify OUT and upload it to a Hugging Face dataset repo; rerun to resume."""
+    from packcli.fs import is_url
+
     check_repo_id(repo_id)
+    url = out if is_url(out) else None
     with local_output(out) as folder:
         if dry_run:
-            files = prepare_push(folder)
+            files = prepare_push(folder, url)
             typer.echo(f"would upload to https://huggingface.co/datasets/{repo_id}:")
             typer.echo(format_upload_list(files))
             if prune:
@@ -66,7 +69,7 @@ def push_command(
                 )
             typer.echo(f"load with: {load_call(repo_id, revision=revision)}")
             return
-        result = push(folder, repo_id, private=private, revision=revision, prune=prune)
+        result = push(folder, repo_id, private=private, revision=revision, prune=prune, url=url)
     typer.echo(format_upload_list(result.files))
     if result.deleted:
         typer.echo(f"deleted {len(result.deleted)} stale files: {', '.join(result.deleted)}")

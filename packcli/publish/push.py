@@ -7,8 +7,9 @@ must never reach the Hub, and a half-written or corrupt output must not be publi
 So the upload set is exact: ``README.md``, ``packcli.json``, the Parquet files listed in
 ``packcli.json`` and the plots ``packcli stats`` wrote (``stats/*.png``, by name; skipped
 when older than ``packcli.json``, as they would describe an earlier pack), and the folder
-must pass ``verify_output(out, use_shards=False)`` first (structure, counts and the sha256
-of every data file; no tokenized shards needed).
+must pass the checks ``packcli verify`` runs first (``verify.verify_folder``: structure, the
+figures of ``packcli.json``, the sha256 of every data file, and every token against the
+tokenized shards when they are present), so push refuses what verify refuses.
 
 The upload itself is ``huggingface_hub``'s resumable folder upload: ``upload_large_folder``
 where it exists (huggingface_hub 0.25 to 1.x), else ``upload_folder``, which from
@@ -20,7 +21,7 @@ push that this output does not have are deleted (``prune``): the card loads
 would silently join the dataset.
 
 An output on object storage (``packcli push s3://bucket/out REPO``) is first downloaded to a
-temp folder (``local_output``), then pushed the same way.
+temp folder (``publish.remote.local_output``), then pushed the same way.
 
 Authentication is huggingface_hub's own (``HF_TOKEN`` or ``hf auth login``); packcli never
 sees the token.
@@ -28,13 +29,10 @@ sees the token.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import glob
 import logging
 import os
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,7 @@ from packcli.errors import ConfigError, PackcliError, VerifyError
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.publish.card import PLOT_FILES
 from packcli.publish.marker import load_marker
+from packcli.publish.remote import local_output as local_output  # re-export: its old home
 
 log = logging.getLogger(__name__)
 
@@ -126,15 +125,20 @@ def _refuse_links(out: Path, rel: str) -> None:
         raise PushError(f"{out}: {rel} lies outside the output folder; refusing to upload it")
 
 
-def prepare_push(out: Path) -> list[UploadFile]:
-    """The upload set of ``out`` after proving the folder is complete and intact."""
-    from packcli.publish.verify import verify_output
+def prepare_push(out: Path, url: str | None = None) -> list[UploadFile]:
+    """The upload set of ``out`` after proving the folder is complete and intact: the
+    checks ``packcli verify`` runs (``verify_folder``, the tokenized shards included when
+    present), so push refuses exactly what verify refuses. ``url``: the output ``out`` is a
+    downloaded copy of (its work folder, and its name in messages)."""
+    from packcli.fs import redact
+    from packcli.publish.verify import verify_folder
 
     files = upload_files(out)
     try:
-        verify_output(out, use_shards=False)
+        verify_folder(out, url)
     except VerifyError as exc:
-        raise PushError(f"refusing to push {out}: {exc} (see packcli verify)") from exc
+        shown = redact(url).rstrip("/") if url else out
+        raise PushError(f"refusing to push {shown}: {exc} (see packcli verify)") from exc
     return files
 
 
@@ -177,17 +181,19 @@ def push(
     revision: str | None = None,
     prune: bool = True,
     api: Any = None,
+    url: str | None = None,
 ) -> PushResult:
     """Verify ``out`` and upload its exact file set to the dataset repo ``repo_id``.
 
     Creates the repo (``private`` applies only to a new repo) and the branch ``revision``
-    when missing. Rerunning after an interruption resumes the upload.
+    when missing. Rerunning after an interruption resumes the upload. ``url``: the remote
+    output ``out`` is a downloaded copy of (``local_output``).
     """
     from huggingface_hub import CommitOperationDelete, HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     check_repo_id(repo_id)
-    files = prepare_push(out)
+    files = prepare_push(out, url)
     api = api if api is not None else HfApi()
     total = sum(f.size for f in files)
     log.info("pushing %d files (%d bytes) from %s to %s", len(files), total, out, repo_id)
@@ -256,22 +262,3 @@ def format_upload_list(files: list[UploadFile]) -> str:
     lines = [f"  {f.path:<{width}}  {_size(f.size):>10}" for f in files]
     lines.append(f"  {len(files)} files, {_size(sum(f.size for f in files))}")
     return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def local_output(out: str) -> Iterator[Path]:
-    """``out`` as a local folder: itself, or an output on object storage (``s3://...``)
-    downloaded to a temp folder (its packcli.json, card, listed Parquet files and plots).
-    Errors about the copy name the URL."""
-    from packcli.fs import download_output, is_url, local_path, reword
-
-    if not is_url(out):
-        yield Path(local_path(out))
-        return
-    with tempfile.TemporaryDirectory(prefix="packcli-push-") as tmp:
-        local = Path(tmp)
-        try:
-            download_output(out, local, card=True, plots=True)
-            yield local
-        except PackcliError as exc:
-            raise type(exc)(reword(str(exc), local, out)) from None

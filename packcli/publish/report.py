@@ -21,8 +21,15 @@ def training_hints(layout: RowLayout, tokens_per_step: int) -> dict[str, Any] | 
     unpacked training becomes on these rows (None for a config without rows)."""
     if layout.num_rows == 0:
         return None
-    docs = np.diff(layout.row_offsets)
-    p = plan_steps(docs.tolist(), layout.row_tokens.tolist(), tokens_per_step=tokens_per_step)
+    return step_hints(np.diff(layout.row_offsets), layout.row_tokens, tokens_per_step)
+
+
+def step_hints(
+    docs_per_row: np.ndarray, tokens_per_row: np.ndarray, tokens_per_step: int
+) -> dict[str, Any]:
+    """The ``training`` figures of one config from each row's documents (a preference pair
+    counts once) and tokens: the report's, and ``verify``'s from the rows it read."""
+    p = plan_steps(docs_per_row.tolist(), tokens_per_row.tolist(), tokens_per_step=tokens_per_step)
     return {
         "samples_per_row": round(p.samples_per_row, 4),
         "tokens_per_row": round(p.tokens_per_row, 1),

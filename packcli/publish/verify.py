@@ -17,7 +17,12 @@ What is proved, streaming over the Parquet files (memory ~24 bytes per segment):
   exactly once, in order, and nothing else appears;
 * nesting: every short pack appears intact and contiguous inside exactly one long row, and
   every short-sized segment of the long config belongs to a short pack;
-* bookkeeping: row and token counts agree with the report, file hashes with ``packcli.json``.
+* the shards themselves: each one's bytes have the sha256 recorded as it was written (an
+  edited shard is named; it is hashed once, as it is read);
+* bookkeeping: every figure ``packcli.json`` states (counts, sizes, hashes, efficiencies, the
+  step plan, the quarantine) is derived again from the data it describes and the first that
+  differs is named by its key (``figures.py`` says what comes from where, and what no data
+  determines).
 
 The expected pieces are derived here independently of the planner, so a planner bug cannot
 hide itself. The first failure raises ``VerifyError`` with a precise message.
@@ -25,6 +30,7 @@ hide itself. The first failure raises ``VerifyError`` with a precise message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +43,10 @@ from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.publish.expected import expected_pieces, segment_hashes
+from packcli.publish.figures import ConfigScan, check_figures, derive
 from packcli.publish.marker import peek_marker, read_json_object
 from packcli.publish.marker import read_marker as read_marker  # re-export: its old home
-from packcli.tokenize.shards import TokenShards, sha256_file
+from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
 
 
 @dataclass
@@ -238,40 +245,66 @@ def _scan_config(
     vocab: int,
     files: list[dict[str, Any]],
     on_rows: Callable[[int], None] | None,
-) -> tuple[Segments, int, int]:
+) -> tuple[Segments, ConfigScan]:
     folder = out / "data" / name
     found = sorted(p.name for p in folder.glob("*.parquet")) if folder.is_dir() else []
     listed = [f["file"] for f in files]
     if found != sorted(listed):
-        _fail(f"data/{name}", f"files {found} do not match packcli.json {sorted(listed)}")
+        stray = [i for i, f in enumerate(listed) if f not in found]
+        named = f"files.{name}[{stray[0]}].file" if stray else f"files.{name}"
+        _fail(f"data/{name}", f"files {found} do not match packcli.json's {named} {sorted(listed)}")
     parts: list[Segments] = []
-    rows = tokens = 0
+    scan = ConfigScan()
     rows_per_batch = max(1, (1 << 21) // capacity)
-    for entry in files:
+    for i, entry in enumerate(files):
         path = folder / entry["file"]
         where = f"data/{name}/{entry['file']}"
-        if sha256_file(path) != entry["sha256"]:
-            _fail(where, "content hash differs from packcli.json (file changed or corrupt)")
-        file_rows = 0
+        digest = sha256_file(path)
+        if digest != entry["sha256"]:
+            _fail(
+                where,
+                f"content hash differs from packcli.json's files.{name}[{i}].sha256 (file "
+                "changed or corrupt)",
+            )
+        file_rows = file_tokens = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=rows_per_batch):
-            parts.append(_check_rows(batch, where, rows, capacity, vocab))
+            parts.append(_check_rows(batch, where, scan.rows, capacity, vocab))
+            offsets = to_numpy(batch.column("seq_lengths").offsets)
+            scan.segments += int(offsets[-1] - offsets[0])
             file_rows += batch.num_rows
-            rows += batch.num_rows
-            tokens += int(parts[-1].length.sum())
+            scan.rows += batch.num_rows
+            file_tokens += int(parts[-1].length.sum())
             if on_rows is not None:
                 on_rows(batch.num_rows)
         if file_rows != entry["rows"]:
-            _fail(where, f"{file_rows} rows, packcli.json says {entry['rows']}")
-    return _concat(parts), rows, tokens
+            _fail(
+                where,
+                f"{file_rows} rows, packcli.json's files.{name}[{i}].rows says {entry['rows']}",
+            )
+        scan.files.append(
+            {
+                "file": entry["file"],
+                "rows": file_rows,
+                "tokens": file_tokens,
+                "bytes": path.stat().st_size,
+                "sha256": digest,
+            }
+        )
+    segments = _concat(parts)
+    scan.doc, scan.length, scan.row = segments.doc, segments.length, segments.row
+    return segments, scan
 
 
 def _expected_pieces(
-    shards: TokenShards, long_len: int, policy: str
+    shards: TokenShards, long_len: int, policy: str, all_lengths: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(doc, length, hash) of every piece the policy should put in the long config."""
+    """(doc, length, hash) of every piece the policy should put in the long config; every
+    document's length is appended to ``all_lengths`` (the report's figures are checked
+    against them)."""
     docs, lens, hashes = [], [], []
-    for shard in shards.iter_shards():
+    for shard in shards.iter_shards(check=True):  # each shard's sha256 first
         doc_lens = np.diff(shard.offsets)
+        all_lengths.append(doc_lens)
         first = shard.first_doc_id
         ids = np.arange(first, first + doc_lens.size, dtype=np.int64)
         base = int(shard.offsets[0])
@@ -356,29 +389,63 @@ def _check_nesting(short: Segments, long: Segments, short_len: int) -> None:
 
 def verify_remote(url: str, *, use_shards: bool = True) -> dict[str, Any]:
     """Verify an output on object storage: its ``packcli.json`` and data files are
-    downloaded to a temp folder (the disk needs room for the dataset) and checked there;
-    messages name the URL. The tokenized shards are used when this machine made the
-    output (its local staging folder, ``fs.staging_root``, holds the same run's)."""
+    downloaded to a temp folder (the disk needs room for the dataset) and checked there
+    (``verify_copy``); messages name the URL."""
     import tempfile
 
-    from packcli.fs import download_output, is_url, reword, staging_root
+    from packcli.fs import download_output
 
     with tempfile.TemporaryDirectory(prefix="packcli-verify-") as tmp:
         local = Path(tmp) / "out"
-        download_output(url, local, card=False)
-        work = staging_root(url) / ".packcli"
-        store = None
-        recorded = peek_marker(local).get("run", {}).get("work_dir")
-        if use_shards and is_url(recorded):  # the work folder is on the store (workstore.py)
-            from packcli.stages.workstore import WorkStore
+        download_output(url, local, card=False)  # its errors name the URL
+        return verify_copy(local, url, Path(tmp), use_shards=use_shards)
 
-            store = WorkStore(recorded, Path(tmp) / "work", url, Path(tmp) / "mirror-out")
-            store.pull_records("tokens")
-            work = store.local
-        try:
-            return verify_output(local, use_shards=use_shards, work=work, store=store)
-        except VerifyError as exc:
-            raise VerifyError(reword(str(exc), local, url)) from None
+
+def verify_copy(local: Path, url: str, scratch: Path, *, use_shards: bool = True) -> dict[str, Any]:
+    """Verify ``local``, a downloaded copy of the output at ``url`` (``scratch``: a temp
+    folder for the shards' mirror). The tokenized shards are those of the work folder the
+    output names when it is on the store (fetched), else this machine's staging folder of
+    ``url`` (``fs.staging_root``) when it holds the same run's. Every message, and every
+    path in the summary, names the URL and the work folder's URL, never the temp copies."""
+    from packcli.fs import is_url, staging_root
+
+    work = staging_root(url) / ".packcli"
+    store = None
+    names: dict[Path, str] = {local: url}
+    recorded = peek_marker(local).get("run", {}).get("work_dir")
+    if use_shards and is_url(recorded):  # the work folder is on the store (workstore.py)
+        from packcli.stages.workstore import WorkStore
+
+        store = WorkStore(recorded, scratch / "work", url, scratch / "mirror-out")
+        store.pull_records("tokens")
+        work = store.local
+        names[work] = recorded
+    try:
+        summary = verify_output(local, use_shards=use_shards, work=work, store=store)
+    except VerifyError as exc:
+        raise VerifyError(_named(str(exc), names)) from None
+    return json.loads(_named(json.dumps(summary), names))
+
+
+def _named(text: str, names: dict[Path, str]) -> str:
+    """``text`` with each local copy's path replaced by the URL it is a copy of."""
+    from packcli.fs import reword
+
+    for local, url in names.items():
+        text = reword(text, local, url)
+    return text
+
+
+def verify_folder(out: Path, url: str | None = None, *, use_shards: bool = True) -> dict[str, Any]:
+    """The checks ``verify`` runs, for every caller that must refuse what verify refuses
+    (``push``, ``push --dry-run``): ``out`` itself, or with ``url`` a downloaded copy of the
+    output there (shards included when present, as verify finds them)."""
+    if url is None:
+        return verify_output(out, use_shards=use_shards)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="packcli-verify-") as tmp:
+        return verify_copy(out, url, Path(tmp), use_shards=use_shards)
 
 
 def verify_output(
@@ -398,9 +465,10 @@ def verify_output(
     vocab = int(meta["run"]["tokenizer"]["vocab_size"])
     caps = {"short": short_len, "long": long_len}
     segments: dict[str, Segments] = {}
+    scans: dict[str, ConfigScan] = {}
     summary: dict[str, Any] = {"configs": {}}
     for name in CONFIG_NAMES:
-        segs, rows, tokens = _scan_config(
+        segs, scan = _scan_config(
             out,
             name,
             caps[name],
@@ -410,24 +478,13 @@ def verify_output(
             if progress is None
             else progress(name, sum(f["rows"] for f in meta["files"][name])),
         )
-        tier = meta["report"]["tiers"][name]
-        if rows != tier["rows"] or tokens != tier["tokens"]:
-            _fail(
-                f"config {name}",
-                f"{rows} rows / {tokens} tokens, report says {tier['rows']} / {tier['tokens']}",
-            )
-        segments[name] = segs
-        summary["configs"][name] = {"rows": rows, "tokens": tokens, "segments": int(segs.doc.size)}
-
-    report = meta["report"]
-    pol = report["policy"]
-    kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
-    if summary["configs"]["long"]["tokens"] != kept:
-        _fail(
-            "config long",
-            f"holds {summary['configs']['long']['tokens']} tokens; input minus "
-            f"truncated and dropped is {kept}",
-        )
+        segments[name], scans[name] = segs, scan
+        tokens = int(segs.length.sum())
+        summary["configs"][name] = {
+            "rows": scan.rows,
+            "tokens": tokens,
+            "segments": int(segs.doc.size),
+        }
     _check_nesting(segments["short"], segments["long"], short_len)
 
     recorded = Path(meta["run"].get("work_dir") or ".packcli")
@@ -437,15 +494,40 @@ def verify_output(
     ) == meta["run"].get("tokens_fingerprint"):
         tokens_dir = work / "tokens"
     summary["checked_against_shards"] = False
-    if use_shards and (tokens_dir / "_SUCCESS.json").is_file():
+    doc_lengths: np.ndarray | None = None
+    shards: TokenShards | None = None
+    if not use_shards:
+        summary["shards"] = "not read (--no-shards)"
+    elif not (tokens_dir / "_SUCCESS.json").is_file():
+        summary["shards"] = f"not found (no completed tokenize stage in {tokens_dir})"
+    else:
         shards = TokenShards(tokens_dir, store if tokens_dir.parent == work else None)
         if shards.success.get("fingerprint") != meta["run"].get("tokens_fingerprint"):
             _fail(str(tokens_dir), "tokenized shards belong to another run")
-        exp = _expected_pieces(shards, long_len, plan_cfg["overlong"])
+        lengths: list[np.ndarray] = []
+        try:
+            exp = _expected_pieces(shards, long_len, plan_cfg["overlong"], lengths)
+        except ShardError as exc:
+            raise VerifyError(str(exc)) from None
+        doc_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         _compare("long", segments["long"], exp)
         small = exp[1] <= short_len
         _compare("short", segments["short"], (exp[0][small], exp[1][small], exp[2][small]))
         summary["checked_against_shards"] = True
+        summary["shards"] = f"checked: {len(shards)} shard(s) in {tokens_dir}"
+    # Every figure packcli.json states, against the data it describes.
+    derived = derive(meta, out, scans, shards if doc_lengths is not None else None, doc_lengths)
+    summary["figures_checked"] = check_figures(meta, derived)
+    report = meta["report"]
+    pol = report["policy"]
+    kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
+    if summary["configs"]["long"]["tokens"] != kept:
+        _fail(
+            "config long",
+            f"holds {summary['configs']['long']['tokens']} tokens; packcli.json's "
+            f"report.input.tokens minus report.policy.truncated_tokens and dropped_tokens is "
+            f"{kept}",
+        )
     # The shards came out of the same tokenize stage: also encode some input again.
     from packcli.publish.recheck import check_against_input
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from packcli.errors import InputError
 from packcli.read.formats import FORMAT_SUFFIXES, HUB_PREFIX
+from packcli.read.saved_dataset import SAVED_DATASET_RECORDS
 
 # The name log lines showed when this lived in read_columnar.py (the CLI prints it).
 logger = logging.getLogger("packcli.read_columnar")
@@ -59,6 +60,8 @@ def hub_local_spec(spec: str, formats: Sequence[str]) -> str:
     else:
         prefix = f"{hub.path}/" if hub.path else ""
         patterns = [f"{prefix}*{s}" for s in suffixes] + ([hub.path] if hub.path else [])
+        if "arrow" in formats:  # a save_to_disk folder in the repo is read through these
+            patterns += [f"{prefix}*{name}" for name in SAVED_DATASET_RECORDS]
     logger.info("fetching %s (%s) from the Hub", hub.repo_id, ", ".join(patterns))
     try:
         folder = snapshot_download(

@@ -4,29 +4,30 @@ uploads a remote output)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packcli import __version__
-from packcli.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
+from packcli.atomic import atomic_write_bytes, atomic_write_json
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
 from packcli.fs import redact, upload_output
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
+from packcli.pack.balance import balance_ratio
+from packcli.pack.groups import merge_plans
 from packcli.pack.plan import Plan, RowLayout
 from packcli.publish.card import render_card
 from packcli.publish.report import TOKENS_PER_STEP, build_report
-from packcli.read import shift_reject_lines
-from packcli.stages.index import collect_tokens
-from packcli.stages.plan import load_plan, stored_config
-from packcli.stages.work import REJECTED, read_json, recorded_read, require_out
+from packcli.stages.index import collect_tokens, gather_rejects
+from packcli.stages.plan import PLAN_DIR, PlanSet, load_part, load_plan, stored_config
+from packcli.stages.work import read_json, recorded_read, require_out
 from packcli.stages.workstore import WorkStore, in_mirror, work_store
-from packcli.stages.write import parquet_jobs, write_fingerprint
+from packcli.stages.write import write_fingerprint, write_tail
 from packcli.tokenize.shards import TokenShards
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def finalize_stage(
     cfg: RunConfig,
     *,
     command: str = "",
-    plan: Plan | None = None,
+    plan: PlanSet | None = None,
     tokens_per_step: int = TOKENS_PER_STEP,
 ) -> dict:
     """Check every output file is written, remove strays, write the card and the marker.
@@ -47,14 +48,16 @@ def finalize_stage(
     store.pull_records("write")  # collect_tokens pulls the tokenize stage's records
     shards = collect_tokens(cfg)
     if plan is None:  # else ``pack`` made it in this process, and plan.json is here
-        store.pull("plan.json", "plan.npz")
-        plan, _ = load_plan(cfg.work_path, shards)
+        store.pull("plan.json")
+        plan = load_plan(cfg.work_path, shards)
     cfg = stored_config(cfg)
+    # The tail's files, when no write task wrote them (separate write tasks write groups).
+    write_tail(cfg, plan, shards, quiet=True)
     fingerprint = write_fingerprint(cfg, shards)
     files = _written_files(cfg, plan, fingerprint)
     _remove_strays(cfg, out, files)
-    _gather_rejects(cfg, out, shards)
-    report = _report(cfg, plan, shards, tokens_per_step)
+    gather_rejects(cfg, out, shards)
+    report = _report(cfg, report_plan(cfg, plan), shards, tokens_per_step)
     run_info = {
         "packcli_version": __version__,
         "command": command,
@@ -91,17 +94,34 @@ def finalize_stage(
     return report
 
 
-def _written_files(cfg: RunConfig, plan: Plan, fingerprint: str) -> dict[str, list[dict[str, Any]]]:
+def report_plan(cfg: RunConfig, planset: PlanSet) -> Plan:
+    """Every part's rows as one plan, in output order, for the report (one part: itself)."""
+    work_store(cfg).pull(*(f"{PLAN_DIR}/{p.name}.npz" for p in planset.parts))
+    plans = [load_part(cfg.work_path, planset, p)[0] for p in planset.parts]
+    if len(plans) == 1:
+        return dataclasses.replace(plans[0], stats=planset.stats)
+    merged = merge_plans(plans)
+    long = merged.long
+    assert long is not None
+    seg_row = np.repeat(np.arange(long.num_rows), np.diff(long.row_offsets))
+    cost = merged.piece_len[long.row_pieces].astype(np.float64) ** 2
+    balance = {"ratio": balance_ratio(np.bincount(seg_row, weights=cost, minlength=long.num_rows))}
+    return dataclasses.replace(merged, stats={**planset.stats, "long_attention_balance": balance})
+
+
+def _written_files(
+    cfg: RunConfig, plan: PlanSet, fingerprint: str
+) -> dict[str, list[dict[str, Any]]]:
     """Every output file's write record (what ``packcli.json`` lists), per config; fails
     naming one that is missing or was written for another plan or settings."""
     files: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIG_NAMES}
     missing = []
-    for name, i, _, _, _ in parquet_jobs(cfg, plan):
-        record = read_json(cfg.work_path / "write" / f"{name}-{i:05d}.json")
+    for job in plan.jobs():
+        record = read_json(cfg.work_path / "write" / f"{job.config}-{job.index:05d}.json")
         if record.get("fingerprint") != fingerprint:
-            missing.append(f"{name}-{i:05d}")
+            missing.append(f"{job.config}-{job.index:05d}")
             continue
-        files[name].append({k: v for k, v in record.items() if k != "fingerprint"})
+        files[job.config].append({k: v for k, v in record.items() if k != "fingerprint"})
     if missing:
         raise PackcliError(
             f"write task(s) not finished: {len(missing)} output file(s) missing, "
@@ -196,28 +216,6 @@ def tokenizer_report(index: dict[str, Any]) -> dict[str, Any]:
             "by_token": dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))[:20]),
         },
     }
-
-
-def _gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
-    """``OUT/rejected.jsonl``: every quarantined line of every input file, in input order
-    (written atomically; removed when nothing was rejected). A unit that is a byte span of a
-    file numbered its lines from the span; they become the file's own line numbers here."""
-    target = out / REJECTED
-    parts = [
-        (cfg.work_path / "tokens" / "files" / unit["key"] / REJECTED, unit["first_line"])
-        for unit in shards.success.get("units", [])
-    ]
-    parts = [(p, first_line) for p, first_line in parts if p.is_file()]
-    if not parts:
-        target.unlink(missing_ok=True)
-        return
-    with atomic_writer(target) as sink:
-        for part, first_line in parts:
-            with open(part, "rb") as fh:
-                if first_line:
-                    shift_reject_lines(fh, sink, first_line)
-                else:
-                    shutil.copyfileobj(fh, sink)
 
 
 def _relative_to_out(path: Path, out: Path) -> str:

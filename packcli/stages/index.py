@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from packcli.atomic import atomic_write_json
+from packcli.atomic import atomic_write_json, atomic_writer
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.fs import redact
+from packcli.read import shift_reject_lines
 from packcli.stages.units import unit_paths
-from packcli.stages.work import read_json, uncomplete
+from packcli.stages.work import REJECTED, read_json, uncomplete
 from packcli.stages.workstore import work_store
 from packcli.tokenize.encode import StageTimes
 from packcli.tokenize.shards import SUCCESS, TokenShards
@@ -134,3 +137,26 @@ def _unit_name(unit: dict[str, Any]) -> str:
     if unit.get("row_groups"):
         where = f" row groups {unit['row_groups']}"
     return unit["path"] + where + (f" and {more} more file(s)" if more else "")
+
+
+def gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
+    """``OUT/rejected.jsonl``: every quarantined line of every input file, in input order
+    (written atomically; removed when nothing was rejected). A unit that is a byte span of a
+    file numbered its lines from the span; they become the file's own line numbers here.
+    Finalize writes it, and the plan stage when nothing is left to pack."""
+    target = out / REJECTED
+    parts = [
+        (cfg.work_path / "tokens" / "files" / unit["key"] / REJECTED, unit["first_line"])
+        for unit in shards.success.get("units", [])
+    ]
+    parts = [(p, first_line) for p, first_line in parts if p.is_file()]
+    if not parts:
+        target.unlink(missing_ok=True)
+        return
+    with atomic_writer(target) as sink:
+        for part, first_line in parts:
+            with open(part, "rb") as fh:
+                if first_line:
+                    shift_reject_lines(fh, sink, first_line)
+                else:
+                    shutil.copyfileobj(fh, sink)

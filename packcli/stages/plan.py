@@ -38,8 +38,8 @@ from packcli.pack.groups import (
     shard_groups,
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
-from packcli.stages.index import collect_tokens
-from packcli.stages.work import fingerprint, progress_bar, read_json, require_out
+from packcli.stages.index import collect_tokens, gather_rejects
+from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.tokenize.shards import TokenShards
 from packcli.write import file_ranges
@@ -65,6 +65,7 @@ class PlanPart:
     name: str  # group-NNNNN | tail
     shards: tuple[int, ...]  # token shards its rows read (the tail: none)
     files: dict[str, list[tuple[int, int]]]  # per config, each file's rows r0..r1-1
+    rows: dict[str, int]  # per config
     tokens: dict[str, int]  # per config
     tail_pieces: int  # a group: pieces it released; the tail: pieces it holds
     content_sha256: str
@@ -82,6 +83,7 @@ class PlanPart:
             name=r["name"],
             shards=tuple(r["shards"]),
             files={k: [tuple(f) for f in v] for k, v in r["files"].items()},  # type: ignore[misc]
+            rows=dict(r["rows"]),
             tokens=dict(r["tokens"]),
             tail_pieces=int(r["tail_pieces"]),
             content_sha256=r["content_sha256"],
@@ -142,10 +144,7 @@ def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[PlanSet, TokenSh
     require_out(cfg)
     shards = collect_tokens(cfg)
     if shards.num_docs == 0:
-        raise InputError(
-            f"no documents in {len(shards.success['files'])} input file(s) "
-            f"({shards.success['read_stats']['blank_lines']} blank lines); nothing to pack"
-        )
+        raise InputError(_no_documents(cfg, shards))
     n_groups = group_count(int(shards.success["tokens"]), cfg.plan.group_tokens)
     groups = shard_groups(len(shards), n_groups)
     parts: list[PlanPart] = []
@@ -191,7 +190,9 @@ def _group_lengths(shards: TokenShards, members: np.ndarray) -> np.ndarray:
 def _group_docs(shards: TokenShards, members: np.ndarray) -> np.ndarray:
     """The global doc ids of a group's shards' documents, in the group's order."""
     ranges = [
-        np.arange(shards.first_doc_ids[s], shards.first_doc_ids[s] + shards.manifests[s]["num_docs"])
+        np.arange(
+            shards.first_doc_ids[s], shards.first_doc_ids[s] + shards.manifests[s]["num_docs"]
+        )
         for s in members
     ]
     return np.concatenate(ranges).astype(np.int64) if ranges else np.zeros(0, dtype=np.int64)
@@ -200,6 +201,27 @@ def _group_docs(shards: TokenShards, members: np.ndarray) -> np.ndarray:
 def _add_stats(total: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     """Policy counts summed over groups (the tail adds none)."""
     return {k: int(total.get(k, 0)) + int(part.get(k, 0)) for k in POLICY_KEYS}
+
+
+def _no_documents(cfg: RunConfig, shards: TokenShards) -> str:
+    """Why there is nothing to pack, in figures: a run whose every line was rejected under
+    ``--on-bad-line skip`` says so, and its quarantine is kept in ``OUT/rejected.jsonl``
+    (finalize, which gathers it otherwise, never runs)."""
+    stats = shards.success["read_stats"]
+    files = f"{len(shards.success['files'])} input file(s)"
+    blank = f"{stats['blank_lines']} blank lines"
+    rejected = stats.get("rejected") or {}
+    if not rejected:
+        return f"no documents in {files} ({blank}); nothing to pack"
+    gather_rejects(cfg, cfg.out_path, shards)
+    total = sum(rejected.values())
+    reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(rejected.items()))
+    corrupt = len(stats.get("corrupt_streams") or [])
+    streams = f", {corrupt} corrupt stream(s)" if corrupt else ""
+    return (
+        f"no documents in {files}: all {total:,} record(s) were rejected ({reasons}; "
+        f"{blank}{streams}); see {cfg.out_path / REJECTED}; nothing to pack"
+    )
 
 
 def _plan_arrays(plan: Plan) -> dict[str, np.ndarray]:
@@ -237,9 +259,8 @@ def _save_part(
     return PlanPart(
         name=name,
         shards=tuple(int(s) for s in members),
-        files={
-            c: file_ranges(getattr(plan, c), cfg.write.shard_tokens) for c in CONFIG_NAMES
-        },
+        files={c: file_ranges(getattr(plan, c), cfg.write.shard_tokens) for c in CONFIG_NAMES},
+        rows={c: getattr(plan, c).num_rows for c in CONFIG_NAMES},
         tokens={c: int(getattr(plan, c).row_tokens.sum()) for c in CONFIG_NAMES},
         tail_pieces=int(plan.piece_len.size if tail is None else tail.size),
         content_sha256=_digest(arrays),

@@ -19,7 +19,7 @@ from packcli.stages.prepare import Prepared, prepare_tokenize
 from packcli.stages.tokenize import tokenize_task
 from packcli.stages.work import check_output, claim_output, require_out
 from packcli.stages.workstore import in_mirror
-from packcli.stages.write import write_stage, write_task
+from packcli.stages.write import write_stage, write_tail, write_task
 from packcli.tokenize.encode import StageTimes
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ def _run_locked(
         write_task(cfg, plan, shards, quiet=quiet)  # reuse the plan already in memory
     else:
         executor.map(write_stage, (cfg,), n, quiet=quiet)
+        write_tail(cfg, plan, shards, quiet=quiet)  # from the groups' tail shards
     timings["write"] = time.perf_counter() - t0
     report = finalize_stage(cfg, command=command, plan=plan, tokens_per_step=tokens_per_step)
     return RunResult(

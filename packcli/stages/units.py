@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 
 
 def _file_key(path: str) -> str:
-    return hashlib.sha256(path.encode("utf-8")).hexdigest()[:16]
+    # surrogateescape: a name that is not valid UTF-8 (os.fsdecode's escapes) still has a
+    # key; resolve_inputs refuses such names, a library caller may not.
+    return hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 # Files smaller than this share a unit of tokenize work with their neighbours: a unit has a
@@ -53,7 +55,9 @@ def _starts_group(path: str, size: int) -> bool:
     """Whether a small file begins a new group: with probability size / GROUP_BYTES (so
     groups average about GROUP_BYTES), decided by the file alone, as content-defined
     chunking does, so one file more or less moves no boundary elsewhere."""
-    draw = int.from_bytes(hashlib.sha256(path.encode("utf-8")).digest()[:8], "big")
+    draw = int.from_bytes(
+        hashlib.sha256(path.encode("utf-8", "surrogateescape")).digest()[:8], "big"
+    )
     return draw * GROUP_BYTES < size * 2**64
 
 

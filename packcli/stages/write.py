@@ -194,17 +194,20 @@ def _write_tail_shard(writer: _Writer, part: PlanPart, source: TokenSource, tail
     name = _tail_shard_name(part)
     offsets = np.zeros(tail.size + 1, dtype=np.int64)
     np.cumsum(tail.length, out=offsets[1:])
-    columns = {"input_ids": list_array(offsets, source.gather(tail.doc, tail.start, tail.length))}
+    columns = {"input_ids": list_array(offsets, source.gather(tail.doc, tail.start, tail.length), pa.int32())}
     if source.has_labels:
         labels = source.gather(tail.doc, tail.start, tail.length, labels=True)
-        columns["labels"] = list_array(offsets, labels)
+        columns["labels"] = list_array(offsets, labels, pa.int32())
     if source.has_pairs:
         columns["chosen_len"] = pa.array(source.chosen_len(tail.doc).astype(np.int32))
     batch = pa.record_batch(columns)
     path = writer.records / f"{name}.arrow"
-    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink:
-        with pa.ipc.new_file(sink, batch.schema) as w:
-            w.write_batch(batch)
+    with (
+        atomic_path(path) as tmp,
+        pa.OSFile(str(tmp), "wb") as sink,
+        pa.ipc.new_file(sink, batch.schema) as w,
+    ):
+        w.write_batch(batch)
     store = writer.store
     store.push(f"write/{path.name}")
     record = {
@@ -231,7 +234,9 @@ def _load_tail_shard(path: Path, first: int) -> ShardTokens:
     )
 
 
-def write_tail(cfg: RunConfig, planset: PlanSet, shards: TokenShards, *, quiet: bool = False) -> None:
+def write_tail(
+    cfg: RunConfig, planset: PlanSet, shards: TokenShards, *, quiet: bool = False
+) -> None:
     """The tail's files, from the groups' tail shards (after every group's task is done)."""
     if not planset.parts[-1].is_tail:
         return
@@ -265,11 +270,15 @@ def write_tail(cfg: RunConfig, planset: PlanSet, shards: TokenShards, *, quiet: 
     plan, _ = load_part(cfg.work_path, planset, part)
     source = TokenSource(
         loaded,
-        columns={c for c in ("labels", "chosen_len") if all(getattr(s, c) is not None for s in loaded)}
+        columns={
+            c for c in ("labels", "chosen_len") if all(getattr(s, c) is not None for s in loaded)
+        }
         if loaded
         else set(),
     )
-    with progress_bar(quiet, total=sum(part.tokens.values()), unit="tok", unit_scale=True, desc="write tail") as bar:
+    with progress_bar(
+        quiet, total=sum(part.tokens.values()), unit="tok", unit_scale=True, desc="write tail"
+    ) as bar:
         writer.write_files(plan, source, jobs, bar.update)
 
 

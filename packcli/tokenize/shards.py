@@ -146,21 +146,26 @@ class ShardError(PackcliError):
 
 
 def shard_intact(folder: Path, manifest: dict[str, Any]) -> bool:
-    """Whether the shard a manifest describes is still there and whole: its size (when the
-    manifest has one) and its Arrow footer, without reading the data (a truncated shard made
-    ``verify`` and ``pack`` fail with pyarrow's traceback; ``pack`` now rebuilds it)."""
+    """Whether the shard a manifest describes is still there and whole, for reuse: its size
+    (when the manifest has one), its Arrow footer, and its content against the sha256 taken
+    as it was written (a shard edited in place, same size and still valid Arrow, was reused
+    and vouched for; re-hashing costs one read of the shard, a small part of tokenizing it).
+    A truncated shard made ``verify`` and ``pack`` fail with pyarrow's traceback; ``pack``
+    now rebuilds either."""
     path = folder / str(manifest.get("file", ""))
     try:
         if "bytes" in manifest and path.stat().st_size != manifest["bytes"]:
             return False
         with pa.memory_map(str(path), "r") as source:
             reader = pa.ipc.open_file(source)
-            return reader.num_record_batches == 1
+            if reader.num_record_batches != 1:
+                return False
+        return "sha256" not in manifest or sha256_file(path) == manifest["sha256"]
     except (OSError, pa.ArrowException):
         return False
 
 
-def _damaged(path: Path, exc: Exception) -> ShardError:
+def _damaged(path: Path, exc: Exception | str) -> ShardError:
     return ShardError(
         f"{path}: damaged tokenized shard or index ({exc}); rerun the same packcli pack or "
         "tokenize command to rebuild it (`packcli verify --no-shards` checks the output "
@@ -279,6 +284,33 @@ class TokenShards:
             value += manifest.get("first_line", 0)
         return value
 
+    def check_content(self, index: int) -> None:
+        """Raise ``ShardError`` naming the shard when its bytes are not those the index
+        recorded as written (``sha256``): an edited shard can still be valid Arrow of the same
+        size, and its tokens would then be what the output is checked against. A shard on
+        the store is fetched whole first (``verify`` reads all of it anyway)."""
+        manifest = self.manifests[index]
+        if "sha256" not in manifest:  # an index of an older version
+            return
+        rel = manifest["file"]
+        path = self.folder / rel
+        if self.store is not None and not path.is_file():
+            path = self.store.fetch(f"{self.folder.name}/{rel}", manifest.get("bytes"))
+        try:
+            size = path.stat().st_size
+            if "bytes" in manifest and size != manifest["bytes"]:
+                raise _damaged(path, f"{size} bytes, written as {manifest['bytes']}")
+            same = sha256_file(path) == manifest["sha256"]
+        except OSError as exc:
+            raise _damaged(path, exc) from exc
+        if not same:
+            raise ShardError(
+                f"{path}: tokenized shard changed since it was written (its sha256 differs "
+                "from the one its manifest and the index record): rerun the same packcli pack "
+                "or tokenize command to tokenize its unit again (`packcli verify --no-shards` "
+                "checks the output without the work folder)"
+            )
+
     def shard(self, index: int) -> ShardTokens:
         reader = self._reader(index)
         if reader.num_record_batches != 1:
@@ -304,8 +336,11 @@ class TokenShards:
             chosen_len=chosen_len,
         )
 
-    def iter_shards(self) -> Iterator[ShardTokens]:
+    def iter_shards(self, *, check: bool = False) -> Iterator[ShardTokens]:
+        """Every shard in order; ``check``: each one's content against its sha256 first."""
         for i in range(len(self)):
+            if check:
+                self.check_content(i)
             yield self.shard(i)
 
 

@@ -1,0 +1,337 @@
+"""Every figure ``packcli.json`` states, derived again from the data it describes, so that
+``verify`` can say which one differs (a report that vouches for other data is wrong data).
+
+What each figure is derived from:
+
+* the Parquet files (always): per file ``rows``, ``tokens``, ``bytes``, ``sha256`` and the
+  number of files; per config every ``tiers`` figure (rows, tokens, segments, capacity,
+  efficiency, lower bound, rows over it, largest row, the long config's attention balance
+  ``ratio`` / ``after`` / ``floor``) and every ``training`` figure (from each row's documents
+  and tokens at the stated ``tokens_per_step``); ``policy.split_*`` (documents in several
+  pieces); ``documents_by_length.short``; ``preference.kept_pairs``; with ``--overlong split``
+  also ``documents_by_length.overlong`` and ``largest_document`` (doc id and tokens);
+* ``rejected.jsonl`` (when there; else the index, with the shards): ``input.rejected_lines``
+  and ``input.rejected`` by reason;
+* ``run.inputs`` (always): ``input.files`` and ``input.bytes``;
+* the tokenized shards, when verify reads them: ``input.documents``, ``input.tokens``, every
+  ``documents_by_length`` and ``policy`` count (the overlong rule applied to each document's
+  length), ``largest_document`` with its file and line (row); and from the tokenize stage's
+  index the counts made while reading and encoding that the data no longer shows:
+  ``input.blank_lines``, ``input.corrupt_streams``, ``chat``, ``preference`` (but
+  ``kept_pairs``) and ``tokenizer.special_strings``.
+
+Not checked (no data to derive them from): ``config`` and ``run`` (settings, the command,
+versions, fingerprints, the tokenizer and backend chosen, the inputs' identity, which verify's
+re-encoding uses), ``tokenizer.disabled_settings`` / ``special_in_text`` (settings),
+``training.*.tokens_per_step`` (the target asked for) and the attention balancer's ``before``
+and ``moves`` (the rows before it moved documents). ``UNCHECKED`` lists them; a test holds
+every other figure of a real ``packcli.json`` to a check.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packcli.errors import VerifyError
+from packcli.names import CONFIG_NAMES, MARKER
+from packcli.pack.balance import balance_ratio
+from packcli.publish.report import step_hints
+
+# Figures of packcli.json no data determines (glob patterns over the dotted keys).
+UNCHECKED = (
+    "config.*",
+    "run.*",
+    "report.tokenizer.disabled_settings*",
+    "report.tokenizer.special_in_text",
+    "report.training.*.tokens_per_step",
+    "report.tiers.long.attention_balance.before",
+    "report.tiers.long.attention_balance.moves",
+)
+# Without the shards, these are known only through the shards or the tokenize stage's index.
+NEEDS_SHARDS = (
+    "report.input.documents",
+    "report.input.tokens",
+    "report.input.blank_lines",
+    "report.input.corrupt_streams*",
+    "report.input.rejected*",
+    "report.documents_by_length.*",
+    "report.policy.*",
+    "report.largest_document.*",
+    "report.chat*",
+    "report.preference.*",
+    "report.tokenizer.special_strings.*",
+)
+
+
+@dataclass
+class ConfigScan:
+    """What verify read of one config: each file's figures, and per unit (a segment, or a
+    preference pair) its document, length and row."""
+
+    files: list[dict[str, Any]] = field(default_factory=list)
+    doc: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    rows: int = 0
+    segments: int = 0  # as stored: a preference pair is two
+
+
+def flatten(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, leaf value) of a JSON value; list items as ``key[i]``; an empty dict or
+    list, and None, are leaves."""
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            yield from flatten(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list) and value and isinstance(value[0], dict):
+        for i, v in enumerate(value):
+            yield from flatten(v, f"{key}[{i}]")
+    else:
+        yield key, value
+
+
+def _tier(scan: ConfigScan, capacity: int) -> dict[str, Any]:
+    tokens = int(scan.length.sum())
+    bound = -(-tokens // capacity)
+    row_tokens = np.bincount(scan.row, weights=scan.length, minlength=scan.rows)
+    return {
+        "capacity": capacity,
+        "rows": scan.rows,
+        "tokens": tokens,
+        "segments": scan.segments,
+        "efficiency": tokens / (scan.rows * capacity) if scan.rows else 1.0,
+        "lower_bound_rows": bound,
+        "rows_over_bound": scan.rows / bound if bound else 1.0,
+        "max_row_tokens": int(row_tokens.max()) if scan.rows else 0,
+    }
+
+
+def _balance(scan: ConfigScan, short_len: int, stated: Any) -> dict[str, Any]:
+    """The long config's attention cost: max / mean over rows of the sum of its units'
+    squared lengths (a short pack's documents count each; a pair counts whole, as planned)."""
+    sq = scan.length.astype(np.float64) ** 2
+    cost = np.bincount(scan.row, weights=sq, minlength=scan.rows)
+    out: dict[str, Any] = {}
+    keys = stated.keys() if isinstance(stated, dict) else ("ratio",)
+    if "ratio" in keys:
+        out["ratio"] = balance_ratio(cost)
+    if "after" in keys:
+        out["after"] = balance_ratio(cost)
+    if "floor" in keys:
+        longs = sq[scan.length > short_len]
+        mean = cost.mean() if cost.size else 0.0
+        out["floor"] = float(longs.max() / mean) if longs.size and mean else 1.0
+    return out
+
+
+def _by_doc(scan: ConfigScan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(doc ids, pieces, tokens) of each document in the long config."""
+    docs, inverse, pieces = np.unique(scan.doc, return_inverse=True, return_counts=True)
+    tokens = np.bincount(inverse, weights=scan.length, minlength=docs.size).astype(np.int64)
+    return docs, pieces, tokens
+
+
+def _rejected(out: Path) -> Counter[str] | None:
+    """Quarantined lines of ``OUT/rejected.jsonl`` by reason; None when it is not there (a
+    run that rejected nothing leaves none, and a user may delete it: then the counts are
+    checked against the tokenize stage's index, when verify reads the shards)."""
+    found: Counter[str] = Counter()
+    path = out / "rejected.jsonl"
+    if not path.is_file():
+        return None
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                found[str(json.loads(line)["reason"])] += 1
+            except (ValueError, KeyError, TypeError) as exc:
+                raise VerifyError(f"{path}: line {n} is not a quarantine record ({exc})") from exc
+    return found
+
+
+def derive(
+    meta: dict[str, Any],
+    out: Path,
+    scans: dict[str, ConfigScan],
+    shards: Any = None,
+    doc_lengths: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """The figures the data gives, by the dotted key ``packcli.json`` states them under.
+    ``shards`` (a ``TokenShards``) and ``doc_lengths`` (every document's tokens, in doc-id
+    order): when verify read the shards."""
+    plan = meta["config"]["plan"]
+    short_len, long_len = int(plan["short_len"]), int(plan["long_len"])
+    caps = {"short": short_len, "long": long_len}
+    report = meta["report"]
+    got: dict[str, Any] = {}
+    for name in CONFIG_NAMES:
+        for i, entry in enumerate(scans[name].files):
+            for k, v in entry.items():
+                got[f"files.{name}[{i}].{k}"] = v
+        for k, v in _tier(scans[name], caps[name]).items():
+            got[f"report.tiers.{name}.{k}"] = v
+        training = report.get("training") or {}
+        stated = training.get(name)
+        if not scans[name].rows:  # a config without rows has no step plan
+            got[f"report.training.{name}"] = None
+        elif not isinstance(stated, dict):
+            raise VerifyError(
+                f"{MARKER}: report.training.{name} is {stated!r}, but the config has "
+                f"{scans[name].rows} rows"
+            )
+        else:
+            units = np.bincount(scans[name].row, minlength=scans[name].rows)
+            row_tokens = np.bincount(
+                scans[name].row, weights=scans[name].length, minlength=scans[name].rows
+            )
+            target = stated.get("tokens_per_step")
+            if not isinstance(target, int) or isinstance(target, bool) or target < 1:
+                raise VerifyError(
+                    f"{MARKER}: report.training.{name}.tokens_per_step is {target!r}, not a "
+                    "positive int"
+                )
+            hints = step_hints(units, row_tokens.astype(np.int64), target)
+            for k, v in hints.items():
+                got[f"report.training.{name}.{k}"] = v
+    long = scans["long"]
+    balance = report["tiers"]["long"].get("attention_balance")
+    for k, v in _balance(long, short_len, balance).items():
+        got[f"report.tiers.long.attention_balance.{k}"] = v
+    docs, pieces, tokens = _by_doc(long)
+    split = pieces > 1
+    got["report.policy.split_docs"] = int(split.sum())
+    got["report.policy.split_pieces"] = int(pieces[split].sum())
+    got["report.policy.split_tokens"] = int(tokens[split].sum())
+    got["report.documents_by_length.short"] = int((tokens <= short_len).sum())
+    if plan["overlong"] == "split" and doc_lengths is None and tokens.size:
+        got["report.documents_by_length.overlong"] = int((tokens > long_len).sum())
+        got["report.largest_document.doc_id"] = int(docs[int(tokens.argmax())])
+        got["report.largest_document.tokens"] = int(tokens.max())
+    if "preference" in report:
+        got["report.preference.kept_pairs"] = long.segments - int(long.doc.size)
+    rejected = _rejected(out)
+    if rejected is not None:
+        got["report.input.rejected_lines"] = sum(rejected.values())
+        got["report.input.rejected"] = dict(sorted(rejected.items()))
+    inputs = meta["run"].get("inputs") or []
+    got["report.input.files"] = len(inputs)
+    got["report.input.bytes"] = sum(int(f.get("size", 0)) for f in inputs)
+    if doc_lengths is not None:
+        got.update(_from_shards(meta, shards, doc_lengths, rejected is not None))
+    return got
+
+
+def _from_shards(
+    meta: dict[str, Any], shards: Any, lengths: np.ndarray, quarantined: bool
+) -> dict[str, Any]:
+    """The figures only the shards (and their index) know: every document's length, so the
+    overlong rule's counts, and what reading and encoding counted (the quarantine's counts
+    too, unless ``quarantined``: ``rejected.jsonl`` gave them)."""
+    plan = meta["config"]["plan"]
+    short_len, long_len = int(plan["short_len"]), int(plan["long_len"])
+    over = lengths > long_len
+    n_over, over_tokens = int(over.sum()), int(lengths[over].sum())
+    policy = {"truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 0, "dropped_tokens": 0}
+    if plan["overlong"] == "truncate":
+        policy.update(truncated_docs=n_over, truncated_tokens=over_tokens - n_over * long_len)
+    elif plan["overlong"] == "drop":
+        policy.update(dropped_docs=n_over, dropped_tokens=over_tokens)
+    got: dict[str, Any] = {f"report.policy.{k}": v for k, v in policy.items()}
+    got["report.policy.empty_docs"] = int((lengths == 0).sum())
+    got["report.input.documents"] = int(lengths.size)
+    got["report.input.tokens"] = int(lengths.sum())
+    for k, v in {
+        "short": int(((lengths > 0) & (lengths <= short_len)).sum()),
+        "long": int(((lengths > short_len) & (lengths <= long_len)).sum()),
+        "overlong": n_over,
+        "empty": int((lengths == 0).sum()),
+    }.items():
+        got[f"report.documents_by_length.{k}"] = v
+    if lengths.size:
+        largest = int(lengths.argmax())
+        got["report.largest_document.doc_id"] = largest
+        got["report.largest_document.tokens"] = int(lengths[largest])
+        entry = shards.success["files"][shards.value("file_index", largest)]
+        got["report.largest_document.file"] = entry["path"]
+        where = "row" if "format" in entry else "line"
+        got[f"report.largest_document.{where}"] = shards.value("line", largest)
+    index = shards.success
+    read = index.get("read_stats") or {}
+    got["report.input.blank_lines"] = read.get("blank_lines")
+    # Stated only when a file failed, so other reports stay as they were.
+    got["report.input.corrupt_streams"] = read.get("corrupt_streams") or None
+    if not quarantined:  # no rejected.jsonl: the index's counts
+        rejected = read.get("rejected") or {}
+        got["report.input.rejected_lines"] = sum(rejected.values())
+        got["report.input.rejected"] = dict(sorted(rejected.items()))
+    got["report.chat"] = index.get("chat")
+    for k, v in (index.get("preference") or {}).items():
+        got[f"report.preference.{k}"] = v
+    found = index.get("special_strings") or {}
+    got["report.tokenizer.special_strings.occurrences"] = sum(found.values())
+    top = dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))[:20])
+    got["report.tokenizer.special_strings.by_token"] = top
+    return got
+
+
+def _same(stated: Any, derived: Any) -> bool:
+    if isinstance(stated, bool) or isinstance(derived, bool):
+        return stated is derived
+    if isinstance(stated, (int, float)) and isinstance(derived, (int, float)):
+        if isinstance(stated, float) or isinstance(derived, float):
+            return math.isclose(stated, derived, rel_tol=1e-9, abs_tol=1e-12)
+        return int(stated) == int(derived)
+    return bool(stated == derived)
+
+
+def _stated(meta: dict[str, Any], key: str) -> Any:
+    """The value ``packcli.json`` holds under a dotted key (``files.long[0].rows``), or a
+    ``KeyError`` when it holds none."""
+    value: Any = meta
+    for part in key.replace("[", ".[").split("."):
+        if part.startswith("["):
+            index = int(part[1:-1])
+            if not isinstance(value, list) or index >= len(value):
+                raise KeyError(key)
+            value = value[index]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            raise KeyError(key)
+    return value
+
+
+def check_figures(meta: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    """Raise ``VerifyError`` naming the first figure of ``packcli.json`` that differs from
+    what the data gives (a section the data gives as a dict: each of its figures, then its
+    set of keys). A figure it does not state is not checked (reports of older versions
+    state fewer). Returns the figures checked."""
+    checked = []
+    for key, value in derived.items():
+        parts = list(flatten(value, key)) if isinstance(value, dict) else []
+        for leaf, v in [*parts, (key, value)]:
+            try:
+                stated = _stated(meta, leaf)
+            except KeyError:  # not stated (a section only some reports have, an older report)
+                continue
+            if not _same(stated, v):
+                raise VerifyError(
+                    f"{MARKER}: {leaf} says {stated!r}, but the data gives {v!r} (packcli.json "
+                    "does not describe this output: rerun packcli finalize or pack)"
+                )
+            checked.append(leaf)
+    return sorted(set(checked))
+
+
+def unchecked(key: str, *, with_shards: bool) -> bool:
+    """Whether ``key`` is a figure verify does not derive (``UNCHECKED``), or without the
+    shards cannot (``NEEDS_SHARDS``)."""
+    patterns = UNCHECKED if with_shards else UNCHECKED + NEEDS_SHARDS
+    return any(fnmatch.fnmatchcase(key, p) for p in patterns)

@@ -1,0 +1,149 @@
+"""Planning and writing by groups of shards, end to end: the same bytes whatever the task
+count, every token once (verify), resume after a kill, and a write task reads only its
+groups' shards."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import datasets
+import pytest
+from clirun import invoke_ok
+from corpora import mixed_lengths, write_corpus
+from test_resume import data_hashes, run_pack
+
+from packcli.tokenize.shards import TokenShards
+
+# Shards of ~4k tokens and groups of ~3 shards: a 400-document corpus makes several groups
+# and a tail; output files of ~8k tokens, so each group writes a few.
+GROUPED = """
+read:
+  batch_size: 16
+tokenize:
+  shard_tokens: 4096
+plan:
+  short_len: 64
+  long_len: 1024
+  group_tokens: 12000
+write:
+  shard_tokens: 8192
+"""
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path):
+    root = tmp_path_factory.mktemp("grouped")
+    corpus = root / "corpus.jsonl"
+    write_corpus(corpus, mixed_lengths(400, seed=5), seed=5)
+    cfg = root / "cfg.yaml"
+    cfg.write_text(GROUPED)
+    ref = root / "ref"
+    invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", ref, "-c", cfg, "-q")
+    return corpus, cfg, ref, data_hashes(ref)
+
+
+def _parts(out: Path) -> list[dict]:
+    return json.loads((out / ".packcli" / "plan.json").read_text())["parts"]
+
+
+def test_several_groups_and_a_tail_verify(grouped, toy_tokenizer_path: Path) -> None:
+    corpus, _, ref, hashes = grouped
+    parts = _parts(ref)
+    groups = [p for p in parts if p["name"] != "tail"]
+    assert len(groups) >= 3 and parts[-1]["name"] == "tail" and parts[-1]["tail_pieces"] > 0
+    # Groups stride over the shards and hold each shard once.
+    shards = sorted(s for p in groups for s in p["shards"])
+    assert shards == list(range(len(shards))) and groups[0]["shards"][:2] == [0, len(groups)]
+    invoke_ok("verify", ref)  # every document's tokens exactly once, packs whole, figures
+    meta = json.loads((ref / "packcli.json").read_text())
+    for name in ("long", "short"):
+        rows = datasets.load_dataset(str(ref), name, split="train").num_rows
+        assert rows == meta["report"]["tiers"][name]["rows"] == sum(p["rows"][name] for p in parts)
+    assert len([h for h in hashes if "/long/" in h]) == sum(len(p["files"]["long"]) for p in parts)
+
+
+@pytest.mark.parametrize("num_tasks", [1, 4, 16])
+def test_same_bytes_for_any_task_count(
+    grouped, toy_tokenizer_path: Path, tmp_path: Path, num_tasks: int
+) -> None:
+    corpus, cfg, _, hashes = grouped
+    out = tmp_path / "out"
+    args = ["-o", out, "-c", cfg, "-q"]
+    invoke_ok("tokenize", corpus, "-t", toy_tokenizer_path, *args)
+    invoke_ok("plan", *args)
+    for i in range(num_tasks):
+        invoke_ok("write", "-o", out, "-q", "--task-index", i, "--num-tasks", num_tasks)
+    invoke_ok("finalize", "-o", out)
+    assert data_hashes(out) == hashes
+
+
+def test_pack_with_tasks_gives_the_same_bytes(grouped, toy_tokenizer_path: Path, tmp_path):
+    corpus, cfg, _, hashes = grouped
+    out = tmp_path / "out"
+    invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q", "--num-tasks", 3)
+    assert data_hashes(out) == hashes
+
+
+def test_a_write_task_reads_only_its_groups_shards(
+    grouped, toy_tokenizer_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus, cfg, _, hashes = grouped
+    out = tmp_path / "out"
+    invoke_ok("tokenize", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q")
+    invoke_ok("plan", "-o", out, "-c", cfg, "-q")
+    loaded: list[tuple[int, int]] = []  # (task, shard) for every shard a write task loads
+    task = {"i": -1}
+    real = TokenShards.shard
+
+    def shard(self: TokenShards, index: int):
+        loaded.append((task["i"], index))
+        return real(self, index)
+
+    monkeypatch.setattr(TokenShards, "shard", shard)
+    n = 4
+    for i in range(n):
+        task["i"] = i
+        invoke_ok("write", "-o", out, "-q", "--task-index", i, "--num-tasks", n)
+    task["i"] = n
+    invoke_ok("finalize", "-o", out)
+    assert data_hashes(out) == hashes
+    groups = {p["name"]: p["shards"] for p in _parts(out) if p["name"] != "tail"}
+    n_shards = sum(len(s) for s in groups.values())
+    shards = [s for _, s in loaded]
+    assert sorted(shards) == list(range(n_shards))  # each shard loaded once, by one task
+    # ... and finalize (which writes the tail here) reads no shard's tokens
+    assert all(t < n for t, _ in loaded)
+    for t in range(n):  # a task's shards are exactly its groups' shards
+        mine = {s for tt, s in loaded if tt == t}
+        assert any(mine == set().union(*[set(groups[g]) for g in names]) for names in _subsets(groups))
+
+
+def _subsets(groups: dict[str, list[int]]) -> list[list[str]]:
+    names = sorted(groups)
+    return [[n for k, n in enumerate(names) if m >> k & 1] for m in range(1 << len(names))]
+
+
+@pytest.mark.parametrize("point", ["plan", "write:long:1", "write:short:2", "finalize"])
+def test_killed_grouped_run_resumes_to_identical_bytes(
+    grouped, toy_tokenizer_path: Path, tmp_path: Path, point: str
+) -> None:
+    corpus, cfg, _, hashes = grouped
+    out = tmp_path / "out"
+    killed = run_pack(corpus, toy_tokenizer_path, out, cfg, crash=point)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    again = run_pack(corpus, toy_tokenizer_path, out, cfg)
+    assert again.returncode == 0, again.stderr
+    assert data_hashes(out) == hashes
+    invoke_ok("verify", out)
+
+
+def test_killed_in_the_tail_resumes(grouped, toy_tokenizer_path: Path, tmp_path: Path) -> None:
+    corpus, cfg, ref, hashes = grouped
+    last = len([h for h in hashes if "/long/" in h]) - 1  # the tail's files come last
+    out = tmp_path / "out"
+    killed = run_pack(corpus, toy_tokenizer_path, out, cfg, crash=f"write:long:{last}")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert run_pack(corpus, toy_tokenizer_path, out, cfg).returncode == 0
+    assert data_hashes(out) == hashes
