@@ -49,7 +49,7 @@ def _parts(out: Path) -> list[dict]:
 
 
 def test_several_groups_and_a_tail_verify(grouped, toy_tokenizer_path: Path) -> None:
-    corpus, _, ref, hashes = grouped
+    _, _, ref, hashes = grouped
     parts = _parts(ref)
     groups = [p for p in parts if p["name"] != "tail"]
     assert len(groups) >= 3 and parts[-1]["name"] == "tail" and parts[-1]["tail_pieces"] > 0
@@ -82,7 +82,9 @@ def test_same_bytes_for_any_task_count(
 def test_pack_with_tasks_gives_the_same_bytes(grouped, toy_tokenizer_path: Path, tmp_path):
     corpus, cfg, _, hashes = grouped
     out = tmp_path / "out"
-    invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q", "--num-tasks", 3)
+    invoke_ok(
+        "pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q", "--num-tasks", 3
+    )
     assert data_hashes(out) == hashes
 
 
@@ -117,7 +119,9 @@ def test_a_write_task_reads_only_its_groups_shards(
     assert all(t < n for t, _ in loaded)
     for t in range(n):  # a task's shards are exactly its groups' shards
         mine = {s for tt, s in loaded if tt == t}
-        assert any(mine == set().union(*[set(groups[g]) for g in names]) for names in _subsets(groups))
+        assert any(
+            mine == set().union(*[set(groups[g]) for g in names]) for names in _subsets(groups)
+        )
 
 
 def _subsets(groups: dict[str, list[int]]) -> list[list[str]]:
@@ -140,7 +144,7 @@ def test_killed_grouped_run_resumes_to_identical_bytes(
 
 
 def test_killed_in_the_tail_resumes(grouped, toy_tokenizer_path: Path, tmp_path: Path) -> None:
-    corpus, cfg, ref, hashes = grouped
+    corpus, cfg, _, hashes = grouped
     last = len([h for h in hashes if "/long/" in h]) - 1  # the tail's files come last
     out = tmp_path / "out"
     killed = run_pack(corpus, toy_tokenizer_path, out, cfg, crash=f"write:long:{last}")

@@ -320,3 +320,40 @@ def test_ray_on_two_nodes_sharing_only_the_store(
         assert list((cache / "mirrors").glob("*/*")), cache
         assert _left_in(cache) == []
     assert "all invariants hold" in invoke_ok("verify", out)
+
+
+def _moved(args: list[Any], bucket: str, name: str) -> list[Any]:
+    """``args`` with the output and work folder under ``s3://BUCKET/NAME``."""
+    args = list(args)
+    args[args.index("-o") + 1] = f"s3://{bucket}/{name}/out"
+    args[args.index("--work-dir") + 1] = f"s3://{bucket}/{name}/work"
+    return args
+
+
+def test_ray_retries_a_write_task_whose_worker_was_killed(
+    two_node_cluster: tuple[str, dict[str, str], list[Path]], job: Job, tmp_path: Path
+) -> None:
+    """SIGKILL the Ray worker running a write task in the middle of the write stage (after
+    its first files are up): Ray runs the task again, the retry resumes from the records, and
+    the Parquet bytes equal a local run's. Several groups, so both nodes write."""
+    address, driver_env, _ = two_node_cluster
+    grouped = [*job.args, "--group-tokens", 6000]
+    local = _moved(grouped, job.bucket, "local")
+    _ok(local, driver_env)
+    reference = remote_hashes(f"s3://{job.bucket}/local/out")
+    assert len([k for k in reference if "/long/" in k]) >= 3
+    marker = tmp_path / "killed-once"
+    env = {**driver_env, "PACKCLI_CRASH_AT": "write:long:1", "PACKCLI_CRASH_ONCE": str(marker)}
+    ray = _moved(grouped, job.bucket, "ray")
+    ray += ["--executor", "ray", "--ray-address", address, "--num-tasks", 2]
+    done = subprocess.run(
+        [sys.executable, "-m", "packcli", *map(str, ray)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert marker.exists()  # a worker was killed at that point
+    assert remote_hashes(f"s3://{job.bucket}/ray/out") == reference
+    assert "all invariants hold" in invoke_ok("verify", f"s3://{job.bucket}/ray/out")

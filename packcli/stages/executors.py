@@ -14,9 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from packcli.errors import ConfigError, require_one_of
+from packcli.faults import FAULT_VARIABLES
 from packcli.names import EXECUTORS
 
 log = logging.getLogger(__name__)
+
+TASK_RETRIES = 3  # Ray's default for a task whose worker died, stated
 
 
 def _run_remote(fn: Callable[..., Any], args: tuple, task_index: int, num_tasks: int) -> Any:
@@ -64,7 +67,13 @@ class Executor:
                 fn(*args, task_index=i, num_tasks=num_tasks, quiet=quiet) for i in range(num_tasks)
             ]
         ray = self._ensure_ray()
-        remote = ray.remote(num_cpus=1)(_run_remote)
+        # A task whose worker process dies (killed, out of memory, a node lost) is run again
+        # by Ray; the stage's records make the retry skip what the first try finished.
+        options: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_RETRIES}
+        faults = {k: os.environ[k] for k in FAULT_VARIABLES if k in os.environ}
+        if faults:  # crash tests: the tasks see the driver's fault settings
+            options["runtime_env"] = {"env_vars": faults}
+        remote = ray.remote(**options)(_run_remote)
         refs = [remote.remote(fn, args, i, num_tasks) for i in range(num_tasks)]
         log.info("running %d %s task(s) on Ray", num_tasks, getattr(fn, "__name__", "?"))
         try:

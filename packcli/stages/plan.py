@@ -109,6 +109,9 @@ class PlanSet:
         jobs = []
         for name in CONFIG_NAMES:
             count = sum(len(p.files[name]) for p in self.parts)
+            if not count:  # a config with no rows: one empty file, so it still loads
+                jobs.append(FileJob(name, 0, 1, 0, 0, 0))
+                continue
             i = 0
             for k, part in enumerate(self.parts):
                 for r0, r1 in part.files[name]:
@@ -259,7 +262,12 @@ def _save_part(
     return PlanPart(
         name=name,
         shards=tuple(int(s) for s in members),
-        files={c: file_ranges(getattr(plan, c), cfg.write.shard_tokens) for c in CONFIG_NAMES},
+        files={  # a part with no rows in a config has no file of it
+            c: file_ranges(getattr(plan, c), cfg.write.shard_tokens)
+            if getattr(plan, c).num_rows
+            else []
+            for c in CONFIG_NAMES
+        },
         rows={c: getattr(plan, c).num_rows for c in CONFIG_NAMES},
         tokens={c: int(getattr(plan, c).row_tokens.sum()) for c in CONFIG_NAMES},
         tail_pieces=int(plan.piece_len.size if tail is None else tail.size),

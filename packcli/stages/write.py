@@ -194,7 +194,11 @@ def _write_tail_shard(writer: _Writer, part: PlanPart, source: TokenSource, tail
     name = _tail_shard_name(part)
     offsets = np.zeros(tail.size + 1, dtype=np.int64)
     np.cumsum(tail.length, out=offsets[1:])
-    columns = {"input_ids": list_array(offsets, source.gather(tail.doc, tail.start, tail.length), pa.int32())}
+    columns = {
+        "input_ids": list_array(
+            offsets, source.gather(tail.doc, tail.start, tail.length), pa.int32()
+        )
+    }
     if source.has_labels:
         labels = source.gather(tail.doc, tail.start, tail.length, labels=True)
         columns["labels"] = list_array(offsets, labels, pa.int32())
