@@ -72,7 +72,13 @@ def test_same_bytes_for_any_task_count(
     out = tmp_path / "out"
     args = ["-o", out, "-c", cfg, "-q"]
     invoke_ok("tokenize", corpus, "-t", toy_tokenizer_path, *args)
+    for i in range(num_tasks):  # the groups planned by tasks, then the tail by `plan`
+        invoke_ok("plan", *args, "--task-index", i, "--num-tasks", num_tasks)
+    records = sorted((out / ".packcli" / "plan").glob("group-*.json"))
+    stamps = [p.stat().st_mtime_ns for p in records]
     invoke_ok("plan", *args)
+    assert [p.stat().st_mtime_ns for p in records] == stamps  # the groups were reused
+    assert len(records) == len(_parts(out)) - 1
     for i in range(num_tasks):
         invoke_ok("write", "-o", out, "-q", "--task-index", i, "--num-tasks", num_tasks)
     invoke_ok("finalize", "-o", out)

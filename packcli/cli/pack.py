@@ -177,14 +177,24 @@ def plan_command(
     config: ConfigFile = None,
     plan: PlanFlags = PlanFlags(),
     work_dir: WorkDir = None,
+    task_index: TaskIndex = None,
+    num_tasks: NumTasks = None,
     quiet: Quiet = False,
 ) -> None:
-    """Stage 2 of 4: the global plan over all documents' lengths (one task)."""
+    """Stage 2 of 4: the plan over all documents' lengths, group by group of shards, then the
+    tail. With --task-index/--num-tasks (given explicitly), only that task's groups; a plain
+    `packcli plan` afterwards reuses them and plans the tail."""
     from packcli.stages.lock import hold
-    from packcli.stages.plan import plan_stage
+    from packcli.stages.plan import plan_stage, plan_task
 
     flags = RunFlags(out=out, work_dir=work_dir, plan=plan)
     cfg = config_from_flags(config, flags)
+    if task_index is not None or num_tasks is not None:
+        index, count = resolve_task(task_index, num_tasks)
+        with hold(cfg.out_path, cfg.work_path, shared=True, task=("plan", index)):
+            plan_task(cfg, task_index=index, num_tasks=count, quiet=quiet)
+        typer.echo(f"plan task {index} of {count} done")
+        return
     with hold(cfg.out_path, cfg.work_path):
         planned, _ = plan_stage(cfg, quiet=quiet)
     capacity = {"short": cfg.plan.short_len, "long": cfg.plan.long_len}

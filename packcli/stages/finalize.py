@@ -24,7 +24,7 @@ from packcli.pack.plan import Plan, RowLayout
 from packcli.publish.card import render_card
 from packcli.publish.report import TOKENS_PER_STEP, build_report
 from packcli.stages.index import collect_tokens, gather_rejects
-from packcli.stages.plan import PLAN_DIR, PlanSet, load_part, load_plan, stored_config
+from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
 from packcli.stages.work import read_json, recorded_read, require_out
 from packcli.stages.workstore import WorkStore, in_mirror, work_store
 from packcli.stages.write import write_fingerprint, write_tail
@@ -96,7 +96,7 @@ def finalize_stage(
 
 def report_plan(cfg: RunConfig, planset: PlanSet) -> Plan:
     """Every part's rows as one plan, in output order, for the report (one part: itself)."""
-    work_store(cfg).pull(*(f"{PLAN_DIR}/{p.name}.npz" for p in planset.parts))
+    work_store(cfg).pull(*(rel for p in planset.parts for rel in p.arrays))
     plans = [load_part(cfg.work_path, planset, p)[0] for p in planset.parts]
     if len(plans) == 1:
         return dataclasses.replace(plans[0], stats=planset.stats)

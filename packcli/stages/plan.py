@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import logging
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,12 @@ class PlanPart:
     def is_tail(self) -> bool:
         return self.name == TAIL
 
+    @property
+    def arrays(self) -> list[str]:
+        """Its files in the work folder: the plan arrays and (a group) its released pieces."""
+        names = [f"{PLAN_DIR}/{self.name}.npz"]
+        return names if self.is_tail else [*names, f"{PLAN_DIR}/{self.name}.tail.npz"]
+
     def as_record(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -137,51 +144,134 @@ class FileJob:
         return f"data/{self.config}/train-{self.index:05d}-of-{self.count:05d}.parquet"
 
 
+def _groups(cfg: RunConfig, shards: TokenShards) -> list[np.ndarray]:
+    """The shards of each group: from the corpus's tokens and ``plan.group_tokens`` only."""
+    n_groups = group_count(int(shards.success["tokens"]), cfg.plan.group_tokens)
+    return shard_groups(len(shards), n_groups)
+
+
+def _group_name(g: int) -> str:
+    return f"group-{g:05d}"
+
+
+def _group_record(cfg: RunConfig, g: int) -> dict[str, Any]:
+    return read_json(cfg.work_path / PLAN_DIR / f"{_group_name(g)}.json")
+
+
 @in_mirror
-def plan_stage(cfg: RunConfig, *, quiet: bool = False) -> tuple[PlanSet, TokenShards]:
+def plan_task(
+    cfg: RunConfig, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = False
+) -> None:
+    """Plan this task's groups (every ``num_tasks``-th from ``task_index``), each saved with
+    a record; a group whose record has the current fingerprint is kept (resume)."""
+    require_out(cfg)
+    shards = collect_tokens(cfg)
+    groups = _groups(cfg, shards)
+    mine = range(task_index, len(groups), num_tasks)
+    with progress_bar(quiet, total=len(mine), desc="plan") as bar:
+        _plan_groups(cfg, shards, groups, mine, bar.update)
+
+
+def _plan_groups(
+    cfg: RunConfig,
+    shards: TokenShards,
+    groups: list[np.ndarray],
+    mine: range,
+    on_group: Callable[[int], object],
+) -> None:
+    """Plan and save the groups in ``mine`` that have no current record, one at a time (a
+    process holds one group's lengths and plan)."""
+    fp = plan_fingerprint(cfg.plan, shards.success["fingerprint"])
+    store = work_store(cfg)
+    (cfg.work_path / PLAN_DIR).mkdir(parents=True, exist_ok=True)
+    for g in mine:
+        name = _group_name(g)
+        store.pull(f"{PLAN_DIR}/{name}.json")
+        if _group_record(cfg, g).get("fingerprint") == fp:
+            on_group(1)
+            continue
+        members = groups[g]
+        lengths = _group_lengths(shards, members)
+        if len(groups) == 1:  # one group: the global plan, nothing released
+            plan, tail = plan_two_tier(lengths, cfg.plan), Pieces.concat([])
+        else:
+            grouped = plan_group(lengths, _group_docs(shards, members), cfg.plan, g)
+            plan, tail = grouped.plan, grouped.tail
+        del lengths
+        part = _save_part(cfg, name, plan, members, tail)
+        atomic_write_json(
+            cfg.work_path / PLAN_DIR / f"{name}.json",
+            {"fingerprint": fp, "part": part.as_record(), "stats": plan.stats},
+        )
+        store.push(
+            f"{PLAN_DIR}/{name}.npz", f"{PLAN_DIR}/{name}.tail.npz", f"{PLAN_DIR}/{name}.json"
+        )
+        on_group(1)
+
+
+@in_mirror
+def plan_stage(
+    cfg: RunConfig,
+    *,
+    quiet: bool = False,
+    run_tasks: Callable[[Callable[..., None]], object] | None = None,
+) -> tuple[PlanSet, TokenShards]:
     """The plan over the lengths of all tokenized documents, by groups of shards plus the
     tail (``packcli.pack.groups``; a corpus of one group is one global plan); saved for the
-    write tasks.
+    write tasks. ``run_tasks(plan_task)`` runs the group tasks (an executor's map); what
+    they left undone, and the tail, are planned here.
 
     The finished output (if any) stays complete: its Parquet files do not change here."""
     require_out(cfg)
     shards = collect_tokens(cfg)
     if shards.num_docs == 0:
         raise InputError(_no_documents(cfg, shards))
-    n_groups = group_count(int(shards.success["tokens"]), cfg.plan.group_tokens)
-    groups = shard_groups(len(shards), n_groups)
+    groups = _groups(cfg, shards)
+    if run_tasks is not None and len(groups) > 1:
+        run_tasks(plan_task)
     parts: list[PlanPart] = []
-    tails: list[Pieces] = []
     stats: dict[str, Any] = {}
-    folder = cfg.work_path / PLAN_DIR
-    folder.mkdir(parents=True, exist_ok=True)
     with progress_bar(quiet, total=len(groups) + (len(groups) > 1), desc="plan") as bar:
-        for g, members in enumerate(groups):
-            lengths = _group_lengths(shards, members)
-            if len(groups) == 1:  # one group: the global plan, nothing released
-                plan = plan_two_tier(lengths, cfg.plan)
-                tail = Pieces.concat([])
+        _plan_groups(cfg, shards, groups, range(len(groups)), bar.update)
+        tails = []
+        for g in range(len(groups)):
+            record = _group_record(cfg, g)
+            parts.append(PlanPart.from_record(record["part"]))
+            stats = _add_stats(stats, record["stats"])
+            if len(groups) == 1:
+                stats = dict(record["stats"])
             else:
-                docs = _group_docs(shards, members)
-                grouped = plan_group(lengths, docs, cfg.plan, g)
-                plan, tail = grouped.plan, grouped.tail
-            del lengths
-            parts.append(_save_part(cfg, f"group-{g:05d}", plan, members, tail))
-            tails.append(tail)
-            stats = _add_stats(stats, plan.stats)
-            bar.update(1)
+                tails.append(_load_tail(cfg, parts[-1]))
         if len(groups) > 1:
             tail_plan = plan_tail(tails, cfg.plan)
+            del tails
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None))
+            work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
             bar.update(1)
-    if len(groups) == 1:
-        stats = dict(plan.stats)
     planset = PlanSet(tuple(parts), cfg.plan, stats, cfg.write.shard_tokens)
     _save_plan(cfg, planset, shards.success["fingerprint"])
-    work_store(cfg).push(*(f"{PLAN_DIR}/{p.name}.npz" for p in parts), "plan.json")
+    work_store(cfg).push("plan.json")
     crash_point("plan")
     return planset, shards
+
+
+def _load_tail(cfg: RunConfig, part: PlanPart) -> Pieces:
+    """The pieces a group released (its small ``.tail.npz``, not its plan)."""
+    rel = f"{PLAN_DIR}/{part.name}.tail.npz"
+    work_store(cfg).pull(rel)
+    try:
+        with np.load(cfg.work_path / rel) as z:
+            tail = Pieces(z["tail_doc"], z["tail_start"], z["tail_len"])
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise PackcliError(
+            f"{cfg.work_path / rel}: damaged plan ({exc}); run `packcli plan` again"
+        ) from exc
+    if tail.size != part.tail_pieces:
+        raise PackcliError(
+            f"{cfg.work_path / rel}: does not match its record; run `packcli plan` again"
+        )
+    return tail
 
 
 def _group_lengths(shards: TokenShards, members: np.ndarray) -> np.ndarray:
@@ -254,11 +344,17 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
 def _save_part(
     cfg: RunConfig, name: str, plan: Plan, members: np.ndarray, tail: Pieces | None
 ) -> PlanPart:
+    """A part's plan arrays (``plan/NAME.npz``) and, for a group, the pieces it released
+    (``plan/NAME.tail.npz``: small, all the tail's planner reads); the digest covers both."""
     arrays = _plan_arrays(plan)
-    if tail is not None:
-        arrays.update(tail_doc=tail.doc, tail_start=tail.start, tail_len=tail.length)
-    with atomic_writer(cfg.work_path / PLAN_DIR / f"{name}.npz") as fh:
+    folder = cfg.work_path / PLAN_DIR
+    with atomic_writer(folder / f"{name}.npz") as fh:
         np.savez(fh, **arrays)  # np.savez writes the same bytes to a file or a path
+    if tail is not None:
+        tail_arrays = {"tail_doc": tail.doc, "tail_start": tail.start, "tail_len": tail.length}
+        with atomic_writer(folder / f"{name}.tail.npz") as fh:
+            np.savez(fh, **tail_arrays)
+        arrays.update(tail_arrays)
     return PlanPart(
         name=name,
         shards=tuple(int(s) for s in members),
@@ -315,7 +411,8 @@ def load_plan(work: Path, shards: TokenShards) -> PlanSet:
 
 
 def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Pieces]:
-    """A part's plan, and (a group) the pieces it released to the tail."""
+    """A part's plan, and (a group) the pieces it released to the tail; both checked
+    against the digest ``plan.json`` holds."""
     path = work / PLAN_DIR / f"{part.name}.npz"
     cfg = planset.config
     try:
@@ -338,13 +435,14 @@ def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Piece
                 piece_source=source,
                 **layouts,
             )
-            if "tail_doc" in z.files:
-                tail = Pieces(z["tail_doc"], z["tail_start"], z["tail_len"])
-            else:
-                tail = Pieces.concat([])
             arrays = {k: z[k] for k in z.files}
-            if part.tail_pieces != (plan.piece_len.size if part.is_tail else tail.size):
-                raise ValueError("the part's piece count differs from plan.json")
+        tail = Pieces.concat([])
+        if not part.is_tail:
+            with np.load(work / PLAN_DIR / f"{part.name}.tail.npz") as z:
+                tail = Pieces(z["tail_doc"], z["tail_start"], z["tail_len"])
+                arrays.update({k: z[k] for k in z.files})
+        if part.tail_pieces != (plan.piece_len.size if part.is_tail else tail.size):
+            raise ValueError("the part's piece count differs from plan.json")
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
         raise PackcliError(
             f"{path}: damaged or missing plan ({exc}); run `packcli plan` again"

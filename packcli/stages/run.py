@@ -79,7 +79,11 @@ def _run_locked(
     )
     timings["tokenize"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    plan, shards = plan_stage(cfg, quiet=quiet)
+    # Ray plans the groups on the cluster; in this process they are planned one by one.
+    run_tasks = None
+    if executor.kind != "local":
+        run_tasks = functools.partial(executor.map, args=(cfg,), num_tasks=n, quiet=quiet)
+    plan, shards = plan_stage(cfg, quiet=quiet, run_tasks=run_tasks)
     timings["plan"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     if executor.kind == "local" and n == 1:

@@ -162,7 +162,7 @@ def write_task(
             ):
                 bar.update(sum(part.tokens.values()))
                 continue
-            store.pull(f"plan/{part.name}.npz")
+            store.pull(*part.arrays)
             plan, tail = load_part(cfg.work_path, planset, part)
             source = TokenSource.of(shards)  # loads a shard when a row first needs it
             writer.write_files(plan, source, part_jobs, bar.update)
@@ -270,7 +270,7 @@ def write_tail(
             raise PackcliError(f"{path}: damaged tail shard; run `packcli write` again")
         loaded.append(_load_tail_shard(path, first))
         first += p.tail_pieces
-    store.pull(f"plan/{part.name}.npz")
+    store.pull(*part.arrays)
     plan, _ = load_part(cfg.work_path, planset, part)
     source = TokenSource(
         loaded,
