@@ -13,6 +13,7 @@ import pytest
 import zstandard
 from clirun import invoke_ok
 from corpora import mixed_lengths, write_corpus
+from s3count import RequestLog
 
 from packcli import fs as packfs
 from packcli.tokenize.shards import sha256_file
@@ -27,11 +28,12 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     finds it through: the usual AWS variables, dummy credentials."""
     import logging
 
-    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("moto.server")
     s3fs = pytest.importorskip("s3fs")
+    from s3count import CountingMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = CountingMotoServer()  # moto's server, logging each request's bytes
     server.start()
     host, port = server.get_host_and_port()
     env = {
@@ -40,6 +42,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": f"http://{host}:{port}",
     }
+    LOGS[env["AWS_ENDPOINT_URL"]] = server.log
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
@@ -49,6 +52,15 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         yield env
         s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
+
+
+LOGS: dict[str, RequestLog] = {}  # each running server's request log, by endpoint
+
+
+@pytest.fixture
+def s3_log(s3: dict[str, str]) -> RequestLog:
+    """The requests the local S3 server answered (``take()`` returns and clears them)."""
+    return LOGS[s3["AWS_ENDPOINT_URL"]]
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from clirun import invoke, invoke_ok
+from s3count import RequestLog
 from s3local import cfg, remote_files, remote_hashes, upload
 
 from packcli import fs as packfs
@@ -123,7 +124,8 @@ def test_stage_commands_on_machines_sharing_only_the_store(
     assert remote_hashes(out) == reference
     stored = remote_files(work)
     assert any(f.startswith("tokens/files/") and f.endswith(".arrow") for f in stored)
-    assert {"plan.npz", "plan.json", "tokens/_SUCCESS.json", "packcli-work.json"} <= stored
+    assert {"plan/group-00000.npz", "plan.json", "tokens/_SUCCESS.json"} <= stored
+    assert "packcli-work.json" in stored
     assert {"packcli.json", "README.md", packfs.REMOTE_MARKER} <= remote_files(out)
     for machine in machines:  # every machine cleaned up after itself
         assert _left_in(machine) == []
@@ -357,3 +359,41 @@ def test_ray_retries_a_write_task_whose_worker_was_killed(
     assert marker.exists()  # a worker was killed at that point
     assert remote_hashes(f"s3://{job.bucket}/ray/out") == reference
     assert "all invariants hold" in invoke_ok("verify", f"s3://{job.bucket}/ray/out")
+
+
+@pytest.mark.parametrize("num_tasks", [1, 8])
+def test_write_tasks_fetch_each_shard_about_once(
+    s3: dict[str, str],
+    s3_log: RequestLog,
+    corpus: Path,
+    toy_tokenizer_path: Path,
+    bucket: str,
+    tmp_path: Path,
+    num_tasks: int,
+) -> None:
+    """Write tasks as separate machines on the store: together they fetch at most 1.1x the
+    token shards' bytes (each shard once, by the task writing its group), whatever their
+    number, counted by the S3 server itself."""
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out, work = f"s3://{bucket}/out", f"s3://{bucket}/work"
+    common = ["-o", out, "--work-dir", work, "-q", "-c", corpus / "cfg.yaml"]
+    plan = ["--short-len", 64, "--long-len", 1024, "--group-tokens", 6000]
+    env = _env(s3, tmp_path / "driver")
+    _ok(["tokenize", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, *common], env)
+    _ok(["plan", *common, *plan], env)
+    fs = packfs.locate(work)[0]
+    shards = {p: fs.size(p) for p in fs.find(f"{bucket}/work/tokens") if p.endswith(".arrow")}
+    parts = json.loads(fs.cat_file(f"{bucket}/work/plan.json"))["parts"]
+    assert len(shards) >= 4 and len(parts) >= 4  # groups (and a tail) to spread over tasks
+    s3_log.take()
+    for i in range(num_tasks):
+        _ok(
+            ["write", *common, "--task-index", i, "--num-tasks", num_tasks],
+            _env(s3, tmp_path / f"m{i}"),
+        )
+    fetched = sum(
+        r.sent for r in s3_log.take() if r.op == "GET" and f"{r.bucket}/{r.key}" in shards
+    )
+    assert fetched <= 1.1 * sum(shards.values()), (fetched, sum(shards.values()))
+    _ok(["finalize", "-o", out, "--work-dir", work], env)
+    assert "all invariants hold" in invoke_ok("verify", out)
