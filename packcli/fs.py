@@ -427,6 +427,25 @@ def check_remote_output(url: str, overwrite: bool) -> None:
     )
 
 
+def check_writable(url: str, what: str) -> None:
+    """Put a small probe under ``url`` and delete it, before any work: a bucket that does not
+    exist, or credentials that may not write there, fail now in one line naming the URL,
+    not after the whole job has run. (The probe goes under ``.packcli/``, packcli's own.)"""
+    import uuid
+
+    fs, prefix = locate(url)
+    probe = _join(prefix, f".packcli/probe-{uuid.uuid4().hex}")
+    try:
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except Exception as exc:
+        detail = redact_text(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
+        raise ConfigError(
+            f"{what} {redact(url)} is not writable: {type(exc).__name__}: {detail}".rstrip(": ")
+            + "; nothing was read or written (check the bucket name and the credentials)"
+        ) from None
+
+
 def _uploaded(work: Path, url: str) -> dict[str, tuple[int, str]]:
     """What the upload log says was put under ``url``: file -> (size, sha256); a torn last
     line (a kill mid-append) is ignored."""

@@ -404,3 +404,27 @@ def test_a_remote_compressed_input_is_fetched_once(
     # Apart from the self-check's quick look at the first lines, nothing reads them again.
     assert sum(p.endswith(zst[-1]) for p in opened) == 0, (opened, fetched)
     assert not list((tmp_path / "cache" / "spool").glob("*"))
+
+
+def test_an_output_or_work_folder_in_a_missing_bucket_fails_before_any_work(
+    s3: dict[str, str], corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    """``-o s3://no-such-bucket/x``: one line naming the URL before anything is read,
+    tokenized or staged (the job used to run whole, then fail at the upload)."""
+    upload(corpus, f"s3://{bucket}/in", "part-0.jsonl.zst")
+    inputs = [f"s3://{bucket}/in/", "-t", toy_tokenizer_path, *cfg(corpus)]
+    missing = f"t-missing-{bucket[2:]}"
+    stage = tmp_path / "stage"
+    code, output = invoke("pack", *inputs, "-o", f"s3://{missing}/x", "--work-dir", stage)
+    assert code == 1 and output.count("\n") == 1, output
+    assert output.startswith(f"error: output s3://{missing}/x is not writable: "), output
+    assert "rerun the same command" not in output
+    assert not (stage / ".packcli" / "tokens").exists()  # nothing tokenized
+    code, output = invoke(
+        "pack", *inputs, "-o", f"s3://{bucket}/out", "--work-dir", f"s3://{missing}/w"
+    )
+    assert code == 1 and output.startswith(f"error: work folder s3://{missing}/w is not writable")
+    assert not remote_files(f"s3://{bucket}/out")
+    # A bucket that is there: the probe leaves nothing behind.
+    invoke_ok("pack", *inputs, "-o", f"s3://{bucket}/ok")
+    assert not [f for f in remote_files(f"s3://{bucket}/ok") if "probe" in f]

@@ -493,3 +493,23 @@ def test_adding_a_small_file_redoes_only_its_group(
     ok(*args, "--on-bad-line", "skip")
     after = {u["key"] for u in json.loads(stage.read_text())["units"]}
     assert len(before - after) <= 1 and len(after - before) <= 2
+
+
+def test_an_output_or_work_folder_that_cannot_be_made_fails_before_any_work(
+    corpus: Path, toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """A parent that is a file (or a read-only one): one line naming the folder before any
+    input is read (here the input does not even exist: the output is checked first)."""
+    (tmp_path / "afile").write_text("x")
+    nowhere = tmp_path / "afile" / "out"
+    line = fails("pack", tmp_path / "missing.jsonl", "-t", toy_tokenizer_path, "-o", nowhere)
+    assert f"output folder {nowhere} cannot be created or written" in line
+    assert "rerun the same command" not in line
+    out = tmp_path / "out"
+    line = fails(*pack_args(corpus, toy_tokenizer_path, out), "--work-dir", nowhere)
+    assert f"work folder {nowhere} cannot be created or written" in line
+    assert not out.exists()
+    if os.geteuid() != 0:  # root writes into read-only folders
+        (tmp_path / "ro").mkdir(mode=0o555)
+        line = fails(*pack_args(corpus, toy_tokenizer_path, tmp_path / "ro" / "out"))
+        assert "cannot be created or written" in line

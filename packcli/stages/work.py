@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from tqdm import tqdm
 from packcli.atomic import atomic_write_json
 from packcli.config import ReadConfig, RunConfig
 from packcli.errors import ConfigError
-from packcli.fs import check_remote_output, redact
+from packcli.fs import check_remote_output, check_writable, redact
 from packcli.names import MARKER
 from packcli.publish.marker import peek_marker, read_json_object
 from packcli.stages.lock import OUT_LOCK
@@ -46,6 +47,9 @@ def progress_bar(quiet: bool, **kwargs: Any) -> tqdm:
 
 
 WORK_MARKER = "packcli-work.json"
+PROBE_PREFIX = ".packcli-probe-"
+"""The folder ``check_local_writable`` makes and removes at once (another task's probe may
+be there for an instant)."""
 
 
 def _is_work_folder(work: Path, out: Path | None) -> bool:
@@ -70,7 +74,7 @@ def _only_starting(out: Path) -> bool:
     marker is in place (the lock file, an empty work folder or its marker's temp file), so
     concurrent tokenize tasks on a new folder do not refuse each other."""
     for entry in out.iterdir():
-        if entry.name == OUT_LOCK:
+        if entry.name == OUT_LOCK or entry.name.startswith(PROBE_PREFIX):
             continue
         if (
             entry.name == ".packcli"
@@ -111,6 +115,37 @@ def check_output(cfg: RunConfig, overwrite: bool = False) -> None:
         check_remote_output(cfg.remote_out, overwrite)
     if cfg.remote_work:
         check_remote_work(cfg.remote_work, work_marker(cfg), WORK_MARKER, overwrite)
+    # Then where the run will write, before any work: a typo'd bucket or a read-only disk
+    # fails now, not after the job (the local folders of a URL output are the staging
+    # folder or this process's mirror).
+    check_local_writable(cfg.out_path, "output folder")
+    if cfg.work_path.resolve() != (cfg.out_path / ".packcli").resolve():
+        check_local_writable(cfg.work_path, "work folder")
+    if cfg.remote_out:
+        check_writable(cfg.remote_out, "output")
+    if cfg.remote_work:
+        check_writable(cfg.remote_work, "work folder")
+
+
+def check_local_writable(folder: Path, what: str) -> None:
+    """Whether ``folder`` can be made and written: a probe folder is made (and removed) in
+    it, or in its nearest existing parent when it is not there yet (nothing is left)."""
+    import tempfile
+
+    base = folder
+    while not base.exists() and base.parent != base:
+        base = base.parent
+    reason = "" if base.is_dir() else "not a folder"
+    if not reason:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=base))
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+    if reason:
+        raise ConfigError(
+            f"{what} {folder} cannot be created or written ({base}: {reason}); nothing was "
+            "read or written: choose another folder or fix its permissions"
+        ) from None
 
 
 def claim_output(cfg: RunConfig) -> None:
