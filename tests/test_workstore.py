@@ -187,6 +187,20 @@ def test_files_replaced_on_the_store_at_the_same_size_are_not_reused(
     assert invoke("verify", out)[0] == 0
 
 
+def test_foreign_parquet_under_the_output_is_refused_with_the_work_folder_on_the_store(
+    job: Job, tmp_path: Path
+) -> None:
+    """Another team's Parquet file under ``--out``'s ``data/long/``: refused by name before
+    any work, ``--overwrite`` or not, and left there (issue 29 item 6)."""
+    fs, _ = packfs.locate(job.out)
+    fs.pipe_file(f"{job.bucket}/out/data/long/mine.parquet", b"their data")
+    done = _cli([*job.args, "--overwrite"], job.env(tmp_path / "cache"))
+    assert done.returncode == 1, done.stderr
+    assert "data/long/mine.parquet" in done.stderr and "packcli did not write" in done.stderr
+    assert remote_files(job.out) == {"data/long/mine.parquet"}
+    assert not remote_files(f"s3://{job.bucket}/work")
+
+
 @pytest.mark.parametrize("point", ["tokenize:2", "plan", "write:long:0", "finalize"])
 def test_killed_run_with_the_work_folder_on_the_store_resumes_to_identical_bytes(
     job: Job, tmp_path: Path, point: str
