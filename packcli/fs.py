@@ -441,7 +441,7 @@ def check_remote_output(url: str, overwrite: bool, owned: frozenset[str] = froze
             "or work folder marker of packcli); choose another --out or pass --overwrite"
         )
     theirs = foreign_files(files, owned | (marker_files(meta) if claimed else set()), claimed)
-    refuse_foreign(f"output {redact(url)}", theirs)
+    refuse_foreign(f"output {redact(url)}", theirs, claimed)
 
 
 def _remote_json(fs: Any, prefix: str, rel: str) -> dict[str, Any]:
@@ -509,16 +509,19 @@ def foreign_files(
     )
 
 
-def refuse_foreign(where: str, foreign: list[str]) -> None:
-    """One line naming the foreign files (the first few) and what to do; nothing when none."""
+def refuse_foreign(where: str, foreign: list[str], claimed: bool = False) -> None:
+    """One line naming the foreign files (the first few) and what to do; nothing when none.
+    ``claimed``: the output is packcli's, so the files may be a killed run's whose work
+    folder was deleted since (no record of packcli's names them any more)."""
     if not foreign:
         return
     shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    lost = " (a killed run's files, once its work folder is deleted, are not known either)"
     raise ConfigError(
         f"{where} holds {len(foreign)} file(s) packcli did not write, where it writes its "
         f"output: {shown}; packcli never replaces or deletes other files (--overwrite "
         "included), and Parquet files under data/long/ or data/short/ would be read as part "
-        "of the dataset: move them out, or choose another --out"
+        f"of the dataset: move them out, or choose another --out{lost if claimed else ''}"
     )
 
 

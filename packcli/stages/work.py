@@ -133,7 +133,7 @@ def check_output(cfg: RunConfig, overwrite: bool = False) -> None:
         claimed = _is_output(out) or _is_work_folder(out / ".packcli", None)
         claimed = claimed or _is_work_folder(cfg.work_path, out)
         theirs = foreign_files(present, owned, claimed)
-        refuse_foreign(f"output folder {out}", theirs)
+        refuse_foreign(f"output folder {out}", theirs, claimed)
     if cfg.remote_work:
         check_remote_work(cfg.remote_work, work_marker(cfg), WORK_MARKER, overwrite)
     # Then where the run will write, before any work: a typo'd bucket or a read-only disk
