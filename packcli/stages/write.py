@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from packcli.atomic import atomic_write_json
 from packcli.config import RunConfig
 from packcli.faults import crash_point
-from packcli.fs import begin_changes, put_output_file
+from packcli.fs import begin_changes, put_output_file, same_version
 from packcli.names import CONFIG_NAMES
 from packcli.pack.plan import Plan
 from packcli.stages.index import collect_tokens
@@ -72,9 +73,26 @@ def write_task(
         record = read_json(records / f"{name}-{i:05d}.json")
         if record.get("fingerprint") != fingerprint:
             return False
-        if placed is not None:
-            return placed.get(f"data/{name}/{final.name}") == record.get("bytes")
+        if placed is not None:  # there at its size, and as the store had it when put
+            there = placed.get(f"data/{name}/{final.name}")
+            return (
+                there is not None
+                and int(there.get("size") or 0) == record.get("bytes")
+                and same_version(record.get("store_version") or {}, there)
+            )
         return final.is_file()
+
+    def claim_file(name: str, record_path: Path, final: Path) -> None:
+        """Before a file is written, its record names it (without a fingerprint: not done),
+        so a kill mid-write leaves a file packcli's records own. A file of an earlier plan
+        the record named (another name) is packcli's and stale: it goes first."""
+        old = read_json(record_path).get("file")
+        if isinstance(old, str) and old != final.name and "/" not in old:
+            if isinstance(store, WorkStore):
+                store.remove_output(f"data/{name}/{old}")
+            (out / "data" / name / old).unlink(missing_ok=True)
+        atomic_write_json(record_path, {"file": final.name})
+        store.push(f"write/{record_path.name}")
 
     if not all(written(job) for job in jobs):
         uncomplete(cfg)  # a Parquet file the finished output lists is about to change
@@ -92,7 +110,7 @@ def write_task(
             if written(job):
                 bar.update(int(layout.row_tokens[r0:r1].sum()))
                 return
-            record_path.unlink(missing_ok=True)
+            claim_file(name, record_path, final)
             write_config_file(plan, layout, source, final, cfg.write, r0, r1, bar.update)
             record = {
                 "fingerprint": fingerprint,
@@ -103,7 +121,7 @@ def write_task(
                 "sha256": sha256_file(final),
             }
             if isinstance(store, WorkStore):  # straight to the remote output, then the record
-                store.put_output(final, f"data/{name}/{final.name}")
+                record["store_version"] = store.put_output(final, f"data/{name}/{final.name}")
             elif cfg.remote_out:  # uploads overlap writing; finalize puts only what is not up
                 rel = f"data/{name}/{final.name}"
                 put_output_file(
