@@ -18,8 +18,11 @@ plain paths and call in here only where a URL can reach them:
   written (``put_output_file``), and ``upload_output`` then puts the rest, with one
   ``put_file`` each (s3fs/gcsfs use one PUT, or a multipart/resumable upload that becomes
   visible only when complete), ``packcli.json`` last as the completion marker.
-  Uploads are logged locally (size and sha256), so a rerun after a kill uploads only what
-  is missing; ``download_output`` brings an output back for ``verify`` and ``push``.
+  Uploads are logged locally (size, sha256 and the store's version of what was put: an
+  ETag, a generation), so a rerun after a kill uploads only what is missing or no longer
+  what packcli put (never judged by size alone); only files packcli's records say it
+  wrote are ever deleted (``foreign_files`` refuses others where it writes);
+  ``download_output`` brings an output back for ``verify`` and ``push``.
 * **Credentials** come only from each filesystem's usual environment and config files
   (``AWS_*`` and ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS`` / gcloud, ``HF_TOKEN``);
   packcli has no option for them. A URL can still carry a secret (``ftp://user:pw@host``,
@@ -42,10 +45,10 @@ import socket
 import tempfile
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
@@ -270,6 +273,20 @@ def remote_version(file_info: dict[str, Any]) -> dict[str, str]:
     return version
 
 
+_CONTENT_FIELDS = ("etag", "version_id", "generation", "blob_id")
+
+
+def content_version(file_info: dict[str, Any]) -> dict[str, str]:
+    """What identifies the bytes of a file on a store, for reuse: ``remote_version``'s
+    content fields (an S3 ETag changes whenever other bytes are put, multipart or not, even
+    at the same size; a version id or GCS generation with every put), or its time when the
+    store gives none. A time alone is the fallback only: a listing and a HEAD give it at
+    different precisions. Empty: the store says nothing, and nothing can be trusted."""
+    version = remote_version(file_info)
+    content = {k: v for k, v in version.items() if k in _CONTENT_FIELDS}
+    return content or version
+
+
 def input_entry(path: Path | str, *, fresh: bool = False) -> dict[str, Any]:
     """An input file's identity for resume: local ``size`` + ``mtime_ns``; a URL's ``size`` +
     ``version`` (``remote_version``). Without ``path``, which the caller records its way."""
@@ -416,38 +433,152 @@ def listing(fs: Any, prefix: str) -> dict[str, dict[str, Any]]:
     return {p[len(root) :]: i for p, i in found.items() if p.startswith(root)}
 
 
-def check_remote_output(url: str, overwrite: bool) -> None:
+def check_remote_output(url: str, overwrite: bool, owned: frozenset[str] = frozenset()) -> None:
     """Refuse a remote prefix that holds files and no packcli marks (its ``packcli.json``, or
-    the marker a started upload leaves), as a local ``--out`` is refused."""
+    the marker a started upload leaves), as a local ``--out`` is refused; and, ``--overwrite``
+    or not, one holding files packcli did not write where it writes (``foreign_files``;
+    ``owned``: what packcli's records say it put there, beside the prefix's packcli.json)."""
     fs, prefix = locate(url)
     try:
         if fs.isfile(prefix):
             raise ConfigError(f"output {redact(url)} exists and is not a folder")
         files = listing(fs, prefix)
-        if not files or overwrite:
+        if not files:
             return
-        for rel, test in ((MARKER, "run"), (REMOTE_MARKER, "packcli_work")):
-            if rel in files:
-                try:
-                    data = json.loads(fs.cat_file(_join(prefix, rel)))
-                except (OSError, ValueError):
-                    continue
-                if isinstance(data, dict) and data.get(test):
-                    return
+        meta = _remote_json(fs, prefix, MARKER) if MARKER in files else {}
+        work_mark = _remote_json(fs, prefix, REMOTE_MARKER) if REMOTE_MARKER in files else {}
+        claimed = bool(meta.get("run")) or bool(work_mark.get("packcli_work"))
     except PackcliError:
         raise
     except Exception as exc:
         raise _fail(url, "list", exc) from exc
-    raise ConfigError(
-        f"output {redact(url)} is not empty and is not a packcli output (no packcli.json or "
-        "work folder marker of packcli); choose another --out or pass --overwrite"
+    if not claimed and not overwrite:
+        raise ConfigError(
+            f"output {redact(url)} is not empty and is not a packcli output (no packcli.json "
+            "or work folder marker of packcli); choose another --out or pass --overwrite"
+        )
+    theirs = foreign_files(files, owned | (marker_files(meta) if claimed else set()), claimed)
+    refuse_foreign(f"output {redact(url)}", theirs, claimed)
+
+
+def _remote_json(fs: Any, prefix: str, rel: str) -> dict[str, Any]:
+    """A small JSON record on the store ({} when missing or not an object)."""
+    try:
+        data = json.loads(fs.cat_file(_join(prefix, rel)))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remote_marker_files(url: str) -> set[str]:
+    """The data files the ``packcli.json`` under ``url`` lists, when packcli wrote it."""
+    fs, prefix = locate(url)
+    try:
+        meta = _remote_json(fs, prefix, MARKER)
+    except Exception as exc:
+        raise _fail(url, "read", exc) from exc
+    return marker_files(meta) if meta.get("run") else set()
+
+
+def marker_files(meta: dict[str, Any]) -> set[str]:
+    """The data files a ``packcli.json`` lists (relative paths); none when it lists none."""
+    found: set[str] = set()
+    files = meta.get("files")
+    for name in CONFIG_NAMES:
+        entries = files.get(name) if isinstance(files, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("file"), str):
+                found.add(f"data/{name}/{entry['file']}")
+    return found
+
+
+_TOP_FILES = frozenset({"README.md", "rejected.jsonl", MARKER})
+_PACKCLI_TEMP = re.compile(r"(^|/)\.[^/]+\.tmp-\d+$")  # packcli.atomic's temp names
+
+
+def writes_at(rel: str) -> bool:
+    """Whether packcli writes, replaces or deletes files at ``rel`` of an output: the card,
+    ``rejected.jsonl``, ``packcli.json``, ``stats/*.png``, and anything under ``data/long/``
+    or ``data/short/`` (Parquet files there are read as the dataset's)."""
+    if rel in _TOP_FILES:
+        return True
+    if rel.startswith(f"{STATS_DIR}/") and rel.endswith(".png") and rel.count("/") == 1:
+        return True
+    return any(rel.startswith(f"data/{name}/") for name in CONFIG_NAMES)
+
+
+def foreign_files(
+    present: Iterable[str], owned: set[str] | frozenset[str], claimed: bool
+) -> list[str]:
+    """The files of an output, by relative path, that packcli did not write and that sit
+    where it writes (``writes_at``). ``owned``: the data files packcli's records say it
+    wrote (a packcli.json's list, write records, the upload log). ``claimed``: the output
+    carries packcli's marks, so its card, ``rejected.jsonl``, ``packcli.json`` and plots
+    are packcli's (a foreign one was refused when the output was first claimed); files
+    under ``data/`` must be in ``owned`` in any case. packcli's own temp files are its."""
+    return sorted(
+        rel
+        for rel in present
+        if writes_at(rel)
+        and rel not in owned
+        and not _PACKCLI_TEMP.search(rel)
+        and (rel.startswith("data/") or not claimed)
     )
 
 
-def _uploaded(work: Path, url: str) -> dict[str, tuple[int, str]]:
-    """What the upload log says was put under ``url``: file -> (size, sha256); a torn last
-    line (a kill mid-append) is ignored."""
-    done: dict[str, tuple[int, str]] = {}
+def refuse_foreign(where: str, foreign: list[str], claimed: bool = False) -> None:
+    """One line naming the foreign files (the first few) and what to do; nothing when none.
+    ``claimed``: the output is packcli's, so the files may be a killed run's whose work
+    folder was deleted since (no record of packcli's names them any more)."""
+    if not foreign:
+        return
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    lost = " (a killed run's files, once its work folder is deleted, are not known either)"
+    raise ConfigError(
+        f"{where} holds {len(foreign)} file(s) packcli did not write, where it writes its "
+        f"output: {shown}; packcli never replaces or deletes other files (--overwrite "
+        "included), and Parquet files under data/long/ or data/short/ would be read as part "
+        f"of the dataset: move them out, or choose another --out{lost if claimed else ''}"
+    )
+
+
+def check_writable(url: str, what: str) -> None:
+    """Put a small probe under ``url`` and delete it, before any work: a bucket that does not
+    exist, or credentials that may not write there, fail now in one line naming the URL,
+    not after the whole job has run. (The probe goes under ``.packcli/``, packcli's own.)"""
+    import uuid
+
+    fs, prefix = locate(url)
+    probe = _join(prefix, f".packcli/probe-{uuid.uuid4().hex}")
+    try:
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except Exception as exc:
+        detail = redact_text(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
+        raise ConfigError(
+            f"{what} {redact(url)} is not writable: {type(exc).__name__}: {detail}".rstrip(": ")
+            + "; nothing was read or written (check the bucket name and the credentials)"
+        ) from None
+
+
+class Uploaded(NamedTuple):
+    """One upload log entry: what was put (size, sha256) and the store's version of it."""
+
+    size: int
+    sha256: str
+    version: dict[str, str]
+
+
+def uploaded_files(work: Path, url: str) -> set[str]:
+    """The files the upload log (in ``work``) says packcli put under ``url``."""
+    return set(_uploaded(work, url))
+
+
+def _uploaded(work: Path, url: str) -> dict[str, Uploaded]:
+    """What the upload log says was put under ``url``: file -> its last upload; a torn last
+    line (a kill mid-append) is ignored. A line of an older packcli has no version: the file
+    is put again (nothing says the store still holds those bytes)."""
+    done: dict[str, Uploaded] = {}
     try:
         lines = (work / UPLOAD_LOG).read_bytes().splitlines()
     except OSError:
@@ -456,7 +587,8 @@ def _uploaded(work: Path, url: str) -> dict[str, tuple[int, str]]:
         try:
             rec = json.loads(line)
             if rec["url"] == redact(url):
-                done[rec["file"]] = (int(rec["size"]), str(rec["sha256"]))
+                version = rec.get("version") or {}
+                done[rec["file"]] = Uploaded(int(rec["size"]), str(rec["sha256"]), dict(version))
         except (ValueError, KeyError, TypeError):
             continue
     return done
@@ -481,20 +613,33 @@ def output_files(out: Path) -> dict[str, tuple[int, str | None]]:
     return files
 
 
-OWNED = re.compile(r"^(data/(long|short)/[^/]+\.parquet|stats/[^/]+\.png|rejected\.jsonl)$")
-"""Remote files an upload owns: deleted when the uploaded output does not have them."""
+class Placed(NamedTuple):
+    """A file a write task put on the store itself: its size and the store's version of it
+    (``content_version``), as the task's write record has them."""
+
+    size: int
+    version: dict[str, str]
 
 
 def upload_output(
-    out: Path, work: Path, url: str, *, threads: int = 8, placed: dict[str, int] | None = None
+    out: Path,
+    work: Path,
+    url: str,
+    *,
+    threads: int = 8,
+    placed: dict[str, Placed] | None = None,
+    owned: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """Put the finished local output ``out`` under ``url``: each file whole, ``packcli.json``
-    last. A file the upload log (in ``work``) records with the local size and sha256 and
-    that is still there remotely with that size is not put again; files of an earlier
-    output packcli owns (``OWNED``) that this one lacks are deleted before ``packcli.json``.
-    The remote ``packcli.json`` is deleted first whenever anything else changes, so it
-    never vouches for files that are not (yet) those it lists. ``placed``: files the write
-    tasks already put there (a URL work folder), by size: checked, never put from here."""
+    last. A file the upload log (in ``work``) records with the local size and sha256, and
+    that the store still holds as packcli put it (the version the store gave then: an S3
+    ETag, a generation; never only the size, which another file can share), is not put
+    again. Files packcli put there earlier (the upload log, ``owned``: what the write tasks'
+    records name; its card, rejected.jsonl and plots) that this output lacks are deleted
+    before ``packcli.json``; nothing else is. The remote ``packcli.json`` is deleted first
+    whenever anything else changes, so it never vouches for files that are not (yet) those
+    it lists. ``placed``: files the write
+    tasks already put there (a URL work folder): checked, never put from here."""
     from packcli.faults import crash_point
     from packcli.tokenize.shards import sha256_file
 
@@ -518,7 +663,12 @@ def upload_output(
             if rel not in placed
             and not _still_there(logged.get(rel), remote.get(rel), size, rel, digest)
         ]
-        stale = sorted(rel for rel in remote if OWNED.match(rel) and rel not in files)
+        # Data files are packcli's by its records only; its own top files (rejected.jsonl,
+        # plots) by where they are: the prefix is claimed now, and a foreign one was refused
+        # when it was first claimed (``check_remote_output``).
+        ours = owned | set(logged)
+        ours |= {rel for rel in remote if writes_at(rel) and not rel.startswith("data/")}
+        stale = sorted(rel for rel in remote if rel in ours and rel not in files)
         if todo or stale:
             _begin_changes(fs, prefix, shown, remote)
         body = [rel for rel in todo if rel != MARKER]
@@ -526,8 +676,9 @@ def upload_output(
 
         def put(rel: str) -> None:
             size = files[rel][0]
-            fs.put_file(str(out / rel), _join(prefix, rel))
-            _log_upload(work, shown, rel, size, digest(rel))
+            target = _join(prefix, rel)
+            fs.put_file(str(out / rel), target)
+            _log_upload(work, shown, rel, size, digest(rel), stored_version(fs, target))
             with _LOCK:
                 count[0] += 1
                 n = count[0]
@@ -536,7 +687,8 @@ def upload_output(
         with ThreadPoolExecutor(max(1, min(threads, len(body) or 1))) as pool:
             list(pool.map(put, body))
         for rel in stale:
-            fs.rm_file(_join(prefix, rel))
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(_join(prefix, rel))
         if todo or stale:
             put(MARKER)  # last: the output is complete once it is there
     except PackcliError:
@@ -554,21 +706,38 @@ def put_output_file(out: Path, work: Path, url: str, rel: str, size: int, sha256
     """Put one finished output file under ``url`` now, while the other files are still
     being written (uploads overlap writing). It is logged as ``upload_output`` logs, so
     ``finalize`` finds it there and does not put it again. The write task has called
-    ``begin_changes`` first. A file the log already has with this content and that is still
-    on the store at that size is not put again (a task killed after the upload and before
-    its record writes the same bytes on the rerun)."""
+    ``begin_changes`` first. A file the log already has with this content and that the
+    store still holds as it was put is not put again (a task killed after the upload and
+    before its record writes the same bytes on the rerun)."""
     fs, prefix = locate(url)
     shown = redact(url)
+    target = _join(prefix, rel)
     try:
-        there = _remote_info(fs, _join(prefix, rel))
+        there = _remote_info(fs, target)
         if _still_there(_uploaded(work, url).get(rel), there, size, rel, lambda _: sha256):
             return
-        fs.put_file(str(out / rel), _join(prefix, rel))
-        _log_upload(work, shown, rel, size, sha256)
+        fs.put_file(str(out / rel), target)
+        _log_upload(work, shown, rel, size, sha256, stored_version(fs, target))
     except PackcliError:
         raise
     except Exception as exc:
         raise _upload_failed(shown, exc) from exc
+
+
+def stored_version(fs: Any, path: str) -> dict[str, str]:
+    """The store's version of a file just put (one HEAD): what reuse compares later."""
+    return content_version(_remote_info(fs, path) or {})
+
+
+def same_version(recorded: dict[str, str], there: dict[str, Any] | None) -> bool:
+    """Whether the store still holds the bytes it held when ``recorded`` was taken: the
+    fields both name agree (a listing may lack the version id a HEAD gives), and there is
+    at least one. Nothing recorded (an older packcli's record): not the same, put again."""
+    if not recorded or there is None:
+        return False
+    now = content_version(there)
+    common = recorded.keys() & now.keys()
+    return bool(common) and all(recorded[k] == now[k] for k in common)
 
 
 def _remote_info(fs: Any, path: str) -> dict[str, Any] | None:
@@ -620,36 +789,48 @@ def _begin_changes(
         )
 
 
-def _log_upload(work: Path, shown: str, rel: str, size: int, sha256: str) -> None:
-    """One line of the upload log: this file, this size and content, is under ``shown``."""
-    line = json.dumps({"url": shown, "file": rel, "size": size, "sha256": sha256})
+def _log_upload(
+    work: Path, shown: str, rel: str, size: int, sha256: str, version: dict[str, str]
+) -> None:
+    """One line of the upload log: this file, this size and content, is under ``shown``,
+    and the store gave it ``version``."""
+    line = json.dumps(
+        {"url": shown, "file": rel, "size": size, "sha256": sha256, "version": version}
+    )
     with _LOCK, open(work / UPLOAD_LOG, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
     log.info("uploaded %s (%d bytes)", _join(shown, rel), size)
 
 
-def _check_placed(remote: dict[str, dict[str, Any]], placed: dict[str, int], shown: str) -> None:
-    """Every file a write task put on the store is there at the size its record says."""
-    for rel, size in sorted(placed.items()):
-        if int(remote.get(rel, {}).get("size", -1)) != size:
+def _check_placed(remote: dict[str, dict[str, Any]], placed: dict[str, Placed], shown: str) -> None:
+    """Every file a write task put on the store is there as its record says: its size and
+    the version the store gave it (another file of the same size is not it)."""
+    for rel, want in sorted(placed.items()):
+        there = remote.get(rel)
+        if (
+            there is None
+            or int(there.get("size", -1)) != want.size
+            or not same_version(want.version, there)
+        ):
             raise PackcliError(
-                f"{_join(shown, rel)}: missing or not the size its write record says "
-                f"({size} bytes); rerun the same command to write it again"
+                f"{_join(shown, rel)}: missing or not the file its write record says "
+                f"({want.size} bytes, store version {want.version}); rerun the same command "
+                "to write it again"
             )
 
 
 def _still_there(
-    logged: tuple[int, str] | None,
+    logged: Uploaded | None,
     there: dict[str, Any] | None,
     size: int,
     rel: str,
     digest: Callable[[str], str],
 ) -> bool:
     """Whether an earlier upload of this very file (the log's size and sha256) is still on
-    the store at that size, so it need not be put again."""
-    if not (logged and there and int(there.get("size", -1)) == size == logged[0]):
+    the store as it was put (its version there unchanged), so it need not be put again."""
+    if not (logged and there and int(there.get("size", -1)) == size == logged.size):
         return False
-    return logged[1] == digest(rel)
+    return same_version(logged.version, there) and logged.sha256 == digest(rel)
 
 
 def download_output(

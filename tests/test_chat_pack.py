@@ -122,6 +122,14 @@ def test_chat_truncate_cuts_at_a_turn_and_verify_checks_labels(
     assert code == 0, output
     report = json.loads((out / "packcli.json").read_text())["report"]
     assert report["chat"]["truncated"] == 1 and report["chat"]["truncated_tokens"] > 0
+    # One account (issue 29 item 13): the policy counts the dialogue the encoder cut.
+    pol = report["policy"]
+    assert (pol["truncated_docs"], pol["truncated_tokens"]) == (
+        report["chat"]["truncated"],
+        report["chat"]["truncated_tokens"],
+    )
+    kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
+    assert report["tiers"]["long"]["tokens"] == kept
     tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
     long = datasets.load_dataset(str(out), "long", split="train")
     row = next(r for r in long if 9 in r["doc_ids"])

@@ -404,3 +404,101 @@ def test_a_remote_compressed_input_is_fetched_once(
     # Apart from the self-check's quick look at the first lines, nothing reads them again.
     assert sum(p.endswith(zst[-1]) for p in opened) == 0, (opened, fetched)
     assert not list((tmp_path / "cache" / "spool").glob("*"))
+
+
+def test_an_output_or_work_folder_in_a_missing_bucket_fails_before_any_work(
+    s3: dict[str, str], corpus: Path, toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    """``-o s3://no-such-bucket/x``: one line naming the URL before anything is read,
+    tokenized or staged (the job used to run whole, then fail at the upload)."""
+    upload(corpus, f"s3://{bucket}/in", "part-0.jsonl.zst")
+    inputs = [f"s3://{bucket}/in/", "-t", toy_tokenizer_path, *cfg(corpus)]
+    missing = f"t-missing-{bucket[2:]}"
+    stage = tmp_path / "stage"
+    code, output = invoke("pack", *inputs, "-o", f"s3://{missing}/x", "--work-dir", stage)
+    assert code == 1 and output.count("\n") == 1, output
+    assert output.startswith(f"error: output s3://{missing}/x is not writable: "), output
+    assert "rerun the same command" not in output
+    assert not (stage / ".packcli" / "tokens").exists()  # nothing tokenized
+    code, output = invoke(
+        "pack", *inputs, "-o", f"s3://{bucket}/out", "--work-dir", f"s3://{missing}/w"
+    )
+    assert code == 1 and output.startswith(f"error: work folder s3://{missing}/w is not writable")
+    assert not remote_files(f"s3://{bucket}/out")
+    # A bucket that is there: the probe leaves nothing behind.
+    invoke_ok("pack", *inputs, "-o", f"s3://{bucket}/ok")
+    assert not [f for f in remote_files(f"s3://{bucket}/ok") if "probe" in f]
+
+
+# --------------------------------------------------------------------------- issue 29: 5, 6
+
+
+def _same_size_other_bytes(url: str, rel: str) -> bytes:
+    """Replace ``rel`` under ``url`` with a file of the same size and other bytes (one byte
+    changed); returns what was there."""
+    fs, prefix = packfs.locate(url)
+    before = bytes(fs.cat_file(f"{prefix}/{rel}"))
+    data = bytearray(before)
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(f"{prefix}/{rel}", bytes(data))
+    fs.invalidate_cache()
+    return before
+
+
+def test_a_remote_file_replaced_at_the_same_size_is_uploaded_again(
+    corpus: Path, reference: dict[str, str], toy_tokenizer_path: Path, bucket: str, tmp_path: Path
+) -> None:
+    """The upload log and the store's size agree, but the bytes are not packcli's: the rerun
+    compares the store's version (ETag) with the one it got at upload time, puts the file
+    again, and the remote files are those packcli.json's hashes describe."""
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
+    args += ["--work-dir", tmp_path / "stage", *cfg(corpus)]
+    invoke_ok(*args)
+    victim = sorted(remote_hashes(out))[0]
+    _same_size_other_bytes(out, victim)
+    assert remote_hashes(out) != reference
+    invoke_ok(*args)
+    assert remote_hashes(out) == reference
+    meta = json.loads(packfs.locate(out)[0].cat_file(f"{bucket}/out/packcli.json"))
+    listed = {
+        f"data/{n}/{f['file']}": f["sha256"] for n in ("long", "short") for f in meta["files"][n]
+    }
+    assert listed == remote_hashes(out)
+    assert invoke("verify", out)[0] == 0
+
+
+def test_overwrite_on_a_shared_prefix_never_deletes_other_peoples_files(
+    corpus: Path, toy_tokenizer_path: Path, bucket: str
+) -> None:
+    """``-o s3://bucket/shared --overwrite``: other teams' files where packcli writes are
+    refused by name, nothing is written; once they are moved, the others stay."""
+    upload(corpus, f"s3://{bucket}/in", "part-0.jsonl.zst")
+    fs, _ = packfs.locate(f"s3://{bucket}")
+    theirs = {
+        "data/long/mine.parquet": b"their long data",
+        "data/short/other-team.parquet": b"their short data",
+        "rejected.jsonl": b'{"their": "rejects"}\n',
+        "notes.txt": b"their notes",
+    }
+    for rel, data in theirs.items():
+        fs.pipe_file(f"{bucket}/shared/{rel}", data)
+    out = f"s3://{bucket}/shared"
+    args = ["pack", f"s3://{bucket}/in/", "-t", toy_tokenizer_path, "-o", out, *cfg(corpus)]
+    code, output = invoke(*args, "--overwrite")
+    assert code == 1 and output.count("\n") == 1, output
+    for rel in ("data/long/mine.parquet", "data/short/other-team.parquet", "rejected.jsonl"):
+        assert rel in output
+    assert "notes.txt" not in output
+    assert remote_files(out) == set(theirs)
+    for rel in ("data/long/mine.parquet", "data/short/other-team.parquet", "rejected.jsonl"):
+        fs.rm_file(f"{bucket}/shared/{rel}")
+    invoke_ok(*args, "--overwrite")
+    assert fs.cat_file(f"{bucket}/shared/notes.txt") == b"their notes"
+    # A Parquet file dropped into the finished output later: refused, not deleted.
+    fs.pipe_file(f"{bucket}/shared/data/long/mine.parquet", b"their long data")
+    code, output = invoke(*args, "--long-len", "512")
+    assert code == 1 and "data/long/mine.parquet" in output, output
+    assert fs.cat_file(f"{bucket}/shared/data/long/mine.parquet") == b"their long data"
+    assert "packcli.json" in remote_files(out)

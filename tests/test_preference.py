@@ -597,3 +597,61 @@ def test_card_sizes_and_features_match_the_files(
         assert _arrow_bytes(meta["report"]["tiers"][name], True, True) == data
     card = (out / "README.md").read_text()
     assert "name: seq_roles" in card and "`seq_roles` | list<int8>" in card
+
+
+@pytest.mark.parametrize("overlong", ["drop", "truncate"])
+def test_overlong_pairs_have_one_account_in_policy_and_preference(
+    tok_dir: Path, tok: Tokenizer, tmp_path: Path, overlong: str
+) -> None:
+    """The report's ``policy`` section, its ``preference`` section and the printed lines
+    agree on the pairs the length limit cut or dropped, and match a count made here from
+    TRL's own tokenization (issue 29 item 13: the policy said 0 / 0 under truncate)."""
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(3)
+    ask = [_msg("user", "What is packing?")]
+    short = [_msg("assistant", "the answer")]
+    long = [_msg("assistant", " ".join(rng.choice(WORDS) for _ in range(700)))]
+    huge = [_msg("user", " ".join(rng.choice(WORDS) for _ in range(400)))]
+    records = [
+        make_pair(rng, "messages"),
+        {"prompt": ask, "chosen": short, "rejected": long},
+        {"prompt": huge, "chosen": short, "rejected": short},
+        {"prompt": ask, "chosen": long, "rejected": long},
+        make_pair(rng, "messages"),
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    code, printed = invoke("pack", path, "-t", tok_dir, "-o", out, *ARGS, "--overlong", overlong)
+    assert code == 0, printed
+    report = json.loads((out / "packcli.json").read_text())["report"]
+    pol, pref = report["policy"], report["preference"]
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END)
+    template = load_chat_template(None, "chatml").text
+    sizes = []
+    for rec in records:
+        whole = trl_sequences(fast, template, rec)
+        assert whole is not None
+        sizes.append(sum(len(ids) for ids, _ in whole))
+    over = [n for n in sizes if n > 512]
+    written = report["tiers"]["long"]["tokens"]
+    assert report["input"]["tokens"] == sum(sizes)  # whatever the policy did to them
+    assert pol["truncated_tokens"] + pol["dropped_tokens"] == sum(sizes) - written
+    if overlong == "drop":
+        assert (pol["dropped_docs"], pol["dropped_tokens"]) == (len(over), sum(over))
+        assert pol["truncated_docs"] == 0
+    else:  # the huge prompt leaves no room for any response: dropped; the others cut
+        assert (pol["dropped_docs"], pol["dropped_tokens"]) == (1, sizes[2])
+        assert pol["truncated_docs"] == len(over) - 1 == pref["truncated"]
+        assert pol["truncated_tokens"] == pref["truncated_tokens"]
+        assert pol["dropped_tokens"] == pref["truncate_dropped_tokens"]
+    assert pol["empty_docs"] == 0
+    assert pref["kept_pairs"] == len(records) - pol["dropped_docs"] - pref["no_trainable"]
+    assert (
+        f"{pol['dropped_docs']:,} too long ({pol['dropped_tokens']:,} tokens); "
+        f"truncated {pol['truncated_docs']:,} ({pol['truncated_tokens']:,} tokens removed)"
+    ) in printed
+    assert f"truncated {pol['truncated_docs']:,} documents" in printed
+    assert invoke("verify", out)[0] == 0

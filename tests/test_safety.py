@@ -113,6 +113,83 @@ def test_a_foreign_dot_packcli_folder_or_packcli_json_is_not_ours(
     assert "not a packcli output" in fails(*pack_args(corpus, toy_tokenizer_path, other))
 
 
+def _theirs(folder: Path) -> dict[Path, bytes]:
+    """Another team's files, some where packcli writes (issue 29 item 6)."""
+    files = {
+        "data/long/mine.parquet": b"their long data",
+        "data/short/other-team.parquet": b"their short data",
+        "rejected.jsonl": b'{"their": "rejects"}\n',
+        "notes.txt": b"their notes",
+    }
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_overwrite_never_deletes_or_replaces_other_peoples_files(
+    corpus: Path, toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """``--overwrite`` on a shared folder: the files where packcli writes are refused by
+    name (they would be deleted, or read as part of the dataset); once they are moved,
+    the others stay as they were."""
+    shared = tmp_path / "shared"
+    before = _theirs(shared)
+    line = fails(*pack_args(corpus, toy_tokenizer_path, shared), "--overwrite")
+    for rel in ("data/long/mine.parquet", "data/short/other-team.parquet", "rejected.jsonl"):
+        assert rel in line, line
+    assert "notes.txt" not in line and "move them out" in line
+    assert {p: p.read_bytes() for p in shared.rglob("*") if p.is_file()} == before
+    for rel in ("data/long/mine.parquet", "data/short/other-team.parquet", "rejected.jsonl"):
+        (shared / rel).unlink()
+    ok(*pack_args(corpus, toy_tokenizer_path, shared), "--overwrite")
+    assert (shared / "notes.txt").read_bytes() == b"their notes"
+    assert "all invariants hold" in ok("verify", shared)
+
+
+def test_a_foreign_parquet_file_dropped_into_an_output_is_refused_not_deleted(
+    out: Path, corpus: Path, toy_tokenizer_path: Path
+) -> None:
+    """A packcli output another team added a Parquet file to: a rerun with other settings
+    (which replaces the output's files) refuses it by name instead of deleting it."""
+    theirs = out / "data" / "long" / "mine.parquet"
+    before = data_hashes(out)
+    theirs.write_bytes(b"their data")
+    args = ["pack", corpus, "-t", toy_tokenizer_path, "-o", out, "--short-len", "32", "-q"]
+    line = fails(*args, "--long-len", "512")
+    assert "data/long/mine.parquet" in line and "packcli did not write" in line
+    assert fails(*args, "--long-len", "512", "--overwrite") == line
+    assert theirs.read_bytes() == b"their data"
+    theirs.unlink()  # the finished output is untouched
+    assert data_hashes(out) == before and (out / "packcli.json").is_file()
+
+
+def test_files_of_an_earlier_output_are_packcli_s_after_a_kill_without_a_work_folder(
+    out: Path, corpus: Path, toy_tokenizer_path: Path
+) -> None:
+    """A finished output whose work folder was deleted, repacked with another plan and
+    killed mid-write (its packcli.json is gone by then): the rerun still knows the old
+    Parquet files as packcli's (kept from the old packcli.json when the run began), deletes
+    them, and ends with exactly the files the new packcli.json lists."""
+    shutil.rmtree(out / ".packcli")
+    old = set(data_hashes(out))
+    small_files = out.parent / "small-files.yaml"  # other file names: several files a config
+    small_files.write_text("write:\n  shard_tokens: 2048\n")
+    args = ["pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", small_files, *SMALL]
+    env = {**os.environ, "PACKCLI_CRASH_AT": "write:long:0"}
+    killed = subprocess.run(
+        [sys.executable, "-m", "packcli", *map(str, args)], env=env, capture_output=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (out / "packcli.json").exists()
+    ok(*args)
+    meta = json.loads((out / "packcli.json").read_text())
+    listed = {f"data/{n}/{f['file']}" for n in ("long", "short") for f in meta["files"][n]}
+    assert set(data_hashes(out)) == listed
+    assert not old & listed  # every old file was deleted, none is left beside the new ones
+    assert "all invariants hold" in ok("verify", out)
+
+
 def test_own_outputs_are_recognised(
     out: Path, corpus: Path, toy_tokenizer_path: Path, tmp_path: Path
 ) -> None:
@@ -493,3 +570,23 @@ def test_adding_a_small_file_redoes_only_its_group(
     ok(*args, "--on-bad-line", "skip")
     after = {u["key"] for u in json.loads(stage.read_text())["units"]}
     assert len(before - after) <= 1 and len(after - before) <= 2
+
+
+def test_an_output_or_work_folder_that_cannot_be_made_fails_before_any_work(
+    corpus: Path, toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """A parent that is a file (or a read-only one): one line naming the folder before any
+    input is read (here the input does not even exist: the output is checked first)."""
+    (tmp_path / "afile").write_text("x")
+    nowhere = tmp_path / "afile" / "out"
+    line = fails("pack", tmp_path / "missing.jsonl", "-t", toy_tokenizer_path, "-o", nowhere)
+    assert f"output folder {nowhere} cannot be created or written" in line
+    assert "rerun the same command" not in line
+    out = tmp_path / "out"
+    line = fails(*pack_args(corpus, toy_tokenizer_path, out), "--work-dir", nowhere)
+    assert f"work folder {nowhere} cannot be created or written" in line
+    assert not out.exists()
+    if os.geteuid() != 0:  # root writes into read-only folders
+        (tmp_path / "ro").mkdir(mode=0o555)
+        line = fails(*pack_args(corpus, toy_tokenizer_path, tmp_path / "ro" / "out"))
+        assert "cannot be created or written" in line

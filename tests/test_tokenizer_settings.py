@@ -229,3 +229,26 @@ def test_verify_encodes_again_only_documents_of_bounded_size(
     code, output = invoke("verify", out)
     assert code == 0, output
     assert "9 input documents encoded again match the output" in output
+
+
+def test_an_uncached_hub_tokenizer_offline_says_offline_mode_is_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF_HUB_OFFLINE=1 (the tests' environment) and an empty Hub cache: the message names
+    offline mode, the repo and the cache instead of the Hub's "check your connection"."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf" / "hub"
+    cache.mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    assert constants.HF_HUB_OFFLINE
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"text": "hello"}) + "\n")
+    code, output = invoke("pack", corpus, "-t", "packcli-tests/no-such-tok", "-o", tmp_path / "o")
+    assert code == 1
+    assert output.count("\n") == 1, output  # one line
+    assert "HF_HUB_OFFLINE is set" in output and "packcli-tests/no-such-tok" in output
+    assert str(cache) in output and "check your connection" not in output
+    assert not (tmp_path / "o").exists()

@@ -162,6 +162,47 @@ def test_pack_with_the_work_folder_on_the_store_reuses_everything_on_a_rerun(
     assert _left_in(tmp_path / "cache") == []
 
 
+def test_files_replaced_on_the_store_at_the_same_size_are_not_reused(
+    job: Job, tmp_path: Path
+) -> None:
+    """A shard and a Parquet file replaced by others of the same size (one byte changed):
+    the rerun compares each with the store's version recorded when it was put (not its size),
+    tokenizes that unit again and writes that file again (issue 29 item 5)."""
+    out, args, bucket = job.out, job.args, job.bucket
+    env = job.env(tmp_path / "cache")
+    _ok(args, env)
+    fs, _ = packfs.locate(out)
+    shard = sorted(p for p in fs.find(f"{bucket}/work/tokens") if p.endswith(".arrow"))[0]
+    parquet = sorted(p for p in fs.find(f"{bucket}/out/data") if p.endswith(".parquet"))[0]
+    originals = {}
+    for path in (shard, parquet):
+        originals[path] = data = bytes(fs.cat_file(path))
+        changed = bytearray(data)
+        changed[len(changed) // 2] ^= 0xFF
+        fs.pipe_file(path, bytes(changed))
+    fs.invalidate_cache()
+    again = _ok([a for a in args if a != "-q"], env)
+    assert "reused tokenized shards" not in again
+    fs.invalidate_cache()
+    assert {p: bytes(fs.cat_file(p)) for p in originals} == originals
+    assert remote_hashes(out) == job.reference
+    assert invoke("verify", out)[0] == 0
+
+
+def test_foreign_parquet_under_the_output_is_refused_with_the_work_folder_on_the_store(
+    job: Job, tmp_path: Path
+) -> None:
+    """Another team's Parquet file under ``--out``'s ``data/long/``: refused by name before
+    any work, ``--overwrite`` or not, and left there (issue 29 item 6)."""
+    fs, _ = packfs.locate(job.out)
+    fs.pipe_file(f"{job.bucket}/out/data/long/mine.parquet", b"their data")
+    done = _cli([*job.args, "--overwrite"], job.env(tmp_path / "cache"))
+    assert done.returncode == 1, done.stderr
+    assert "data/long/mine.parquet" in done.stderr and "packcli did not write" in done.stderr
+    assert remote_files(job.out) == {"data/long/mine.parquet"}
+    assert not remote_files(f"s3://{job.bucket}/work")
+
+
 @pytest.mark.parametrize("point", ["tokenize:2", "plan", "write:long:0", "finalize"])
 def test_killed_run_with_the_work_folder_on_the_store_resumes_to_identical_bytes(
     job: Job, tmp_path: Path, point: str

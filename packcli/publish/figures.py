@@ -44,7 +44,7 @@ import numpy as np
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER
 from packcli.pack.balance import balance_ratio
-from packcli.publish.report import step_hints
+from packcli.publish.report import encoder_policy, step_hints
 
 # Figures of packcli.json no data determines (glob patterns over the dotted keys).
 UNCHECKED = (
@@ -243,10 +243,19 @@ def _from_shards(
         policy.update(truncated_docs=n_over, truncated_tokens=over_tokens - n_over * long_len)
     elif plan["overlong"] == "drop":
         policy.update(dropped_docs=n_over, dropped_tokens=over_tokens)
+    policy["empty_docs"] = int((lengths == 0).sum())
+    # What the chat / preference encoders cut or dropped before planning, as the report
+    # counts it (one account of the length limit).
+    index = shards.success
+    pref = index.get("preference")
+    encoded = encoder_policy(pref if pref is not None else index.get("chat"))
+    for k, v in encoded.items():
+        policy[k] = policy.get(k, 0) + v
     got: dict[str, Any] = {f"report.policy.{k}": v for k, v in policy.items()}
-    got["report.policy.empty_docs"] = int((lengths == 0).sum())
     got["report.input.documents"] = int(lengths.size)
-    got["report.input.tokens"] = int(lengths.sum())
+    got["report.input.tokens"] = (
+        int(lengths.sum()) + encoded["truncated_tokens"] + encoded["dropped_tokens"]
+    )
     for k, v in {
         "short": int(((lengths > 0) & (lengths <= short_len)).sum()),
         "long": int(((lengths > short_len) & (lengths <= long_len)).sum()),
@@ -262,7 +271,6 @@ def _from_shards(
         got["report.largest_document.file"] = entry["path"]
         where = "row" if "format" in entry else "line"
         got[f"report.largest_document.{where}"] = shards.value("line", largest)
-    index = shards.success
     read = index.get("read_stats") or {}
     got["report.input.blank_lines"] = read.get("blank_lines")
     # Stated only when a file failed, so other reports stay as they were.

@@ -1,8 +1,13 @@
 """The run report: what packing did to the corpus, as data (``packcli.json``) and as text.
 
 Every token of the input is accounted for: ``input.tokens`` = tokens written to the long
-config + ``policy.truncated_tokens`` + ``policy.dropped_tokens``. The report holds no
-timings, so the same inputs and config give a byte-identical ``packcli.json``.
+config + ``policy.truncated_tokens`` + ``policy.dropped_tokens``. The overlong policy acts in
+two places: the planner cuts or drops text documents, and the chat and preference encoders
+cut or drop dialogues and pairs before planning (a pair is never split, and a cut must fall
+between turns). ``policy`` counts both, so it is the one account of what the length limit
+removed; the ``chat`` / ``preference`` sections say the same figures in their own words.
+The report holds no timings, so the same inputs and config give a byte-identical
+``packcli.json``.
 """
 
 from __future__ import annotations
@@ -60,12 +65,14 @@ def build_report(
     ``tokens_per_step``: the target of the ``training`` section's step plan."""
     lengths = np.asarray(lengths, dtype=np.int64)
     stats = plan.stats
+    encoded = encoder_policy(preference if preference is not None else chat)
     largest = int(lengths.argmax()) if lengths.size else -1
     report = {
         "input": {
             **input_stats,
             "documents": int(lengths.size),
-            "tokens": int(lengths.sum()),
+            # As encoded, before any length limit: what the encoders removed counts here too.
+            "tokens": int(lengths.sum()) + encoded["truncated_tokens"] + encoded["dropped_tokens"],
         },
         "documents_by_length": {
             "short": int(((lengths > 0) & (lengths <= short_len)).sum()),
@@ -74,7 +81,7 @@ def build_report(
             "empty": int((lengths == 0).sum()),
         },
         "policy": {
-            k: stats[k]
+            k: stats[k] + encoded.get(k, 0)
             for k in (
                 "split_docs",
                 "split_pieces",
@@ -116,6 +123,22 @@ def build_report(
         # Each pair is one document of the plan (two segments in the output).
         report["preference"] = preference
     return report
+
+
+def encoder_policy(counts: dict[str, Any] | None) -> dict[str, int]:
+    """What the chat or preference encoder's length policy did, in ``policy``'s keys. A
+    dialogue or pair it dropped is kept as an empty document (the plan counts it among
+    ``empty_docs``): it is counted dropped instead, once."""
+    if not counts:
+        return {"truncated_tokens": 0, "dropped_tokens": 0}
+    dropped = int(counts.get("truncate_dropped", 0))
+    return {
+        "truncated_docs": int(counts.get("truncated", 0)),
+        "truncated_tokens": int(counts.get("truncated_tokens", 0)),
+        "dropped_docs": dropped,
+        "dropped_tokens": int(counts.get("truncate_dropped_tokens", 0)),
+        "empty_docs": -dropped,
+    }
 
 
 _CORRUPT_SHOWN = 5  # damaged files listed on the terminal; packcli.json lists all
@@ -205,12 +228,15 @@ def _input_problem_lines(inp: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _removed(counts: dict[str, Any], too_long: str, cut: str, tokens: str) -> str:
-    """What the chat and the preference paths removed: the same four counters, their words."""
+def _removed(counts: dict[str, Any], policy: dict[str, Any], what: str) -> str:
+    """What the chat and the preference paths removed. Every document of such a run is a
+    dialogue or a pair, so the length limit's figures are ``policy``'s (the encoder's cuts
+    and the planner's drops alike): the same numbers as the report's policy lines."""
     return (
         f"dropped {_n(counts['no_trainable'])} with nothing to train, "
-        f"{_n(counts['truncate_dropped'])} {too_long}; truncated {_n(counts['truncated'])}{cut} "
-        f"({_n(counts['truncated_tokens'])} {tokens} removed)"
+        f"{_n(policy['dropped_docs'])} too long ({_n(policy['dropped_tokens'])} tokens); "
+        f"truncated {_n(policy['truncated_docs'])}{what} "
+        f"({_n(policy['truncated_tokens'])} tokens removed)"
     )
 
 
@@ -219,7 +245,7 @@ def _dialogue_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     chat = report.get("chat")
     if chat:
-        removed = _removed(chat, "too long for one turn", " at a turn", "tokens")
+        removed = _removed(chat, report["policy"], " at a turn")
         lines.append(f"chat      {_n(chat['dialogues'])} dialogues; {removed}")
         # --bos/--eos (absent from reports of older versions, which did not apply them)
         added = [
@@ -235,7 +261,7 @@ def _dialogue_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"          {'; '.join(added)}")
     pref = report.get("preference")
     if pref:
-        removed = _removed(pref, "too long for their prompts", "", "response tokens")
+        removed = _removed(pref, report["policy"], "")
         lines.append(
             f"pairs     {_n(pref['pairs'])} preference pairs ({_n(pref['conversational'])} "
             f"conversational, {_n(pref['implicit_prompt'])} with an implicit prompt, "

@@ -16,7 +16,7 @@ from packcli.atomic import atomic_write_bytes, atomic_write_json
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
-from packcli.fs import redact, upload_output
+from packcli.fs import Placed, redact, upload_output
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.pack.balance import balance_ratio
 from packcli.pack.groups import merge_plans
@@ -25,7 +25,7 @@ from packcli.publish.card import render_card
 from packcli.publish.report import TOKENS_PER_STEP, build_report
 from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
-from packcli.stages.work import read_json, recorded_read, require_out
+from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
 from packcli.stages.workstore import WorkStore, in_mirror, work_store
 from packcli.stages.write import write_fingerprint, write_tail
 from packcli.tokenize.shards import TokenShards
@@ -54,8 +54,9 @@ def finalize_stage(
     # The tail's files, when no write task wrote them (separate write tasks write groups).
     write_tail(cfg, plan, shards, quiet=True)
     fingerprint = write_fingerprint(cfg, shards)
-    files = _written_files(cfg, plan, fingerprint)
-    _remove_strays(cfg, out, files)
+    files, versions = _written_files(cfg, plan, fingerprint)
+    owned = owned_outputs(cfg)
+    _remove_strays(cfg, out, files, owned)
     gather_rejects(cfg, out, shards)
     report = _report(cfg, report_plan(cfg, plan), shards, tokens_per_step)
     run_info = {
@@ -83,13 +84,19 @@ def finalize_stage(
     )
     if cfg.remote_out:  # every file is final here: put them, packcli.json last
         placed = {
-            f"data/{name}/{f['file']}": int(f["bytes"])
+            rel: Placed(int(f["bytes"]), versions.get(rel, {}))
             for name in CONFIG_NAMES
             for f in files[name]
             if isinstance(store, WorkStore)  # the write tasks put them there
+            for rel in [f"data/{name}/{f['file']}"]
         }
         upload_output(
-            out, cfg.work_path, cfg.remote_out, threads=cfg.tokenize.threads, placed=placed
+            out,
+            cfg.work_path,
+            cfg.remote_out,
+            threads=cfg.tokenize.threads,
+            placed=placed,
+            owned=frozenset(owned),
         )
     return report
 
@@ -111,33 +118,46 @@ def report_plan(cfg: RunConfig, planset: PlanSet) -> Plan:
 
 def _written_files(
     cfg: RunConfig, plan: PlanSet, fingerprint: str
-) -> dict[str, list[dict[str, Any]]]:
-    """Every output file's write record (what ``packcli.json`` lists), per config; fails
-    naming one that is missing or was written for another plan or settings."""
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, str]]]:
+    """Every output file's write record (what ``packcli.json`` lists), per config, and the
+    store's version of each file a write task put on the store itself (by relative path);
+    fails naming one that is missing or was written for another plan or settings."""
     files: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIG_NAMES}
+    versions: dict[str, dict[str, str]] = {}
     missing = []
     for job in plan.jobs():
         record = read_json(cfg.work_path / "write" / f"{job.config}-{job.index:05d}.json")
         if record.get("fingerprint") != fingerprint:
             missing.append(f"{job.config}-{job.index:05d}")
             continue
-        files[job.config].append({k: v for k, v in record.items() if k != "fingerprint"})
+        if isinstance(record.get("store_version"), dict):
+            versions[f"data/{job.config}/{record['file']}"] = record["store_version"]
+        files[job.config].append(
+            {k: v for k, v in record.items() if k not in ("fingerprint", "store_version")}
+        )
     if missing:
         raise PackcliError(
             f"write task(s) not finished: {len(missing)} output file(s) missing, "
             f"e.g. {missing[0]}; run `packcli write` for every task first"
         )
-    return files
+    return files, versions
 
 
-def _remove_strays(cfg: RunConfig, out: Path, files: dict[str, list[dict[str, Any]]]) -> None:
-    """Parquet files of an earlier, different plan, temp files of crashes, records a killed
-    task was writing (every write task is done now, so none is live)."""
+def _remove_strays(
+    cfg: RunConfig, out: Path, files: dict[str, list[dict[str, Any]]], owned: set[str]
+) -> None:
+    """Parquet files of an earlier, different plan (only those packcli's records say it
+    wrote: ``owned``), temp files of crashes, records a killed task was writing (every
+    write task is done now, so none is live). Any other file is left where it is."""
     for name in CONFIG_NAMES:
         keep = {f["file"] for f in files[name]}
         for f in (out / "data" / name).glob("*"):
-            if f.name not in keep and (f.suffix == ".parquet" or ".tmp-" in f.name):
+            if f.name in keep:
+                continue
+            if ".tmp-" in f.name or f"data/{name}/{f.name}" in owned:
                 f.unlink()
+            else:
+                log.warning("%s: not packcli's, left alone", f)
     for f in (cfg.work_path / "write").glob(".*.tmp-*"):
         f.unlink()
 

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,18 @@ from tqdm import tqdm
 from packcli.atomic import atomic_write_json
 from packcli.config import ReadConfig, RunConfig
 from packcli.errors import ConfigError
-from packcli.fs import check_remote_output, redact
-from packcli.names import MARKER
+from packcli.fs import (
+    check_remote_output,
+    check_writable,
+    foreign_files,
+    marker_files,
+    redact,
+    refuse_foreign,
+    remote_marker_files,
+    uploaded_files,
+    writes_at,
+)
+from packcli.names import CONFIG_NAMES, MARKER
 from packcli.publish.marker import peek_marker, read_json_object
 from packcli.stages.lock import OUT_LOCK
 from packcli.stages.workstore import WorkStore, check_remote_work, work_store
@@ -46,6 +57,9 @@ def progress_bar(quiet: bool, **kwargs: Any) -> tqdm:
 
 
 WORK_MARKER = "packcli-work.json"
+PROBE_PREFIX = ".packcli-probe-"
+"""The folder ``check_local_writable`` makes and removes at once (another task's probe may
+be there for an instant)."""
 
 
 def _is_work_folder(work: Path, out: Path | None) -> bool:
@@ -70,7 +84,7 @@ def _only_starting(out: Path) -> bool:
     marker is in place (the lock file, an empty work folder or its marker's temp file), so
     concurrent tokenize tasks on a new folder do not refuse each other."""
     for entry in out.iterdir():
-        if entry.name == OUT_LOCK:
+        if entry.name == OUT_LOCK or entry.name.startswith(PROBE_PREFIX):
             continue
         if (
             entry.name == ".packcli"
@@ -105,12 +119,116 @@ def check_output_folder(out: Path, overwrite: bool, work: Path | None = None) ->
 
 def check_output(cfg: RunConfig, overwrite: bool = False) -> None:
     """``check_output_folder`` for ``cfg``'s output: the local folder, and for a remote
-    ``--out`` also the prefix on the store (foreign files there are refused alike)."""
+    ``--out`` also the prefix on the store (foreign files there are refused alike). Then,
+    ``--overwrite`` or not, files packcli did not write that sit where it writes (a card,
+    a ``rejected.jsonl``, Parquet files under ``data/<config>/``) are refused, named: packcli
+    would replace or delete them, or they would be read as part of the dataset."""
     check_output_folder(cfg.out_path, overwrite, cfg.work_path)
+    owned = frozenset(owned_outputs(cfg))
     if cfg.remote_out:
-        check_remote_output(cfg.remote_out, overwrite)
+        check_remote_output(cfg.remote_out, overwrite, owned)
+    else:
+        out = cfg.out_path
+        present = _output_files(out)
+        claimed = _is_output(out) or _is_work_folder(out / ".packcli", None)
+        claimed = claimed or _is_work_folder(cfg.work_path, out)
+        theirs = foreign_files(present, owned, claimed)
+        refuse_foreign(f"output folder {out}", theirs, claimed)
     if cfg.remote_work:
         check_remote_work(cfg.remote_work, work_marker(cfg), WORK_MARKER, overwrite)
+    # Then where the run will write, before any work: a typo'd bucket or a read-only disk
+    # fails now, not after the job (the local folders of a URL output are the staging
+    # folder or this process's mirror).
+    check_local_writable(cfg.out_path, "output folder")
+    if cfg.work_path.resolve() != (cfg.out_path / ".packcli").resolve():
+        check_local_writable(cfg.work_path, "work folder")
+    if cfg.remote_out:
+        check_writable(cfg.remote_out, "output")
+    if cfg.remote_work:
+        check_writable(cfg.remote_work, "work folder")
+
+
+def check_local_writable(folder: Path, what: str) -> None:
+    """Whether ``folder`` can be made and written: a probe folder is made (and removed) in
+    it, or in its nearest existing parent when it is not there yet (nothing is left)."""
+    import tempfile
+
+    base = folder
+    while not base.exists() and base.parent != base:
+        base = base.parent
+    reason = "" if base.is_dir() else "not a folder"
+    if not reason:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=base))
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+    if reason:
+        raise ConfigError(
+            f"{what} {folder} cannot be created or written ({base}: {reason}); nothing was "
+            "read or written: choose another folder or fix its permissions"
+        ) from None
+
+
+OWNED_DIR = "owned"
+"""In the work folder: lists of the data files earlier outputs' ``packcli.json`` named, kept
+when the output was claimed (the marker goes as soon as a file it vouches for changes, and
+packcli may still have to delete those files), one file per list, named by its content."""
+
+
+def owned_outputs(cfg: RunConfig) -> set[str]:
+    """The output's data files packcli's own records say it wrote, by relative path: the
+    write records (a record names its file before the file is written), the lists kept from
+    earlier ``packcli.json`` files (``OWNED_DIR``) and the one there now, and for a URL
+    output the upload log. Only these are ever deleted or replaced."""
+    store = work_store(cfg)
+    if isinstance(store, WorkStore):
+        store.pull_records("write")
+        store.pull_records(OWNED_DIR)
+    work = cfg.work_path
+    owned: set[str] = set()
+    for path in (work / "write").glob("*-*.json"):
+        name, file = path.name.split("-", 1)[0], read_json(path).get("file")
+        if name in CONFIG_NAMES and isinstance(file, str) and "/" not in file:
+            owned.add(f"data/{name}/{file}")
+    for path in (work / OWNED_DIR).glob("*.json"):
+        files = read_json(path).get("files")
+        if isinstance(files, list):
+            owned.update(f for f in files if isinstance(f, str))
+    if _is_output(cfg.out_path):
+        owned |= marker_files(peek_marker(cfg.out_path))
+    if cfg.remote_out and not cfg.remote_work:
+        owned |= uploaded_files(work, cfg.remote_out)
+    return owned
+
+
+def _keep_owned(cfg: RunConfig) -> None:
+    """Keep the data files the output's ``packcli.json`` lists (local, and on the store for
+    a URL output) in the work folder before anything can delete that marker."""
+    files = marker_files(peek_marker(cfg.out_path)) if _is_output(cfg.out_path) else set()
+    if cfg.remote_out:
+        files |= remote_marker_files(cfg.remote_out)
+    if not files:
+        return
+    body = {"files": sorted(files)}
+    rel = f"{OWNED_DIR}/{fingerprint(body)[:16]}.json"
+    if (cfg.work_path / rel).is_file():
+        return
+    (cfg.work_path / OWNED_DIR).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(cfg.work_path / rel, body)
+    work_store(cfg).push(rel)
+
+
+def _output_files(out: Path) -> list[str]:
+    """The files of a local output where packcli writes (``writes_at``), relative."""
+    if not out.is_dir():
+        return []
+    found = [p for p in ("README.md", "rejected.jsonl", MARKER) if (out / p).is_file()]
+    found += [f"stats/{p.name}" for p in (out / "stats").glob("*.png")]
+    for name in CONFIG_NAMES:
+        base = out / "data" / name
+        if base.is_dir():
+            found += [p.relative_to(out).as_posix() for p in base.rglob("*") if not p.is_dir()]
+    return [rel for rel in found if writes_at(rel)]
 
 
 def claim_output(cfg: RunConfig) -> None:
@@ -126,6 +244,7 @@ def claim_output(cfg: RunConfig) -> None:
     store = work_store(cfg)
     if isinstance(store, WorkStore):
         store.claim(marker, WORK_MARKER)
+    _keep_owned(cfg)
 
 
 def work_marker(cfg: RunConfig) -> dict[str, Any]:

@@ -20,9 +20,11 @@ into place last:
   ``packcli.json`` last.
 
 Resume is the local rule read through the store: a unit whose record carries the current
-fingerprint and whose shards are all there at their recorded sizes is reused; a Parquet file
-whose record carries the current fingerprint and which is there at its recorded size is not
-written again. A killed task loses at most the unit or file it was making.
+fingerprint and whose shards are all there at their recorded sizes, each still the version the
+store gave it when it was put (``STORED``), is reused; a Parquet file whose record carries the
+current fingerprint and which is there at its recorded size and ``store_version`` is not
+written again. A size alone never vouches for content: another file can have it. A killed
+task loses at most the unit or file it was making.
 
 Without a URL work folder the same calls are no-ops (``LocalWork``), so the stages have one
 code path.
@@ -53,6 +55,9 @@ _KEEP = frozenset({".packcli.lock", "lock", "locks"})
 _SHARD_MANIFEST = re.compile(r"^shard-\d+\.json$")
 _PUT_THREADS = 8
 UNITS = "tokens/files"
+STORED = "_STORED.json"
+"""In a unit folder on the store: the store's version (ETag, generation) of each file put,
+taken right after the puts; resume trusts a shard only while the store still has it."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -161,17 +166,26 @@ class WorkStore(LocalWork):
         """Files under ``under`` (relative to the work folder) with their sizes."""
         return self._sizes(self.fs, self._remote(under), under, f"list {under or '/'}")
 
-    def out_listing(self, under: str = "") -> dict[str, int]:
-        """Files under ``under`` of the remote output, with their sizes."""
+    def out_listing(self, under: str = "") -> dict[str, dict[str, Any]]:
+        """Files under ``under`` of the remote output, with the store's info of each (its
+        size and version fields)."""
         base = self._out(under) if under else self.out_prefix
-        return self._sizes(self.out_fs, base, under, "list the output")
+        return self._infos(self.out_fs, base, under, "list the output")
+
+    def infos(self, under: str = "") -> dict[str, dict[str, Any]]:
+        """Files under ``under`` of the work folder, with the store's info of each."""
+        return self._infos(self.fs, self._remote(under), under, f"list {under or '/'}")
 
     def _sizes(self, fs: Any, base: str, under: str, what: str) -> dict[str, int]:
+        found = self._infos(fs, base, under, what)
+        return {rel: int(info.get("size") or 0) for rel, info in found.items()}
+
+    def _infos(self, fs: Any, base: str, under: str, what: str) -> dict[str, dict[str, Any]]:
         from packcli.fs import listing
 
         found = self._call(what, lambda: listing(fs, base))
         lead = f"{under.rstrip('/')}/" if under else ""
-        return {lead + rel: int(info.get("size") or 0) for rel, info in found.items()}
+        return {lead + rel: info for rel, info in found.items()}
 
     def children(self, under: str) -> set[str]:
         """Names of the folders and files directly under ``under``."""
@@ -270,19 +284,30 @@ class WorkStore(LocalWork):
 
     def push_folder(self, rel: str, last: str) -> None:
         """Put a finished unit folder: its old record goes first (it never vouches for files
-        being replaced), then every file, then the remote files it no longer has, then
-        ``last`` (the record); the local folder is removed after."""
+        being replaced), then every file, then the remote files it no longer has, then the
+        store's version of each file put (``STORED``), then ``last`` (the record); the
+        local folder is removed after."""
+        from packcli.fs import content_version
+
         folder = self.local / rel
         files = sorted(
             p.relative_to(self.local).as_posix() for p in folder.rglob("*") if p.is_file()
         )
-        record = f"{rel}/{last}"
+        record, stored = f"{rel}/{last}", f"{rel}/{STORED}"
         self.remove(record)
-        body = [f for f in files if f != record and not f.rsplit("/", 1)[-1].startswith(".")]
+        body = [
+            f
+            for f in files
+            if f not in (record, stored) and not f.rsplit("/", 1)[-1].startswith(".")
+        ]
         with ThreadPoolExecutor(_PUT_THREADS) as pool:
             list(pool.map(self._put, body))
-        stale = sorted(set(self.listing(rel)) - set(body) - {record})
-        self.remove(*stale)
+        there = self.infos(rel)
+        self.remove(*sorted(set(there) - set(body) - {record, stored}))
+        versions = {f[len(rel) + 1 :]: content_version(there.get(f, {})) for f in body}
+        body_json = json.dumps(versions, indent=1, sort_keys=True).encode("utf-8")
+        where = self._remote(stored)
+        self._call(f"write {stored}", lambda: self.fs.pipe_file(where, body_json))
         self.push(record)
         shutil.rmtree(folder)
 
@@ -298,10 +323,12 @@ class WorkStore(LocalWork):
 
     def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
         """Keys of the units the store holds complete: a record with the unit's fingerprint
-        and every shard it lists there at its recorded size (one listing for all units)."""
+        and every shard it lists there at its recorded size and as the store had it when put
+        (``STORED``; one listing for all units)."""
+        from packcli.fs import same_version
         from packcli.tokenize.shards import SUCCESS
 
-        found = self.listing(UNITS)
+        found = self.infos(UNITS)
         done = set()
         for unit in units:
             rel = f"{UNITS}/{unit['key']}"
@@ -310,8 +337,21 @@ class WorkStore(LocalWork):
             record = self.read_json(f"{rel}/{SUCCESS}")
             if record.get("fingerprint") != unit["fingerprint"]:
                 continue
+            # The store's version of each shard as it was put: a shard replaced since (the
+            # same size, other tokens) is not the one the record vouches for.
+            stored = self.read_json(f"{rel}/{STORED}")
+
+            def intact(name: Any, size: Any, rel: str = rel, stored: dict = stored) -> bool:
+                there = found.get(f"{rel}/{name}")
+                return (
+                    there is not None
+                    and int(there.get("size") or 0) == size
+                    and isinstance(stored.get(name), dict)
+                    and same_version(stored[name], there)
+                )
+
             shards = record.get("shards", [])
-            if all(found.get(f"{rel}/{m.get('file')}") == m.get("bytes") for m in shards):
+            if all(intact(m.get("file"), m.get("bytes")) for m in shards):
                 done.add(unit["key"])
         return done
 
@@ -327,11 +367,23 @@ class WorkStore(LocalWork):
 
     # ------------------------------------------------------------------ the remote output
 
-    def put_output(self, local: Path, rel: str) -> None:
-        """Put one finished output file under the remote ``--out``, then drop the local copy."""
+    def put_output(self, local: Path, rel: str) -> dict[str, str]:
+        """Put one finished output file under the remote ``--out``, then drop the local copy;
+        returns the store's version of it (what its write record keeps, for reuse)."""
+        from packcli.fs import stored_version
+
         target = self._out(rel)
         self._call(f"write {rel} of the output", lambda: self.out_fs.put_file(str(local), target))
+        version = self._call(
+            f"stat {rel} of the output", lambda: stored_version(self.out_fs, target)
+        )
         local.unlink()
+        return version
+
+    def remove_output(self, rel: str) -> None:
+        """Delete a file of the remote ``--out`` (missing is fine)."""
+        target = self._out(rel)
+        self._call(f"delete {rel} of the output", lambda: _rm(self.out_fs, target))
 
     def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
         """Mark the work folder as packcli's, naming its output (the output prefix is marked

@@ -19,7 +19,7 @@ from packcli.atomic import atomic_path, atomic_write_json
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
-from packcli.fs import begin_changes, put_output_file
+from packcli.fs import begin_changes, put_output_file, same_version
 from packcli.pack.groups import Pieces
 from packcli.pack.plan import Plan
 from packcli.stages.index import collect_tokens
@@ -69,9 +69,27 @@ class _Writer:
         record = read_json(self.records / f"{job.config}-{job.index:05d}.json")
         if record.get("fingerprint") != self.fingerprint:
             return False
-        if self.placed is not None:
-            return self.placed.get(job.rel) == record.get("bytes")
+        if self.placed is not None:  # there at its size, and as the store had it when put
+            there = self.placed.get(job.rel)
+            return (
+                there is not None
+                and int(there.get("size") or 0) == record.get("bytes")
+                and same_version(record.get("store_version") or {}, there)
+            )
         return (self.out / job.rel).is_file()
+
+    def claim_file(self, job: FileJob, record_path: Path) -> None:
+        """Before a file is written, its record names it (without a fingerprint: not done),
+        so a kill mid-write leaves a file packcli's records own. A file of an earlier plan
+        the record named (another name) is packcli's and stale: it goes first."""
+        old = read_json(record_path).get("file")
+        name = Path(job.rel).name
+        if isinstance(old, str) and old != name and "/" not in old:
+            if isinstance(self.store, WorkStore):
+                self.store.remove_output(f"data/{job.config}/{old}")
+            (self.out / "data" / job.config / old).unlink(missing_ok=True)
+        atomic_write_json(record_path, {"file": name})
+        self.store.push(f"write/{record_path.name}")
 
     def begin(self, jobs: list[FileJob]) -> None:
         """Before the first file of ``jobs`` changes: the finished output is no longer."""
@@ -98,7 +116,7 @@ class _Writer:
             if self.written(job):
                 on_tokens(int(layout.row_tokens[job.r0 : job.r1].sum()))
                 return
-            record_path.unlink(missing_ok=True)
+            self.claim_file(job, record_path)
             write_config_file(
                 plan, layout, source, final, self.cfg.write, job.r0, job.r1, on_tokens
             )
@@ -111,7 +129,7 @@ class _Writer:
                 "sha256": sha256_file(final),
             }
             if isinstance(self.store, WorkStore):  # straight to the remote output, then the record
-                self.store.put_output(final, job.rel)
+                record["store_version"] = self.store.put_output(final, job.rel)
             elif self.cfg.remote_out:  # uploads overlap writing; finalize puts only what is not up
                 put_output_file(
                     self.out,

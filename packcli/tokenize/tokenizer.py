@@ -171,7 +171,7 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
         try:
             tok = Tokenizer.from_pretrained(spec)
         except Exception as exc:
-            raise ConfigError(f"cannot load tokenizer {spec!r} from the Hub: {exc}") from exc
+            raise ConfigError(_hub_failure(spec, exc)) from exc
         config = _hub_config(spec)
         source = spec
     # The file's bytes when there is a file (hashing them costs ms; serializing a 128k
@@ -241,6 +241,23 @@ def hub_file(repo_id: str, name: str) -> Path | None:
     except Exception as exc:  # absent file, no network, offline mode
         log.info("no %s in Hub repo %s: %s", name, repo_id, exc)
         return None
+
+
+def _hub_failure(repo_id: str, exc: Exception) -> str:
+    """Why a Hub tokenizer could not be loaded, in one line. In offline mode the Hub's own
+    words ("check your connection") hide the cause: say that HF_HUB_OFFLINE is set and the
+    repo's tokenizer.json is not in the cache."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if constants.HF_HUB_OFFLINE and isinstance(exc, LocalEntryNotFoundError):
+        return (
+            f"cannot load tokenizer {repo_id!r}: HF_HUB_OFFLINE is set and the Hub cache "
+            f"({constants.HF_HUB_CACHE}) has no tokenizer.json of {repo_id}; unset "
+            "HF_HUB_OFFLINE to download it, or pass a local tokenizer.json"
+        )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"cannot load tokenizer {repo_id!r} from the Hub: {first}"
 
 
 def _hub_config(repo_id: str) -> dict:
