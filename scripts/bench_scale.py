@@ -13,7 +13,8 @@ the Llama-3 tokenizer, median ~30 tokens, 0.014% over 128k) or the pretraining m
 ``io`` measures the store traffic of the stage commands instead: a local moto S3 server
 (``tests/s3count.py``, the tests' own) logs every request, and a real-text-shaped jsonl
 corpus is packed as on machines that share no disk (``--work-dir s3://...``): ``tokenize``
-and ``write`` as N tasks, each a separate ``python -m packcli`` process, then ``plan``, ``finalize`` and ``verify``.
+and ``write`` as N tasks, each a separate ``python -m packcli`` process, then ``plan``,
+``finalize`` and ``verify``.
 Per N and stage it prints the GET count and bytes, LIST/HEAD/PUT counts, PUT bytes, the bytes
 of token shards fetched over the shards' total size, and the stage's peak RSS (the largest
 of its processes). Small token shards and output files (``--shard-tokens``,

@@ -42,7 +42,7 @@ from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import in_mirror, work_store
-from packcli.tokenize.shards import TokenShards
+from packcli.tokenize.shards import TokenShards, sha256_file
 from packcli.write import file_ranges
 
 log = logging.getLogger(__name__)
@@ -181,13 +181,17 @@ def _plan_groups(
 ) -> None:
     """Plan and save the groups in ``mine`` that have no current record, one at a time (a
     process holds one group's lengths and plan)."""
-    fp = plan_fingerprint(cfg.plan, shards.success["fingerprint"])
+    # The files a group's rows are cut into are part of its record: their size too.
+    fp = fingerprint(
+        [plan_fingerprint(cfg.plan, shards.success["fingerprint"]), cfg.write.shard_tokens]
+    )
     store = work_store(cfg)
     (cfg.work_path / PLAN_DIR).mkdir(parents=True, exist_ok=True)
+    stored = store.listing(PLAN_DIR) if store.remote else None  # one LIST, not a GET a group
     for g in mine:
         name = _group_name(g)
         store.pull(f"{PLAN_DIR}/{name}.json")
-        if _group_record(cfg, g).get("fingerprint") == fp:
+        if _reusable(cfg, _group_record(cfg, g), fp, stored):
             on_group(1)
             continue
         members = groups[g]
@@ -199,9 +203,13 @@ def _plan_groups(
             plan, tail = grouped.plan, grouped.tail
         del lengths
         part = _save_part(cfg, name, plan, members, tail)
+        files = {
+            rel: [(cfg.work_path / rel).stat().st_size, sha256_file(cfg.work_path / rel)]
+            for rel in part.arrays
+        }
         atomic_write_json(
             cfg.work_path / PLAN_DIR / f"{name}.json",
-            {"fingerprint": fp, "part": part.as_record(), "stats": plan.stats},
+            {"fingerprint": fp, "part": part.as_record(), "stats": plan.stats, "files": files},
         )
         store.push(
             f"{PLAN_DIR}/{name}.npz", f"{PLAN_DIR}/{name}.tail.npz", f"{PLAN_DIR}/{name}.json"
@@ -254,6 +262,26 @@ def plan_stage(
     work_store(cfg).push("plan.json")
     crash_point("plan")
     return planset, shards
+
+
+def _reusable(
+    cfg: RunConfig, record: dict[str, Any], fp: str, stored: dict[str, int] | None
+) -> bool:
+    """A group's record has the current fingerprint and its files are as written: re-hashed
+    on this disk (a damaged or edited plan file is planned again); on a store, there at
+    their recorded sizes (``stored``: the store's listing), so reuse fetches nothing."""
+    files = record.get("files")
+    if record.get("fingerprint") != fp or not isinstance(files, dict):
+        return False
+    for rel, (size, digest) in files.items():
+        if stored is not None:
+            if stored.get(rel.removeprefix(f"{PLAN_DIR}/")) != size and stored.get(rel) != size:
+                return False
+            continue
+        path = cfg.work_path / rel
+        if not path.is_file() or path.stat().st_size != size or sha256_file(path) != digest:
+            return False
+    return True
 
 
 def _load_tail(cfg: RunConfig, part: PlanPart) -> Pieces:
