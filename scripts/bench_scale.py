@@ -17,8 +17,9 @@ and ``write`` as N tasks, each a separate ``python -m packcli`` process, then ``
 ``finalize`` and ``verify``.
 Per N and stage it prints the GET count and bytes, LIST/HEAD/PUT counts, PUT bytes, the bytes
 of token shards fetched over the shards' total size, and the stage's peak RSS (the largest
-of its processes). Small token shards and output files (``--shard-tokens``,
-``--file-tokens``) give a ~25 MB corpus as many shards and files as a big job has per task.
+of its processes). Small token shards, output files and groups (``--shard-tokens``,
+``--file-tokens``, ``--group-tokens``) give a ~25 MB corpus as many shards, files and groups
+as a big job has per task.
 
     python scripts/bench_scale.py io --size-mb 25 --tasks 1 2 4 8 16
 """
@@ -333,6 +334,7 @@ def io_main(argv: list[str]) -> None:
     ap.add_argument("-t", "--tokenizer", default=str(TOKENIZER))
     ap.add_argument("--shard-tokens", type=int, default=1 << 19, help="tokenize: shard_tokens")
     ap.add_argument("--file-tokens", type=int, default=1 << 19, help="write: shard_tokens")
+    ap.add_argument("--group-tokens", type=int, default=1 << 20, help="plan: group_tokens")
     ap.add_argument("--split-bytes", type=int, default=1 << 20, help="read: split_bytes")
     ap.add_argument("--jobs", type=int, default=2, help="task processes at a time")
     ap.add_argument("--num-proc", type=int, default=1, help="threads per task process")
@@ -366,6 +368,7 @@ def io_main(argv: list[str]) -> None:
         config.write_text(
             f"read:\n  split_bytes: {args.split_bytes}\n"
             f"tokenize:\n  shard_tokens: {args.shard_tokens}\n  num_proc: {args.num_proc}\n"
+            f"plan:\n  group_tokens: {args.group_tokens}\n"
             f"write:\n  shard_tokens: {args.file_tokens}\n"
             f"  row_group_tokens: {min(args.file_tokens, 1 << 24)}\n"
         )
