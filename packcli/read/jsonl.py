@@ -47,7 +47,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from packcli.errors import InputError
-from packcli.fs import is_url, open_binary, opened_size, spool
+from packcli.fs import REMOTE_BLOCK, is_url, open_binary, opened_size, spool
 from packcli.read.bad_lines import diagnose
 from packcli.read.batches import DocBatch, FileReader, ReadOptions, ReadStats
 from packcli.read.formats import compression, splittable
@@ -113,14 +113,18 @@ def iter_batches(
 
 
 @contextlib.contextmanager
-def _opened(path: Path, kind: str | None, verify: bool) -> Iterator[tuple[BinaryIO, Path]]:
+def _opened(
+    path: Path, kind: str | None, verify: bool, span: tuple[int, int] | None = None
+) -> Iterator[tuple[BinaryIO, Path]]:
     """The raw file, and the local file to verify it from: a remote compressed file is
     fetched once (a temp file, removed after) for both the check and the read."""
     spooled = None
     try:
         if verify and kind in MEMBER_NAME and is_url(path):
             spooled = spool(str(path))
-        raw = open_binary(spooled or path, READ_BUFFER)  # a local file or a URL's
+        # A span of a remote file reads ahead by no more than the span (plus its last line).
+        ahead = REMOTE_BLOCK if span is None else span[1] - span[0]
+        raw = open_binary(spooled or path, READ_BUFFER, block_size=ahead)
     except OSError as exc:
         if spooled is not None:
             spooled.unlink(missing_ok=True)
@@ -171,7 +175,7 @@ class _JsonlRead(FileReader):
         """Read one file (or its span) to the end, yielding the batches it fills."""
         kind = compression(path)
         count = _FileCount()
-        with _opened(path, kind, self.verify_streams) as (raw, local):
+        with _opened(path, kind, self.verify_streams, self.span) as (raw, local):
             size = opened_size(raw)
             span = self.span
             lo, hi = (0, size) if span is None else (min(span[0], size), min(span[1], size))
