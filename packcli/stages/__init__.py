@@ -12,8 +12,10 @@ byte-identical Parquet files. Output folder layout::
         tokens/stage.json               tokenize settings, input files, tokenizer
         tokens/files/<key>/             one input file's shards + _SUCCESS.json
         tokens/_SUCCESS.json            index of all shards (global doc ids)
-        plan.npz, plan.json             the plan (reads only lengths)
+        plan/group-<g>.{npz,tail.npz,json}  a group's plan, the pieces it released, its record
+        plan/tail.npz, plan.json        the tail's plan; the parts and their files' rows
         write/<config>-<i>.json         one record per finished Parquet file
+        write/tail-group-<g>.arrow      a group's released pieces' tokens (for the tail)
         packcli-work.json               marks the folder as packcli's (and names its output)
 
 Resume: a stage's unit of work (an input file, a byte span of a big one or a group of small
@@ -40,8 +42,10 @@ The files, in the order data flows through them:
     prepare.py    the tokenizer, its settings and the encoding backend, resolved up front
     tokenize.py   tokenize tasks: a unit's documents -> shards, with resume
     index.py      every unit done? documents numbered globally (tokens/_SUCCESS.json)
-    plan.py       the global plan over all lengths (packcli.pack.plan decides tiers and rows)
-    write.py      write tasks: the plan's rows -> Parquet files, with a record each
+    plan.py       the plan over all lengths, group by group of shards, then the tail
+                  (packcli.pack.groups; packcli.pack.plan decides tiers and rows)
+    write.py      write tasks: whole groups' rows -> Parquet files, with a record each,
+                  and the tail's files from the groups' tail shards
     finalize.py   report, card, packcli.json last (and the upload of a remote output)
     run.py        ``packcli pack``: all stages, tasks on an executor, under locks
     tasks.py, executors.py, lock.py, workstore.py: splitting stages into tasks, running them
