@@ -412,7 +412,7 @@ def tier_summary(layout: RowLayout) -> dict[str, Any]:
         "capacity": layout.capacity,
         "rows": rows,
         "tokens": tokens,
-        "segments": int(layout.row_pieces.size),
+        "segments": int(layout.row_offsets[-1]),  # = row_pieces.size (CSR)
         "efficiency": tokens / (rows * layout.capacity) if rows else 1.0,
         "lower_bound_rows": bound,
         "rows_over_bound": rows / bound if bound else 1.0,

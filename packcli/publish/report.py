@@ -12,6 +12,7 @@ The report holds no timings, so the same inputs and config give a byte-identical
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,12 +48,53 @@ def step_hints(
     }
 
 
+@dataclass(frozen=True)
+class LengthStats:
+    """What the report says of the documents' lengths, summed shard by shard (so no process
+    holds every length): counts by tier, tokens, and the largest document (the first of the
+    largest, as ``argmax`` picks)."""
+
+    documents: int = 0
+    tokens: int = 0
+    short: int = 0
+    long: int = 0
+    overlong: int = 0
+    empty: int = 0
+    largest: int = -1  # doc id
+    largest_tokens: int = 0
+
+    @classmethod
+    def of(
+        cls, lengths: np.ndarray, short_len: int, long_len: int, first_doc: int = 0
+    ) -> LengthStats:
+        lengths = np.asarray(lengths, dtype=np.int64)
+        top = int(lengths.argmax()) if lengths.size else -1
+        return cls(
+            documents=int(lengths.size),
+            tokens=int(lengths.sum()),
+            short=int(((lengths > 0) & (lengths <= short_len)).sum()),
+            long=int(((lengths > short_len) & (lengths <= long_len)).sum()),
+            overlong=int((lengths > long_len).sum()),
+            empty=int((lengths == 0).sum()),
+            largest=first_doc + top if top >= 0 else -1,
+            largest_tokens=int(lengths[top]) if top >= 0 else 0,
+        )
+
+    def __add__(self, later: LengthStats) -> LengthStats:
+        """These documents, then ``later``'s (ties keep the earlier largest)."""
+        keep = self.largest >= 0 and (
+            later.largest < 0 or self.largest_tokens >= later.largest_tokens
+        )
+        top = self if keep else later
+        counts = ("documents", "tokens", "short", "long", "overlong", "empty")
+        summed = {k: getattr(self, k) + getattr(later, k) for k in counts}
+        return LengthStats(**summed, largest=top.largest, largest_tokens=top.largest_tokens)
+
+
 def build_report(
     plan: Plan,
-    lengths: np.ndarray,
+    lengths: LengthStats,
     *,
-    short_len: int,
-    long_len: int,
     input_stats: dict[str, Any],
     largest_provenance: dict[str, Any] | None,
     chat: dict[str, Any] | None = None,
@@ -63,22 +105,20 @@ def build_report(
     """``preference``: the preference path's counts (``PreferenceStats``); the report gets a
     ``preference`` section only then, so other reports keep their bytes.
     ``tokens_per_step``: the target of the ``training`` section's step plan."""
-    lengths = np.asarray(lengths, dtype=np.int64)
     stats = plan.stats
     encoded = encoder_policy(preference if preference is not None else chat)
-    largest = int(lengths.argmax()) if lengths.size else -1
     report = {
         "input": {
             **input_stats,
-            "documents": int(lengths.size),
+            "documents": lengths.documents,
             # As encoded, before any length limit: what the encoders removed counts here too.
-            "tokens": int(lengths.sum()) + encoded["truncated_tokens"] + encoded["dropped_tokens"],
+            "tokens": lengths.tokens + encoded["truncated_tokens"] + encoded["dropped_tokens"],
         },
         "documents_by_length": {
-            "short": int(((lengths > 0) & (lengths <= short_len)).sum()),
-            "long": int(((lengths > short_len) & (lengths <= long_len)).sum()),
-            "overlong": int((lengths > long_len).sum()),
-            "empty": int((lengths == 0).sum()),
+            "short": lengths.short,
+            "long": lengths.long,
+            "overlong": lengths.overlong,
+            "empty": lengths.empty,
         },
         "policy": {
             k: stats[k] + encoded.get(k, 0)
@@ -102,8 +142,8 @@ def build_report(
             },
         },
         "largest_document": {
-            "doc_id": largest,
-            "tokens": int(lengths[largest]) if largest >= 0 else 0,
+            "doc_id": lengths.largest,
+            "tokens": lengths.largest_tokens,
             **(largest_provenance or {}),
         },
         # Chat: what was removed while tokenizing (dialogues kept as empty documents, so

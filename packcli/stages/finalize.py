@@ -4,8 +4,8 @@ uploads a remote output)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,9 @@ from packcli.faults import crash_point
 from packcli.fs import Placed, redact, upload_output
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.pack.balance import balance_ratio
-from packcli.pack.groups import merge_plans
 from packcli.pack.plan import Plan, RowLayout
 from packcli.publish.card import render_card
-from packcli.publish.report import TOKENS_PER_STEP, build_report
+from packcli.publish.report import TOKENS_PER_STEP, LengthStats, build_report
 from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
 from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
@@ -58,7 +57,7 @@ def finalize_stage(
     owned = owned_outputs(cfg)
     _remove_strays(cfg, out, files, owned)
     gather_rejects(cfg, out, shards)
-    report = _report(cfg, report_plan(cfg, plan), shards, tokens_per_step)
+    report = _report(cfg, report_rows(cfg, plan, shards), shards, tokens_per_step)
     run_info = {
         "packcli_version": __version__,
         "command": command,
@@ -101,19 +100,74 @@ def finalize_stage(
     return report
 
 
-def report_plan(cfg: RunConfig, planset: PlanSet) -> Plan:
-    """Every part's rows as one plan, in output order, for the report (one part: itself)."""
-    work_store(cfg).pull(*(rel for p in planset.parts for rel in p.arrays))
-    plans = [load_part(cfg.work_path, planset, p)[0] for p in planset.parts]
-    if len(plans) == 1:
-        return dataclasses.replace(plans[0], stats=planset.stats)
-    merged = merge_plans(plans)
-    long = merged.long
-    assert long is not None
-    seg_row = np.repeat(np.arange(long.num_rows), np.diff(long.row_offsets))
-    cost = merged.piece_len[long.row_pieces].astype(np.float64) ** 2
-    balance = {"ratio": balance_ratio(np.bincount(seg_row, weights=cost, minlength=long.num_rows))}
-    return dataclasses.replace(merged, stats={**planset.stats, "long_attention_balance": balance})
+@dataclass(frozen=True)
+class PlanRows:
+    """What the report needs of the plan: every config's rows without their pieces (docs and
+    tokens per row, in output order), the long rows' attention costs, and the pairs each
+    config holds. Made part by part, so finalize holds O(rows), never every piece."""
+
+    plan: Plan  # layouts with row offsets and tokens only (no row_pieces), and the stats
+    pairs: dict[str, int]
+
+
+def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRows:
+    """Read each part's plan in turn and keep only its rows' figures (one part in memory)."""
+    offsets: dict[str, list[np.ndarray]] = {name: [] for name in CONFIG_NAMES}
+    tokens: dict[str, list[np.ndarray]] = {name: [] for name in CONFIG_NAMES}
+    costs: list[np.ndarray] = []
+    pairs = dict.fromkeys(CONFIG_NAMES, 0)
+    preference = "preference" in shards.success
+    for part in planset.parts:
+        work_store(cfg).pull(*part.arrays)
+        plan, _ = load_part(cfg.work_path, planset, part)
+        for name in CONFIG_NAMES:
+            layout: RowLayout = getattr(plan, name)
+            offsets[name].append(np.diff(layout.row_offsets))
+            tokens[name].append(layout.row_tokens)
+            if preference:
+                docs = plan.piece_doc[layout.row_pieces]
+                pairs[name] += int((_chosen_len(shards, docs) > 0).sum())
+        long = plan.long
+        assert long is not None
+        seg_row = np.repeat(np.arange(long.num_rows), np.diff(long.row_offsets))
+        cost = plan.piece_len[long.row_pieces].astype(np.float64) ** 2
+        costs.append(np.bincount(seg_row, weights=cost, minlength=long.num_rows))
+        del plan, seg_row, cost
+    stats = dict(planset.stats)
+    if len(planset.parts) > 1:  # one part: its own figure (the balancer's, when it ran)
+        stats["long_attention_balance"] = {"ratio": balance_ratio(np.concatenate(costs))}
+    capacity = {"short": planset.config.short_len, "long": planset.config.long_len}
+    layouts = {}
+    for name in CONFIG_NAMES:
+        row_offsets = np.zeros(sum(a.size for a in offsets[name]) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate(offsets[name]), out=row_offsets[1:])
+        layouts[name] = RowLayout(
+            capacity[name], row_offsets, np.zeros(0, np.int64), np.concatenate(tokens[name])
+        )
+    empty = np.zeros(0, dtype=np.int64)
+    return PlanRows(Plan(empty, empty, empty, stats=stats, **layouts), pairs)
+
+
+def _chosen_len(shards: TokenShards, docs: np.ndarray) -> np.ndarray:
+    """Per document of ``docs``, its pair's first sequence's length (0: not a pair), reading
+    the column of only the shards those documents are in, one at a time."""
+    out = np.zeros(docs.size, dtype=np.int64)
+    shard_of = np.searchsorted(shards.first_doc_ids, docs, "right") - 1
+    for s in np.unique(shard_of):
+        m = shard_of == s
+        column = shards.shard_column(int(s), "chosen_len")
+        out[m] = column[docs[m] - shards.first_doc_ids[s]]
+    return out
+
+
+def length_stats(cfg: RunConfig, shards: TokenShards) -> LengthStats:
+    """The documents' length figures, shard by shard (one shard's lengths in memory)."""
+    total = LengthStats()
+    for s in range(len(shards)):
+        lengths = shards.shard_column(s, "length")
+        first = int(shards.first_doc_ids[s])
+        total = total + LengthStats.of(lengths, cfg.plan.short_len, cfg.plan.long_len, first)
+    return total
 
 
 def _written_files(
@@ -163,18 +217,16 @@ def _remove_strays(
 
 
 def _report(
-    cfg: RunConfig, plan: Plan, shards: TokenShards, tokens_per_step: int
+    cfg: RunConfig, rows: PlanRows, shards: TokenShards, tokens_per_step: int
 ) -> dict[str, Any]:
-    """The run's report, from the plan, the documents' lengths and the stage's index."""
-    lengths = shards.column("length").astype(np.int64)
-    largest = int(lengths.argmax())
+    """The run's report, from the plan's rows, the documents' lengths and the stage's index."""
+    lengths = length_stats(cfg, shards)
+    largest = lengths.largest
     read_stats = shards.success["read_stats"]
     entry = shards.success["files"][shards.value("file_index", largest)]
     report = build_report(
-        plan,
+        rows.plan,
         lengths,
-        short_len=cfg.plan.short_len,
-        long_len=cfg.plan.long_len,
         input_stats={
             "files": len(shards.success["files"]),
             "blank_lines": read_stats["blank_lines"],
@@ -199,7 +251,11 @@ def _report(
         tokens_per_step=tokens_per_step,
     )
     if "preference" in shards.success:
-        _count_pair_segments(report, plan, shards)
+        # The plan places a pair as one piece; the output holds it as two segments, which is
+        # what ``tiers.*.segments`` counts (and ``preference.kept_pairs``, the pairs written).
+        for name in CONFIG_NAMES:
+            report["tiers"][name]["segments"] += rows.pairs[name]
+        report["preference"]["kept_pairs"] = rows.pairs["long"]
     return report
 
 
@@ -209,18 +265,6 @@ def _recorded_config(cfg: RunConfig) -> dict[str, Any]:
     data["out"] = redact(data["out"])
     data["read"] = recorded_read(cfg.read)
     return data
-
-
-def _count_pair_segments(report: dict[str, Any], plan: Plan, shards: TokenShards) -> None:
-    """The plan places a pair as one piece; the output holds it as two segments, which is
-    what ``tiers.*.segments`` counts (and ``preference.kept_pairs``, the pairs written)."""
-    is_pair = shards.column("chosen_len") > 0
-    for name in CONFIG_NAMES:
-        layout: RowLayout = getattr(plan, name)
-        pairs = int(is_pair[plan.piece_doc[layout.row_pieces]].sum())
-        report["tiers"][name]["segments"] += pairs
-        if name == "long":
-            report["preference"]["kept_pairs"] = pairs
 
 
 def tokenizer_report(index: dict[str, Any]) -> dict[str, Any]:
