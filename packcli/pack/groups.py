@@ -150,6 +150,12 @@ def plan_tail(tails: Sequence[Pieces], config: PlanConfig) -> Plan:
     )
 
 
+def policy_counts(stats: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """The overlong policy's counts of several groups' plans, summed (each document is in
+    exactly one group, and the tail adds none)."""
+    return {k: sum(int(s.get(k, 0)) for s in stats) for k in POLICY_KEYS}
+
+
 def merge_plans(plans: Sequence[Plan]) -> Plan:
     """The plans' rows one after another as one plan (what the output holds, file after
     file): for checking invariants and counting rows, never needed to write."""
@@ -170,7 +176,7 @@ def merge_plans(plans: Sequence[Plan]) -> Plan:
             np.concatenate([part.row_pieces + b for part, b in zip(parts, base, strict=False)]),
             np.concatenate([part.row_tokens for part in parts]),
         )
-    stats: dict[str, Any] = {k: sum(int(p.stats.get(k, 0)) for p in plans) for k in POLICY_KEYS}
+    stats: dict[str, Any] = policy_counts([p.stats for p in plans])
     return Plan(
         np.concatenate([p.piece_doc for p in plans]),
         np.concatenate([p.piece_start for p in plans]),

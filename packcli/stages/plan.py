@@ -31,11 +31,11 @@ from packcli.errors import InputError, PackcliError
 from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES
 from packcli.pack.groups import (
-    POLICY_KEYS,
     Pieces,
     group_count,
     plan_group,
     plan_tail,
+    policy_counts,
     shard_groups,
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
@@ -211,9 +211,7 @@ def _plan_groups(
             cfg.work_path / PLAN_DIR / f"{name}.json",
             {"fingerprint": fp, "part": part.as_record(), "stats": plan.stats, "files": files},
         )
-        store.push(
-            f"{PLAN_DIR}/{name}.npz", f"{PLAN_DIR}/{name}.tail.npz", f"{PLAN_DIR}/{name}.json"
-        )
+        store.push(*part.arrays, f"{PLAN_DIR}/{name}.json")
         on_group(1)
 
 
@@ -237,20 +235,18 @@ def plan_stage(
     groups = _groups(cfg, shards)
     if run_tasks is not None and len(groups) > 1:
         run_tasks(plan_task)
-    parts: list[PlanPart] = []
-    stats: dict[str, Any] = {}
     with progress_bar(quiet, total=len(groups) + (len(groups) > 1), desc="plan") as bar:
         _plan_groups(cfg, shards, groups, range(len(groups)), bar.update)
-        tails = []
-        for g in range(len(groups)):
-            record = _group_record(cfg, g)
-            parts.append(PlanPart.from_record(record["part"]))
-            stats = _add_stats(stats, record["stats"])
-            if len(groups) == 1:
-                stats = dict(record["stats"])
-            else:
-                tails.append(_load_tail(cfg, parts[-1]))
+        records = [_group_record(cfg, g) for g in range(len(groups))]
+        parts = [PlanPart.from_record(r["part"]) for r in records]
+        # One group: its plan's own stats (the balancer's too); several: the policy's, summed.
+        stats: dict[str, Any] = (
+            dict(records[0]["stats"])
+            if len(groups) == 1
+            else policy_counts([r["stats"] for r in records])
+        )
         if len(groups) > 1:
+            tails = [_load_tail(cfg, part) for part in parts]
             tail_plan = plan_tail(tails, cfg.plan)
             del tails
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None))
@@ -274,8 +270,8 @@ def _reusable(
     if record.get("fingerprint") != fp or not isinstance(files, dict):
         return False
     for rel, (size, digest) in files.items():
-        if stored is not None:
-            if stored.get(rel.removeprefix(f"{PLAN_DIR}/")) != size and stored.get(rel) != size:
+        if stored is not None:  # the listing's names are relative to the work folder
+            if stored.get(rel) != size:
                 return False
             continue
         path = cfg.work_path / rel
@@ -284,13 +280,19 @@ def _reusable(
     return True
 
 
+def _read_tail(path: Path) -> tuple[Pieces, dict[str, np.ndarray]]:
+    """A group's ``.tail.npz``: the pieces it released, and its arrays (for the digest)."""
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    return Pieces(arrays["tail_doc"], arrays["tail_start"], arrays["tail_len"]), arrays
+
+
 def _load_tail(cfg: RunConfig, part: PlanPart) -> Pieces:
     """The pieces a group released (its small ``.tail.npz``, not its plan)."""
     rel = f"{PLAN_DIR}/{part.name}.tail.npz"
     work_store(cfg).pull(rel)
     try:
-        with np.load(cfg.work_path / rel) as z:
-            tail = Pieces(z["tail_doc"], z["tail_start"], z["tail_len"])
+        tail, _ = _read_tail(cfg.work_path / rel)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise PackcliError(
             f"{cfg.work_path / rel}: damaged plan ({exc}); run `packcli plan` again"
@@ -317,11 +319,6 @@ def _group_docs(shards: TokenShards, members: np.ndarray) -> np.ndarray:
         for s in members
     ]
     return np.concatenate(ranges).astype(np.int64) if ranges else np.zeros(0, dtype=np.int64)
-
-
-def _add_stats(total: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
-    """Policy counts summed over groups (the tail adds none)."""
-    return {k: int(total.get(k, 0)) + int(part.get(k, 0)) for k in POLICY_KEYS}
 
 
 def _no_documents(cfg: RunConfig, shards: TokenShards) -> str:
@@ -466,9 +463,8 @@ def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Piece
             arrays = {k: z[k] for k in z.files}
         tail = Pieces.concat([])
         if not part.is_tail:
-            with np.load(work / PLAN_DIR / f"{part.name}.tail.npz") as z:
-                tail = Pieces(z["tail_doc"], z["tail_start"], z["tail_len"])
-                arrays.update({k: z[k] for k in z.files})
+            tail, tail_arrays = _read_tail(work / PLAN_DIR / f"{part.name}.tail.npz")
+            arrays.update(tail_arrays)
         if part.tail_pieces != (plan.piece_len.size if part.is_tail else tail.size):
             raise ValueError("the part's piece count differs from plan.json")
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
