@@ -126,7 +126,7 @@ def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRo
             tokens[name].append(layout.row_tokens)
             if preference:
                 docs = plan.piece_doc[layout.row_pieces]
-                pairs[name] += int((_chosen_len(shards, docs) > 0).sum())
+                pairs[name] += int((shards.column_at("chosen_len", docs) > 0).sum())
         long = plan.long
         assert long is not None
         seg_row = np.repeat(np.arange(long.num_rows), np.diff(long.row_offsets))
@@ -146,18 +146,6 @@ def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRo
         )
     empty = np.zeros(0, dtype=np.int64)
     return PlanRows(Plan(empty, empty, empty, stats=stats, **layouts), pairs)
-
-
-def _chosen_len(shards: TokenShards, docs: np.ndarray) -> np.ndarray:
-    """Per document of ``docs``, its pair's first sequence's length (0: not a pair), reading
-    the column of only the shards those documents are in, one at a time."""
-    out = np.zeros(docs.size, dtype=np.int64)
-    shard_of = np.searchsorted(shards.first_doc_ids, docs, "right") - 1
-    for s in np.unique(shard_of):
-        m = shard_of == s
-        column = shards.shard_column(int(s), "chosen_len")
-        out[m] = column[docs[m] - shards.first_doc_ids[s]]
-    return out
 
 
 def length_stats(cfg: RunConfig, shards: TokenShards) -> LengthStats:

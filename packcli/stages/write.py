@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from packcli.arrow_np import list_array, to_numpy
+from packcli.arrow_np import list_array
 from packcli.atomic import atomic_path, atomic_write_json
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
@@ -27,7 +27,7 @@ from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
 from packcli.stages.workstore import WorkStore, in_mirror, work_store
-from packcli.tokenize.shards import ShardTokens, TokenShards, sha256_file
+from packcli.tokenize.shards import TokenShards, sha256_file, shard_tokens
 from packcli.write import TokenSource, write_config_file
 
 log = logging.getLogger(__name__)
@@ -186,8 +186,8 @@ def write_task(
             writer.write_files(plan, source, part_jobs, bar.update)
             if has_tail:
                 _write_tail_shard(writer, part, source, tail)
-    if num_tasks == 1:
-        write_tail(cfg, planset, shards, quiet=quiet)
+    if num_tasks == 1 and has_tail:  # every tail shard is this task's: the tail's files now
+        _write_tail(writer, planset, quiet)
 
 
 def _tail_shard_name(part: PlanPart) -> str:
@@ -199,7 +199,8 @@ def _tail_shard_done(writer: _Writer, part: PlanPart) -> bool:
     return (
         record.get("fingerprint") == writer.fingerprint
         and record.get("pieces") == part.tail_pieces
-        and (writer.placed is not None or (writer.records / record.get("file", "-")).is_file())
+        # on a store the file is fetched (and its sha256 checked) by the tail's writer
+        and (writer.store.remote or (writer.records / record.get("file", "-")).is_file())
     )
 
 
@@ -243,28 +244,18 @@ def _write_tail_shard(writer: _Writer, part: PlanPart, source: TokenSource, tail
     store.push(f"write/{name}.json")
 
 
-def _load_tail_shard(path: Path, first: int) -> ShardTokens:
-    batch = pa.ipc.open_file(pa.memory_map(str(path), "r")).get_batch(0)
-    ids = batch.column("input_ids")
-    names = batch.schema.names
-    return ShardTokens(
-        values=to_numpy(ids.values),
-        offsets=to_numpy(ids.offsets).astype(np.int64),
-        first_doc_id=first,
-        labels=to_numpy(batch.column("labels").values) if "labels" in names else None,
-        chosen_len=to_numpy(batch.column("chosen_len")) if "chosen_len" in names else None,
-    )
-
-
 def write_tail(
     cfg: RunConfig, planset: PlanSet, shards: TokenShards, *, quiet: bool = False
 ) -> None:
     """The tail's files, from the groups' tail shards (after every group's task is done)."""
-    if not planset.parts[-1].is_tail:
-        return
-    writer = _Writer(cfg, shards)
-    store = writer.store
-    store.pull_records("write")
+    if planset.parts[-1].is_tail:
+        writer = _Writer(cfg, shards)
+        writer.store.pull_records("write")  # the write tasks' records, wherever they ran
+        _write_tail(writer, planset, quiet)
+
+
+def _write_tail(writer: _Writer, planset: PlanSet, quiet: bool) -> None:
+    cfg, store = writer.cfg, writer.store
     k = len(planset.parts) - 1
     part = planset.parts[k]
     jobs = [job for job in planset.jobs() if job.part == k]
@@ -286,18 +277,12 @@ def write_tail(
         record = read_json(writer.records / f"{_tail_shard_name(p)}.json")
         if not path.is_file() or sha256_file(path) != record.get("sha256"):
             raise PackcliError(f"{path}: damaged tail shard; run `packcli write` again")
-        loaded.append(_load_tail_shard(path, first))
+        batch = pa.ipc.open_file(pa.memory_map(str(path), "r")).get_batch(0)
+        loaded.append(shard_tokens(batch, first, path.name))
         first += p.tail_pieces
     store.pull(*part.arrays)
     plan, _ = load_part(cfg.work_path, planset, part)
-    source = TokenSource(
-        loaded,
-        columns={
-            c for c in ("labels", "chosen_len") if all(getattr(s, c) is not None for s in loaded)
-        }
-        if loaded
-        else set(),
-    )
+    source = TokenSource(loaded)  # its columns and first doc ids from the tail shards
     with progress_bar(
         quiet, total=sum(part.tokens.values()), unit="tok", unit_scale=True, desc="write tail"
     ) as bar:

@@ -184,6 +184,31 @@ class ShardTokens:
     chosen_len: np.ndarray | None = None  # int32 per document (preference shards only)
 
 
+def shard_tokens(batch: pa.RecordBatch, first_doc_id: int, name: str) -> ShardTokens:
+    """A shard's record batch as arrays (memory-mapped, no copy): tokens, per-document
+    offsets, and the labels (chat) and pair lengths (preference) when the batch has them;
+    the token shards and the tail shards of the write stage share this layout."""
+    ids = batch.column("input_ids")
+    # Offsets index into the (unsliced) child array, so values and offsets stay consistent.
+    offsets = to_numpy(ids.offsets).astype(np.int64)
+    labels = None
+    if "labels" in batch.schema.names:
+        lab = batch.column("labels")
+        if not np.array_equal(to_numpy(lab.offsets), to_numpy(ids.offsets)):
+            raise ValueError(f"shard {name}: labels misaligned")
+        labels = to_numpy(lab.values)
+    chosen_len = None
+    if "chosen_len" in batch.schema.names:
+        chosen_len = to_numpy(batch.column("chosen_len"))
+    return ShardTokens(
+        values=to_numpy(ids.values),
+        offsets=offsets,
+        first_doc_id=first_doc_id,
+        labels=labels,
+        chosen_len=chosen_len,
+    )
+
+
 class TokenShards:
     """Read access to a completed tokenize stage, through its index.
 
@@ -313,28 +338,21 @@ class TokenShards:
 
     def shard(self, index: int) -> ShardTokens:
         reader = self._reader(index)
+        name = self.manifests[index]["file"]
         if reader.num_record_batches != 1:
-            raise ValueError(f"shard {self.manifests[index]['file']} is not a single record batch")
-        batch = reader.get_batch(0)
-        ids = batch.column("input_ids")
-        # Offsets index into the (unsliced) child array, so values and offsets stay consistent.
-        offsets = to_numpy(ids.offsets).astype(np.int64)
-        labels = None
-        if "labels" in batch.schema.names:
-            lab = batch.column("labels")
-            if not np.array_equal(to_numpy(lab.offsets), to_numpy(ids.offsets)):
-                raise ValueError(f"shard {self.manifests[index]['file']}: labels misaligned")
-            labels = to_numpy(lab.values)
-        chosen_len = None
-        if "chosen_len" in batch.schema.names:
-            chosen_len = to_numpy(batch.column("chosen_len"))
-        return ShardTokens(
-            values=to_numpy(ids.values),
-            offsets=offsets,
-            first_doc_id=int(self.manifests[index]["first_doc_id"]),
-            labels=labels,
-            chosen_len=chosen_len,
-        )
+            raise ValueError(f"shard {name} is not a single record batch")
+        first = int(self.manifests[index]["first_doc_id"])
+        return shard_tokens(reader.get_batch(0), first, name)
+
+    def column_at(self, name: str, docs: np.ndarray) -> np.ndarray:
+        """One scalar column's values for ``docs`` (global doc ids, any order), reading that
+        column of only the shards they are in, one shard at a time."""
+        out = np.zeros(docs.size, dtype=np.int64)
+        shard_of = np.searchsorted(self.first_doc_ids, docs, "right") - 1
+        for s in np.unique(shard_of):
+            m = shard_of == s
+            out[m] = self.shard_column(int(s), name)[docs[m] - self.first_doc_ids[s]]
+        return out
 
     def iter_shards(self, *, check: bool = False) -> Iterator[ShardTokens]:
         """Every shard in order; ``check``: each one's content against its sha256 first."""
