@@ -401,7 +401,10 @@ def test_ray_retries_a_write_task_whose_worker_was_killed(
     assert done.returncode == 0, done.stderr
     assert marker.exists()  # a worker was killed at that point
     assert remote_hashes(f"s3://{job.bucket}/ray/out") == reference
-    assert "all invariants hold" in invoke_ok("verify", f"s3://{job.bucket}/ray/out")
+    # verify as tasks on the same cluster: each worker reads its parts' files and shards.
+    on_ray = ["verify", f"s3://{job.bucket}/ray/out", "--executor", "ray", "--ray-address"]
+    said = _ok([*on_ray, address, "--num-tasks", 2], driver_env)
+    assert "all invariants hold" in said and "in 2 task(s)" in said, said
 
 
 @pytest.mark.parametrize("num_tasks", [1, 8])
@@ -445,7 +448,15 @@ def test_write_tasks_fetch_each_shard_about_once(
     assert tails and len(tails) == len(parts) - 1
     fetched = sum(r.sent for r in gets if f"{r.bucket}/{r.key}" in tails)
     assert fetched <= 1.1 * sum(tails.values()), (fetched, sum(tails.values()))
-    assert "all invariants hold" in invoke_ok("verify", out)
+    # verify, as tasks, fetches each data file and each shard about once (no whole copy).
+    data = {p: fs.size(p) for p in fs.find(f"{bucket}/out/data") if p.endswith(".parquet")}
+    s3_log.take()
+    said = _ok(["verify", out, "--num-tasks", num_tasks], _env(s3, tmp_path / "verify"))
+    assert "all invariants hold" in said, said
+    gets = [r for r in s3_log.take() if r.op == "GET"]
+    for files in (data, shards):
+        fetched = sum(r.sent for r in gets if f"{r.bucket}/{r.key}" in files)
+        assert fetched <= 1.1 * sum(files.values()), (fetched, sum(files.values()))
 
 
 def test_byte_spans_of_a_remote_file_fetch_about_their_bytes(

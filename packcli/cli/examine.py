@@ -20,7 +20,8 @@ from packcli.publish.rowview import PREVIEW_CHARS
 
 VERIFY_EPILOG = (
     "Examples:\n\n  packcli verify out/\n\n  packcli verify out/ --no-shards --json\n\n"
-    "  packcli verify s3://bucket/packed/"
+    "  packcli verify s3://bucket/packed/\n\n"
+    "  packcli verify s3://bucket/packed/ --executor ray --ray-address auto"
 )
 STATS_EPILOG = (
     "Examples:\n\n  packcli stats out/\n\n  packcli stats out/ --json --no-plots\n\n"
@@ -51,16 +52,32 @@ def verify_command(
         typer.Option(help="Also check every token against the tokenized shards when present."),
     ] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    executor: Annotated[
+        str, typer.Option(help="Run the part checks here (local) or on Ray (ray).")
+    ] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option(help="Existing Ray cluster [start a local one].")
+    ] = None,
+    num_tasks: Annotated[
+        int | None, typer.Option(help="Check tasks [1 local; Ray: cluster CPUs; at most parts].")
+    ] = None,
 ) -> None:
-    """Check every packing invariant of OUT; exit 1 with a precise message on the first failure."""
+    """Check every packing invariant of OUT; exit 1 with a precise message on the first failure.
+
+    The checks run part by part of the plan (a group of shards, or the tail) as tasks, each
+    reading only its files and shards; an output on object storage is read file by file."""
     from packcli.fs import is_url, local_path, redact
     from packcli.publish.verify import verify_folder, verify_remote
+    from packcli.stages.executors import Executor
 
+    if num_tasks is not None and num_tasks < 1:
+        raise ConfigError(f"--num-tasks must be >= 1, got {num_tasks}")
+    run = {"executor": Executor(executor, ray_address), "num_tasks": num_tasks}
     if is_url(out):
-        summary = verify_remote(out, use_shards=shards)
+        summary = verify_remote(out, use_shards=shards, **run)
         shown = redact(out).rstrip("/")
     else:
-        summary = verify_folder(Path(local_path(out)), use_shards=shards)
+        summary = verify_folder(Path(local_path(out)), use_shards=shards, **run)
         shown = local_path(out)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
@@ -81,6 +98,7 @@ def verify_command(
     typer.echo(f"OK: all invariants hold {against}")
     typer.echo(f"    output {shown}; tokenized shards {shards_state}")
     typer.echo(f"    {len(summary['figures_checked'])} figures of packcli.json match the data")
+    typer.echo(f"    checked as {summary['parts']} part(s) in {summary['tasks']} task(s)")
     recheck = summary["checked_against_input"]
     if "checked" in recheck:
         typer.echo(f"    {recheck['checked']} input documents encoded again match the output")

@@ -403,18 +403,88 @@ def _long_layout(
     return _layout(L, by_doc[by_row], unit_members, unit_offsets, unit_row, n_rows, unit_sizes)
 
 
+@dataclass(frozen=True)
+class RowTotals:
+    """What the report says of one config's rows, summed so that parts (and files) add up
+    without keeping a value per row: rows, units (pieces; a preference pair is one), tokens,
+    the largest row, and the attention cost (sum over rows of their units' squared lengths,
+    the largest row's, and the largest single long unit's)."""
+
+    capacity: int
+    rows: int = 0
+    units: int = 0
+    tokens: int = 0
+    max_row_tokens: int = 0
+    cost: int = 0
+    max_cost: int = 0
+    max_unit_cost: int = 0
+
+    @classmethod
+    def of_rows(
+        cls, capacity: int, unit_len: np.ndarray, unit_row: np.ndarray, n_rows: int, short_len: int = 0
+    ) -> RowTotals:
+        """From each unit's length and 0-based row; ``max_unit_cost`` over units longer
+        than ``short_len``."""
+        unit_len = np.asarray(unit_len, dtype=np.int64)
+        sq = unit_len * unit_len
+        row_tokens = np.bincount(unit_row, weights=unit_len, minlength=n_rows)
+        row_cost = np.bincount(unit_row, weights=sq, minlength=n_rows)
+        longs = sq[unit_len > short_len]
+        return cls(
+            capacity=capacity,
+            rows=n_rows,
+            units=int(unit_len.size),
+            tokens=int(unit_len.sum()),
+            max_row_tokens=int(row_tokens.max()) if n_rows else 0,
+            cost=int(sq.sum()),
+            max_cost=int(row_cost.max()) if n_rows else 0,
+            max_unit_cost=int(longs.max()) if longs.size else 0,
+        )
+
+    @classmethod
+    def of(cls, layout: RowLayout, piece_len: np.ndarray, short_len: int = 0) -> RowTotals:
+        counts = np.diff(layout.row_offsets)
+        rows = np.repeat(np.arange(layout.num_rows), counts)
+        return cls.of_rows(layout.capacity, piece_len[layout.row_pieces], rows, layout.num_rows, short_len)
+
+    def __add__(self, other: RowTotals) -> RowTotals:
+        return RowTotals(
+            capacity=self.capacity,
+            rows=self.rows + other.rows,
+            units=self.units + other.units,
+            tokens=self.tokens + other.tokens,
+            max_row_tokens=max(self.max_row_tokens, other.max_row_tokens),
+            cost=self.cost + other.cost,
+            max_cost=max(self.max_cost, other.max_cost),
+            max_unit_cost=max(self.max_unit_cost, other.max_unit_cost),
+        )
+
+    @property
+    def balance(self) -> float:
+        """max / mean over rows of their attention cost (1.0 = perfectly balanced)."""
+        return self.max_cost * self.rows / self.cost if self.cost else 1.0
+
+    def summary(self) -> dict[str, Any]:
+        """Rows, tokens, efficiency and distance from the lower bound ceil(tokens / capacity)."""
+        bound = -(-self.tokens // self.capacity)
+        return {
+            "capacity": self.capacity,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "segments": self.units,
+            "efficiency": self.tokens / (self.rows * self.capacity) if self.rows else 1.0,
+            "lower_bound_rows": bound,
+            "rows_over_bound": self.rows / bound if bound else 1.0,
+            "max_row_tokens": self.max_row_tokens,
+        }
+
+
 def tier_summary(layout: RowLayout) -> dict[str, Any]:
     """Rows, tokens, efficiency and distance from the lower bound ceil(tokens / capacity)."""
-    tokens = int(layout.row_tokens.sum())
-    rows = layout.num_rows
-    bound = -(-tokens // layout.capacity)
-    return {
-        "capacity": layout.capacity,
-        "rows": rows,
-        "tokens": tokens,
-        "segments": int(layout.row_offsets[-1]),  # = row_pieces.size (CSR)
-        "efficiency": tokens / (rows * layout.capacity) if rows else 1.0,
-        "lower_bound_rows": bound,
-        "rows_over_bound": rows / bound if bound else 1.0,
-        "max_row_tokens": int(layout.row_tokens.max()) if rows else 0,
-    }
+    return RowTotals(
+        capacity=layout.capacity,
+        rows=layout.num_rows,
+        units=int(layout.row_offsets[-1]),  # = row_pieces.size (CSR)
+        tokens=int(layout.row_tokens.sum()),
+        max_row_tokens=int(layout.row_tokens.max()) if layout.num_rows else 0,
+    ).summary()

@@ -43,8 +43,7 @@ import numpy as np
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER
-from packcli.pack.balance import balance_ratio
-from packcli.publish.report import encoder_policy, step_hints
+from packcli.publish.report import encoder_policy, step_totals
 
 # Figures of packcli.json no data determines (glob patterns over the dotted keys).
 UNCHECKED = (
@@ -74,15 +73,125 @@ NEEDS_SHARDS = (
 
 @dataclass
 class ConfigScan:
-    """What verify read of one config: each file's figures, and per unit (a segment, or a
-    preference pair) its document, length and row."""
+    """What verify read of one config, summed file by file (and part by part): each file's
+    figures and the rows' totals that the tier, training and balance figures come from, so
+    no process holds a value per row or per segment of the whole config."""
 
-    files: list[dict[str, Any]] = field(default_factory=list)
-    doc: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    files: list[dict[str, Any]] = field(default_factory=list)  # each with its ``index``
     rows: int = 0
     segments: int = 0  # as stored: a preference pair is two
+    units: int = 0  # documents and pieces; a preference pair counts once
+    tokens: int = 0
+    max_row_tokens: int = 0
+    cost: int = 0  # attention: the sum over rows of their units' squared lengths
+    max_cost: int = 0  # the largest row's
+    max_long_cost: int = 0  # the largest squared length of a unit over short_len
+
+    def add_rows(self, length: np.ndarray, row: np.ndarray, n_rows: int, short_len: int) -> None:
+        """Rows ``row.min()..`` of a batch: its units' lengths and (0-based) rows."""
+        length = length.astype(np.int64)
+        row_tokens = np.bincount(row, weights=length, minlength=n_rows).astype(np.int64)
+        sq = length * length
+        row_cost = np.bincount(row, weights=sq, minlength=n_rows)
+        self.rows += n_rows
+        self.units += int(length.size)
+        self.tokens += int(length.sum())
+        if n_rows:
+            self.max_row_tokens = max(self.max_row_tokens, int(row_tokens.max()))
+            self.max_cost = max(self.max_cost, int(row_cost.max()))
+        self.cost += int(sq.sum())
+        longs = sq[length > short_len]
+        if longs.size:
+            self.max_long_cost = max(self.max_long_cost, int(longs.max()))
+
+    def __add__(self, other: ConfigScan) -> ConfigScan:
+        summed = {k: getattr(self, k) + getattr(other, k) for k in _SUMMED}
+        return ConfigScan(
+            files=sorted([*self.files, *other.files], key=lambda f: f["index"]),
+            **summed,
+            max_row_tokens=max(self.max_row_tokens, other.max_row_tokens),
+            max_cost=max(self.max_cost, other.max_cost),
+            max_long_cost=max(self.max_long_cost, other.max_long_cost),
+        )
+
+
+_SUMMED = ("rows", "segments", "units", "tokens", "cost")
+
+
+@dataclass(frozen=True)
+class DocFigures:
+    """The long config's per-document figures: documents in several pieces, their pieces
+    and tokens, documents that fit a short pack, those over ``long_len`` and the largest.
+    From a part's units when that part holds every piece of its documents (an output of one
+    part), or from the shards' lengths by the overlong rule (what the output must then
+    hold, which the conservation check proves it does)."""
+
+    split_docs: int = 0
+    split_pieces: int = 0
+    split_tokens: int = 0
+    short: int = 0
+    overlong: int = 0
+    largest: int = -1
+    largest_tokens: int = 0
+
+    @classmethod
+    def of_units(
+        cls, doc: np.ndarray, length: np.ndarray, short_len: int, long_len: int
+    ) -> DocFigures:
+        docs, inverse, pieces = np.unique(doc, return_inverse=True, return_counts=True)
+        tokens = np.bincount(inverse, weights=length, minlength=docs.size).astype(np.int64)
+        return cls._of(docs, pieces, tokens, short_len, long_len)
+
+    @classmethod
+    def of_lengths(
+        cls, lengths: np.ndarray, first_doc: int, short_len: int, long_len: int, policy: str
+    ) -> DocFigures:
+        lengths = lengths.astype(np.int64)
+        keep = lengths > 0
+        if policy == "drop":
+            keep &= lengths <= long_len
+        docs = np.flatnonzero(keep) + first_doc
+        tokens = lengths[keep]
+        if policy == "truncate":
+            tokens = np.minimum(tokens, long_len)
+        pieces = -(-tokens // long_len) if policy == "split" else np.ones_like(tokens)
+        return cls._of(docs, pieces, tokens, short_len, long_len)
+
+    @classmethod
+    def _of(
+        cls, docs: np.ndarray, pieces: np.ndarray, tokens: np.ndarray, short_len: int, long_len: int
+    ) -> DocFigures:
+        split = pieces > 1
+        top = int(tokens.argmax()) if tokens.size else -1
+        return cls(
+            split_docs=int(split.sum()),
+            split_pieces=int(pieces[split].sum()),
+            split_tokens=int(tokens[split].sum()),
+            short=int((tokens <= short_len).sum()),
+            overlong=int((tokens > long_len).sum()),
+            largest=int(docs[top]) if top >= 0 else -1,
+            largest_tokens=int(tokens[top]) if top >= 0 else 0,
+        )
+
+    def __add__(self, other: DocFigures) -> DocFigures:
+        mine = (self.largest_tokens, -self.largest)
+        keep = self.largest >= 0 and (
+            other.largest < 0 or mine >= (other.largest_tokens, -other.largest)
+        )
+        top = self if keep else other
+        counts = ("split_docs", "split_pieces", "split_tokens", "short", "overlong")
+        summed = {k: getattr(self, k) + getattr(other, k) for k in counts}
+        return DocFigures(**summed, largest=top.largest, largest_tokens=top.largest_tokens)
+
+
+@dataclass(frozen=True)
+class ShardFigures:
+    """What the shards say of the documents' lengths (summed shard by shard), and where the
+    largest document came from (its input file's index and line or row)."""
+
+    lengths: Any  # publish.report.LengthStats
+    largest_file: int = -1
+    largest_line: int = -1
 
 
 def flatten(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
@@ -99,47 +208,36 @@ def flatten(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _tier(scan: ConfigScan, capacity: int) -> dict[str, Any]:
-    tokens = int(scan.length.sum())
-    bound = -(-tokens // capacity)
-    row_tokens = np.bincount(scan.row, weights=scan.length, minlength=scan.rows)
+    bound = -(-scan.tokens // capacity)
     return {
         "capacity": capacity,
         "rows": scan.rows,
-        "tokens": tokens,
+        "tokens": scan.tokens,
         "segments": scan.segments,
-        "efficiency": tokens / (scan.rows * capacity) if scan.rows else 1.0,
+        "efficiency": scan.tokens / (scan.rows * capacity) if scan.rows else 1.0,
         "lower_bound_rows": bound,
         "rows_over_bound": scan.rows / bound if bound else 1.0,
-        "max_row_tokens": int(row_tokens.max()) if scan.rows else 0,
+        "max_row_tokens": scan.max_row_tokens,
     }
 
 
-def _balance(scan: ConfigScan, short_len: int, stated: Any) -> dict[str, Any]:
+def _balance(scan: ConfigScan, stated: Any) -> dict[str, Any]:
     """The long config's attention cost: max / mean over rows of the sum of its units'
     squared lengths (a short pack's documents count each; a pair counts whole, as planned)."""
-    sq = scan.length.astype(np.float64) ** 2
-    cost = np.bincount(scan.row, weights=sq, minlength=scan.rows)
+    mean = scan.cost / scan.rows if scan.rows else 0.0
+    ratio = scan.max_cost / mean if mean else 1.0
     out: dict[str, Any] = {}
     keys = stated.keys() if isinstance(stated, dict) else ("ratio",)
     if "ratio" in keys:
-        out["ratio"] = balance_ratio(cost)
+        out["ratio"] = ratio
     if "after" in keys:
-        out["after"] = balance_ratio(cost)
+        out["after"] = ratio
     if "floor" in keys:
-        longs = sq[scan.length > short_len]
-        mean = cost.mean() if cost.size else 0.0
-        out["floor"] = float(longs.max() / mean) if longs.size and mean else 1.0
+        out["floor"] = scan.max_long_cost / mean if scan.max_long_cost and mean else 1.0
     return out
 
 
-def _by_doc(scan: ConfigScan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(doc ids, pieces, tokens) of each document in the long config."""
-    docs, inverse, pieces = np.unique(scan.doc, return_inverse=True, return_counts=True)
-    tokens = np.bincount(inverse, weights=scan.length, minlength=docs.size).astype(np.int64)
-    return docs, pieces, tokens
-
-
-def _rejected(out: Path) -> Counter[str] | None:
+def rejected_counts(out: Path) -> Counter[str] | None:
     """Quarantined lines of ``OUT/rejected.jsonl`` by reason; None when it is not there (a
     run that rejected nothing leaves none, and a user may delete it: then the counts are
     checked against the tokenize stage's index, when verify reads the shards)."""
@@ -160,117 +258,113 @@ def derive(
     meta: dict[str, Any],
     out: Path,
     scans: dict[str, ConfigScan],
-    shards: Any = None,
-    doc_lengths: np.ndarray | None = None,
+    docs: DocFigures | None = None,
+    shards: ShardFigures | None = None,
+    index: dict[str, Any] | None = None,
+    rejected: Counter[str] | None = None,
 ) -> dict[str, Any]:
     """The figures the data gives, by the dotted key ``packcli.json`` states them under.
-    ``shards`` (a ``TokenShards``) and ``doc_lengths`` (every document's tokens, in doc-id
-    order): when verify read the shards."""
+    ``docs``: the long config's per-document figures, when known (``DocFigures``);
+    ``shards`` and ``index`` (the tokenize stage's ``_SUCCESS.json``): when verify read the
+    shards; ``rejected``: ``rejected.jsonl``'s lines by reason, when there."""
     plan = meta["config"]["plan"]
     short_len, long_len = int(plan["short_len"]), int(plan["long_len"])
     caps = {"short": short_len, "long": long_len}
     report = meta["report"]
     got: dict[str, Any] = {}
     for name in CONFIG_NAMES:
-        for i, entry in enumerate(scans[name].files):
+        scan = scans[name]
+        for i, entry in enumerate(scan.files):
             for k, v in entry.items():
-                got[f"files.{name}[{i}].{k}"] = v
-        for k, v in _tier(scans[name], caps[name]).items():
+                if k != "index":
+                    got[f"files.{name}[{i}].{k}"] = v
+        for k, v in _tier(scan, caps[name]).items():
             got[f"report.tiers.{name}.{k}"] = v
         training = report.get("training") or {}
         stated = training.get(name)
-        if not scans[name].rows:  # a config without rows has no step plan
+        if not scan.rows:  # a config without rows has no step plan
             got[f"report.training.{name}"] = None
         elif not isinstance(stated, dict):
             raise VerifyError(
                 f"{MARKER}: report.training.{name} is {stated!r}, but the config has "
-                f"{scans[name].rows} rows"
+                f"{scan.rows} rows"
             )
         else:
-            units = np.bincount(scans[name].row, minlength=scans[name].rows)
-            row_tokens = np.bincount(
-                scans[name].row, weights=scans[name].length, minlength=scans[name].rows
-            )
             target = stated.get("tokens_per_step")
             if not isinstance(target, int) or isinstance(target, bool) or target < 1:
                 raise VerifyError(
                     f"{MARKER}: report.training.{name}.tokens_per_step is {target!r}, not a "
                     "positive int"
                 )
-            hints = step_hints(units, row_tokens.astype(np.int64), target)
-            for k, v in hints.items():
+            for k, v in step_totals(scan.rows, scan.units, scan.tokens, target).items():
                 got[f"report.training.{name}.{k}"] = v
     long = scans["long"]
     balance = report["tiers"]["long"].get("attention_balance")
-    for k, v in _balance(long, short_len, balance).items():
+    for k, v in _balance(long, balance).items():
         got[f"report.tiers.long.attention_balance.{k}"] = v
-    docs, pieces, tokens = _by_doc(long)
-    split = pieces > 1
-    got["report.policy.split_docs"] = int(split.sum())
-    got["report.policy.split_pieces"] = int(pieces[split].sum())
-    got["report.policy.split_tokens"] = int(tokens[split].sum())
-    got["report.documents_by_length.short"] = int((tokens <= short_len).sum())
-    if plan["overlong"] == "split" and doc_lengths is None and tokens.size:
-        got["report.documents_by_length.overlong"] = int((tokens > long_len).sum())
-        got["report.largest_document.doc_id"] = int(docs[int(tokens.argmax())])
-        got["report.largest_document.tokens"] = int(tokens.max())
+    if docs is not None:
+        got["report.policy.split_docs"] = docs.split_docs
+        got["report.policy.split_pieces"] = docs.split_pieces
+        got["report.policy.split_tokens"] = docs.split_tokens
+        got["report.documents_by_length.short"] = docs.short
+        if plan["overlong"] == "split" and shards is None and docs.largest >= 0:
+            got["report.documents_by_length.overlong"] = docs.overlong
+            got["report.largest_document.doc_id"] = docs.largest
+            got["report.largest_document.tokens"] = docs.largest_tokens
     if "preference" in report:
-        got["report.preference.kept_pairs"] = long.segments - int(long.doc.size)
-    rejected = _rejected(out)
+        got["report.preference.kept_pairs"] = long.segments - long.units
     if rejected is not None:
         got["report.input.rejected_lines"] = sum(rejected.values())
         got["report.input.rejected"] = dict(sorted(rejected.items()))
     inputs = meta["run"].get("inputs") or []
     got["report.input.files"] = len(inputs)
     got["report.input.bytes"] = sum(int(f.get("size", 0)) for f in inputs)
-    if doc_lengths is not None:
-        got.update(_from_shards(meta, shards, doc_lengths, rejected is not None))
+    if shards is not None and index is not None:
+        got.update(_from_shards(meta, index, shards, rejected is not None))
     return got
 
 
 def _from_shards(
-    meta: dict[str, Any], shards: Any, lengths: np.ndarray, quarantined: bool
+    meta: dict[str, Any], index: dict[str, Any], shards: ShardFigures, quarantined: bool
 ) -> dict[str, Any]:
     """The figures only the shards (and their index) know: every document's length, so the
     overlong rule's counts, and what reading and encoding counted (the quarantine's counts
     too, unless ``quarantined``: ``rejected.jsonl`` gave them)."""
     plan = meta["config"]["plan"]
-    short_len, long_len = int(plan["short_len"]), int(plan["long_len"])
-    over = lengths > long_len
-    n_over, over_tokens = int(over.sum()), int(lengths[over].sum())
+    long_len = int(plan["long_len"])
+    lengths = shards.lengths
+    n_over, over_tokens = lengths.overlong, lengths.overlong_tokens
     policy = {"truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 0, "dropped_tokens": 0}
     if plan["overlong"] == "truncate":
         policy.update(truncated_docs=n_over, truncated_tokens=over_tokens - n_over * long_len)
     elif plan["overlong"] == "drop":
         policy.update(dropped_docs=n_over, dropped_tokens=over_tokens)
-    policy["empty_docs"] = int((lengths == 0).sum())
+    policy["empty_docs"] = lengths.empty
     # What the chat / preference encoders cut or dropped before planning, as the report
     # counts it (one account of the length limit).
-    index = shards.success
     pref = index.get("preference")
     encoded = encoder_policy(pref if pref is not None else index.get("chat"))
     for k, v in encoded.items():
         policy[k] = policy.get(k, 0) + v
     got: dict[str, Any] = {f"report.policy.{k}": v for k, v in policy.items()}
-    got["report.input.documents"] = int(lengths.size)
+    got["report.input.documents"] = lengths.documents
     got["report.input.tokens"] = (
-        int(lengths.sum()) + encoded["truncated_tokens"] + encoded["dropped_tokens"]
+        lengths.tokens + encoded["truncated_tokens"] + encoded["dropped_tokens"]
     )
     for k, v in {
-        "short": int(((lengths > 0) & (lengths <= short_len)).sum()),
-        "long": int(((lengths > short_len) & (lengths <= long_len)).sum()),
+        "short": lengths.short,
+        "long": lengths.long,
         "overlong": n_over,
-        "empty": int((lengths == 0).sum()),
+        "empty": lengths.empty,
     }.items():
         got[f"report.documents_by_length.{k}"] = v
-    if lengths.size:
-        largest = int(lengths.argmax())
-        got["report.largest_document.doc_id"] = largest
-        got["report.largest_document.tokens"] = int(lengths[largest])
-        entry = shards.success["files"][shards.value("file_index", largest)]
+    if lengths.largest >= 0:
+        got["report.largest_document.doc_id"] = lengths.largest
+        got["report.largest_document.tokens"] = lengths.largest_tokens
+        entry = index["files"][shards.largest_file]
         got["report.largest_document.file"] = entry["path"]
         where = "row" if "format" in entry else "line"
-        got[f"report.largest_document.{where}"] = shards.value("line", largest)
+        got[f"report.largest_document.{where}"] = shards.largest_line
     read = index.get("read_stats") or {}
     got["report.input.blank_lines"] = read.get("blank_lines")
     # Stated only when a file failed, so other reports stay as they were.

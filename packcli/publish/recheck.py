@@ -90,8 +90,11 @@ def _fingerprints(loaded: Any) -> set[str]:
     return found
 
 
-def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, Any]:
-    """Compare re-encoded input documents with the long config's segments.
+def check_against_input(
+    meta: dict[str, Any], long_segments: Any, wanted: frozenset[int] | None = None
+) -> dict[str, Any]:
+    """Compare re-encoded input documents with the long config's segments (``wanted``: the
+    doc ids ``long_segments`` was gathered for, all when None).
 
     Returns a summary (``checked`` documents, or ``skipped`` with the reason when the input
     or tokenizer is no longer what the run used); raises ``VerifyError`` on a difference.
@@ -134,6 +137,8 @@ def check_against_input(meta: dict[str, Any], long_segments: Any) -> dict[str, A
     sample = _sample(cfg, as_input(inputs[0]["path"]), largest_line, fmt)
     if not sample:
         return {"checked": 0}
+    if wanted is not None and not {s[0] for s in sample} <= wanted:
+        return {"skipped": "the sampled documents are not the first ones or the largest"}
     items = [s[2] for s in sample]
     if tok.chat is not None:
         # (Preference pairs: one document each, the same as the verify segments' pair units.)

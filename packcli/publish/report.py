@@ -19,7 +19,7 @@ import numpy as np
 
 from packcli.config import TOKENS_PER_STEP
 from packcli.pack.plan import Plan, RowLayout, tier_summary
-from packcli.publish.steps import plan_steps
+from packcli.publish.steps import StepPlan, plan_steps, plan_totals
 
 
 def training_hints(layout: RowLayout, tokens_per_step: int) -> dict[str, Any] | None:
@@ -36,6 +36,17 @@ def step_hints(
     """The ``training`` figures of one config from each row's documents (a preference pair
     counts once) and tokens: the report's, and ``verify``'s from the rows it read."""
     p = plan_steps(docs_per_row.tolist(), tokens_per_row.tolist(), tokens_per_step=tokens_per_step)
+    return _hints(p, tokens_per_step)
+
+
+def step_totals(rows: int, documents: int, tokens: int, tokens_per_step: int) -> dict[str, Any]:
+    """``step_hints`` from the rows' totals (``verify`` sums them file by file)."""
+    return _hints(
+        plan_totals(rows, documents, tokens, tokens_per_step=tokens_per_step), tokens_per_step
+    )
+
+
+def _hints(p: StepPlan, tokens_per_step: int) -> dict[str, Any]:
     return {
         "samples_per_row": round(p.samples_per_row, 4),
         "tokens_per_row": round(p.tokens_per_row, 1),
@@ -51,8 +62,9 @@ def step_hints(
 @dataclass(frozen=True)
 class LengthStats:
     """What the report says of the documents' lengths, summed shard by shard (so no process
-    holds every length): counts by tier, tokens, and the largest document (the first of the
-    largest, as ``argmax`` picks)."""
+    holds every length, and in any order of shards): counts by tier, tokens, the overlong
+    documents' tokens, and the largest document (the first of the largest, as ``argmax``
+    picks)."""
 
     documents: int = 0
     tokens: int = 0
@@ -60,6 +72,7 @@ class LengthStats:
     long: int = 0
     overlong: int = 0
     empty: int = 0
+    overlong_tokens: int = 0
     largest: int = -1  # doc id
     largest_tokens: int = 0
 
@@ -75,19 +88,22 @@ class LengthStats:
             short=int(((lengths > 0) & (lengths <= short_len)).sum()),
             long=int(((lengths > short_len) & (lengths <= long_len)).sum()),
             overlong=int((lengths > long_len).sum()),
+            overlong_tokens=int(lengths[lengths > long_len].sum()),
             empty=int((lengths == 0).sum()),
             largest=first_doc + top if top >= 0 else -1,
             largest_tokens=int(lengths[top]) if top >= 0 else 0,
         )
 
-    def __add__(self, later: LengthStats) -> LengthStats:
-        """These documents, then ``later``'s (ties keep the earlier largest)."""
+    def __add__(self, other: LengthStats) -> LengthStats:
+        """These documents and ``other``'s (ties keep the smaller doc id, so the sum does
+        not depend on the order)."""
+        mine = (self.largest_tokens, -self.largest)
         keep = self.largest >= 0 and (
-            later.largest < 0 or self.largest_tokens >= later.largest_tokens
+            other.largest < 0 or mine >= (other.largest_tokens, -other.largest)
         )
-        top = self if keep else later
-        counts = ("documents", "tokens", "short", "long", "overlong", "empty")
-        summed = {k: getattr(self, k) + getattr(later, k) for k in counts}
+        top = self if keep else other
+        counts = ("documents", "tokens", "short", "long", "overlong", "empty", "overlong_tokens")
+        summed = {k: getattr(self, k) + getattr(other, k) for k in counts}
         return LengthStats(**summed, largest=top.largest, largest_tokens=top.largest_tokens)
 
 

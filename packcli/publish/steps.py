@@ -77,9 +77,28 @@ def plan_steps(
     if target is None or target < 1:
         raise ValueError(f"the target per step must be a positive int, got {target!r}")
 
-    rows = len(documents_per_row)
-    documents = int(sum(documents_per_row))
-    tokens = int(sum(tokens_per_row))
+    return plan_totals(
+        len(documents_per_row),
+        int(sum(documents_per_row)),
+        int(sum(tokens_per_row)),
+        tokens_per_step=tokens_per_step,
+        unpacked_batch_size=unpacked_batch_size,
+    )
+
+
+def plan_totals(
+    rows: int,
+    documents: int,
+    tokens: int,
+    *,
+    tokens_per_step: int | None = None,
+    unpacked_batch_size: int | None = None,
+) -> StepPlan:
+    """``plan_steps`` from the rows' totals alone (what it uses of them), for a caller that
+    summed them part by part (``verify``); the per-row checks are the caller's."""
+    target = tokens_per_step if tokens_per_step is not None else unpacked_batch_size
+    if target is None or target < 1 or rows < 1:
+        raise ValueError(f"need rows and a positive target per step, got {rows}, {target!r}")
     samples_per_row = documents / rows
     tokens_per_row_mean = tokens / rows
     if tokens_per_step is not None:

@@ -79,7 +79,13 @@ def finalize_stage(
     atomic_write_bytes(out / "README.md", card.encode("utf-8"))
     atomic_write_json(
         out / MARKER,
-        {"config": _recorded_config(cfg), "run": run_info, "report": report, "files": files},
+        {
+            "config": _recorded_config(cfg),
+            "run": run_info,
+            "report": report,
+            "files": files,
+            "parts": plan_parts(plan),
+        },
     )
     if cfg.remote_out:  # every file is final here: put them, packcli.json last
         placed = {
@@ -98,6 +104,24 @@ def finalize_stage(
             owned=frozenset(owned),
         )
     return report
+
+
+def plan_parts(plan: PlanSet) -> list[dict[str, Any]]:
+    """``packcli.json``'s ``parts``: each planned part's token shards (none for the tail) and
+    the range of each config's files it wrote (files never straddle parts), so ``verify``
+    checks the output part by part, each part's files against its own shards."""
+    parts: list[dict[str, Any]] = []
+    first = dict.fromkeys(CONFIG_NAMES, 0)
+    for part in plan.parts:
+        files = {}
+        for name in CONFIG_NAMES:
+            files[name] = [first[name], first[name] + len(part.files[name])]
+            first[name] += len(part.files[name])
+        parts.append({"name": part.name, "shards": list(part.shards), "files": files})
+    for name in CONFIG_NAMES:
+        if not first[name] and parts:  # a config without rows: its one empty file (jobs)
+            parts[0]["files"][name] = [0, 1]
+    return parts
 
 
 @dataclass(frozen=True)

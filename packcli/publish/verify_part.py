@@ -1,0 +1,461 @@
+"""One ``verify`` task: check some parts of an output, each on its own, and return what the
+driver needs to combine them (summed figures and a few arrays of pieces, never the rows).
+
+A *part* is what the plan stage planned on its own (``packcli.json``'s ``parts``): a group of
+token shards, whose documents went into the group's own files or were released to the tail,
+and the tail, planned from the released pieces. Files never straddle parts and a short pack
+sits in a long row of its own part, so each part is checked whole here, against its own
+shards only:
+
+* every row of its files (``verify_rows``), each file's sha256 and row count;
+* nesting: every short pack intact and contiguous in exactly one long row of the part, and
+  every short-sized segment of the part's long rows in one of its short packs;
+* conservation, a group: each config's segments, as (doc, length, token hash), are a
+  sub-multiset of the pieces its shards' documents must make (so nothing duplicated, altered
+  or foreign); what is left over (the released pieces) goes back to the driver, which checks
+  that the tails hold exactly the groups' leftovers, in any order of parts.
+
+A process holds one part's segments and pieces at a time (a group's share of the corpus),
+reads each of its files and shards once, and a file or shard on object storage is fetched
+into a temp folder and removed when its part is done, so no disk holds the dataset.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from packcli.errors import VerifyError
+from packcli.names import CONFIG_NAMES
+from packcli.publish.expected import expected_pieces, segment_hashes
+from packcli.publish.figures import ConfigScan, DocFigures, ShardFigures
+from packcli.publish.verify_rows import Segments, check_rows, concat, fail
+from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
+
+log = logging.getLogger(__name__)
+
+Pieces = tuple[np.ndarray, np.ndarray, np.ndarray]  # doc, length, hash of each piece
+
+
+def no_pieces() -> Pieces:
+    e = np.zeros(0, np.int64)
+    return e, e, e.astype(np.uint64)
+
+
+def cat_pieces(parts: list[Pieces]) -> Pieces:
+    if not parts:
+        return no_pieces()
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One planned part: its token shards (none: a tail) and, per config, the range
+    ``[first, end)`` of its files in ``packcli.json``'s ``files``."""
+
+    name: str
+    shards: tuple[int, ...]
+    files: dict[str, tuple[int, int]]
+
+    @property
+    def is_tail(self) -> bool:
+        return not self.shards
+
+
+def parts_of(meta: dict[str, Any], n_shards: int | None) -> list[Part]:
+    """``packcli.json``'s parts, checked: each config's file ranges tile its files in order,
+    and (``n_shards``: when the shards are read) each shard is in exactly one part. An output
+    of a version without parts is one part holding every file and every shard."""
+    files = {name: len(meta["files"][name]) for name in CONFIG_NAMES}
+    stated = meta.get("parts")
+    if stated is None:
+        return [Part("all", tuple(range(n_shards or 0)), {n: (0, k) for n, k in files.items()})]
+
+    def bad(what: str) -> VerifyError:
+        return VerifyError(
+            f"packcli.json: parts {what} (packcli.json does not describe this output)"
+        )
+
+    if not isinstance(stated, list) or not stated:
+        raise bad("is not a non-empty list")
+    parts = []
+    for i, p in enumerate(stated):
+        try:
+            shards = tuple(int(s) for s in p["shards"])
+            ranges = {n: (int(p["files"][n][0]), int(p["files"][n][1])) for n in CONFIG_NAMES}
+            parts.append(Part(str(p["name"]), shards, ranges))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise bad(f"[{i}] is not a part record ({exc!r})") from None
+    for name in CONFIG_NAMES:
+        end = 0
+        for i, part in enumerate(parts):
+            first, stop = part.files[name]
+            if first != end or stop < first:
+                raise bad(
+                    f"[{i}].files.{name} is {[first, stop]}, but the files before end at {end}"
+                )
+            end = stop
+        if end != files[name]:
+            raise bad(f"hold {end} files of config {name}; files.{name} lists {files[name]}")
+    if n_shards is not None:
+        seen = sorted(s for part in parts for s in part.shards)
+        if seen != list(range(n_shards)):
+            raise bad(f"do not hold each of the {n_shards} tokenized shards exactly once")
+    return parts
+
+
+@dataclass(frozen=True)
+class VerifyJob:
+    """What every verify task is given (picklable, for Ray): the output folder or its URL,
+    its ``packcli.json``, its parts, where the tokenized shards are (a local ``tokens``
+    folder, or with ``store`` the work folder's URL), and the doc ids whose long-config
+    units the input re-check wants back."""
+
+    out: str
+    meta: dict[str, Any]
+    parts: tuple[Part, ...]
+    tokens: str | None = None
+    store: str | None = None
+    wanted: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """One part's checks, reduced: per config its files' figures and row totals, the long
+    config's per-document figures of its units and (shards read) of its shards' lengths,
+    the pieces it leaves to others (a group: its shards' pieces in none of its files; a
+    tail: the units it holds), the units of the wanted doc ids, and how many pieces its
+    shards make."""
+
+    name: str
+    tail: bool
+    scans: dict[str, ConfigScan]
+    docs: DocFigures
+    shard_docs: DocFigures | None
+    shard_figures: ShardFigures | None
+    left: dict[str, Pieces] | None
+    wanted: Pieces
+    expected: dict[str, int]
+
+
+def verify_task(
+    job: VerifyJob, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = True
+) -> list[PartResult]:
+    """Check parts ``task_index``, ``task_index + num_tasks``, ... of ``job``, one at a time."""
+    from packcli.stages.work import progress_bar
+
+    mine = range(task_index, len(job.parts), num_tasks)
+    results = []
+    with (
+        _sources(job) as (files, shards),
+        progress_bar(quiet, total=len(mine), desc="verify") as bar,
+    ):
+        for k in mine:
+            results.append(check_part(job, job.parts[k], files, shards))
+            bar.update(1)
+    return results
+
+
+class OutputFiles:
+    """The output's files for reading: in its folder, or (``copies``: a temp folder) each
+    fetched from its URL when asked for and removed once read."""
+
+    def __init__(self, out: str, copies: Path | None = None) -> None:
+        self.out, self.copies = out, copies
+
+    def path(self, rel: str) -> Path:
+        if self.copies is None:
+            return Path(self.out) / rel
+        from packcli.publish.remote import fetch_output_file
+
+        return fetch_output_file(self.out, rel, self.copies)
+
+    def release(self, path: Path) -> None:
+        if self.copies is not None:
+            path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _sources(job: VerifyJob) -> Iterator[tuple[OutputFiles, TokenShards | None]]:
+    """``job``'s output files and tokenized shards; on object storage through a temp folder
+    (messages about its copies are reworded to name the URLs)."""
+    from packcli.fs import is_url
+
+    remote = is_url(job.out)
+    if not remote and job.store is None:
+        yield OutputFiles(job.out), TokenShards(Path(job.tokens)) if job.tokens else None
+        return
+    with tempfile.TemporaryDirectory(prefix="packcli-verify-") as tmp:
+        names: dict[Path, str] = {}
+        shards = TokenShards(Path(job.tokens)) if job.tokens else None
+        if job.store is not None:
+            from packcli.stages.workstore import WorkStore
+
+            work = Path(tmp) / "work"
+            store = WorkStore(job.store, work, job.out, Path(tmp) / "mirror-out")
+            store.pull_records("tokens")
+            shards = TokenShards(work / "tokens", store)
+            names[work] = job.store
+        copies = None
+        if remote:
+            copies = Path(tmp) / "out"
+            names[copies] = job.out
+        try:
+            yield OutputFiles(job.out, copies), shards
+        except VerifyError as exc:
+            raise VerifyError(_reworded(str(exc), names)) from None
+
+
+def _reworded(text: str, names: dict[Path, str]) -> str:
+    from packcli.fs import reword
+
+    for local, url in names.items():
+        text = reword(text, local, url)
+    return text
+
+
+def check_part(
+    job: VerifyJob, part: Part, files: OutputFiles, shards: TokenShards | None
+) -> PartResult:
+    meta = job.meta
+    plan = meta["config"]["plan"]
+    short_len, long_len = int(plan["short_len"]), int(plan["long_len"])
+    vocab = int(meta["run"]["tokenizer"]["vocab_size"])
+    caps = {"short": short_len, "long": long_len}
+    segments: dict[str, Segments] = {}
+    scans: dict[str, ConfigScan] = {}
+    for name in CONFIG_NAMES:
+        first_row = sum(f["rows"] for f in meta["files"][name][: part.files[name][0]])
+        segments[name], scans[name] = _scan_files(
+            meta, name, part, first_row, caps[name], short_len, vocab, files
+        )
+    where = f" ({part.name})" if meta.get("parts") else ""
+    check_nesting(segments["short"], segments["long"], short_len, where)
+    long = segments["long"]
+    wanted = np.isin(long.doc, np.asarray(job.wanted, dtype=np.int64))
+    result: dict[str, Any] = {
+        "name": part.name,
+        "tail": part.is_tail,
+        "scans": scans,
+        "docs": DocFigures.of_units(long.doc, long.length, short_len, long_len),
+        "shard_docs": None,
+        "shard_figures": None,
+        "left": None,
+        "wanted": (long.doc[wanted], long.length[wanted], long.hash[wanted]),
+        "expected": dict.fromkeys(CONFIG_NAMES, 0),
+    }
+    if shards is None:
+        return PartResult(**result)
+    found = {n: (s.doc, s.length, s.hash) for n, s in segments.items()}
+    if part.is_tail:  # its pieces are the groups' leftovers: the driver compares them
+        return PartResult(**{**result, "left": found})
+    exp, docs, figures = _expected(shards, part, short_len, long_len, plan["overlong"])
+    small = exp[1] <= short_len
+    wants = {"long": exp, "short": (exp[0][small], exp[1][small], exp[2][small])}
+    left = {}
+    for name in CONFIG_NAMES:
+        extra, left[name] = difference(found[name], wants[name])
+        if extra is not None:
+            differs(name + where, extra, found[name][0].size, wants[name][0].size)
+    return PartResult(
+        **{
+            **result,
+            "shard_docs": docs,
+            "shard_figures": figures,
+            "left": left,
+            "expected": {n: int(w[0].size) for n, w in wants.items()},
+        }
+    )
+
+
+def _scan_files(
+    meta: dict[str, Any],
+    name: str,
+    part: Part,
+    first_row: int,
+    capacity: int,
+    short_len: int,
+    vocab: int,
+    files: OutputFiles,
+) -> tuple[Segments, ConfigScan]:
+    """Every row of the part's files of config ``name`` checked; their units and figures."""
+    parts: list[Segments] = []
+    scan = ConfigScan()
+    rows_per_batch = max(1, (1 << 21) // capacity)
+    row = first_row
+    for i in range(*part.files[name]):
+        entry = meta["files"][name][i]
+        rel = f"data/{name}/{entry['file']}"
+        path = files.path(rel)
+        try:
+            digest = sha256_file(path)
+            if digest != entry["sha256"]:
+                fail(
+                    rel,
+                    f"content hash differs from packcli.json's files.{name}[{i}].sha256 (file "
+                    "changed or corrupt)",
+                )
+            file_rows = file_tokens = 0
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=rows_per_batch):
+                segs = check_rows(batch, rel, row, capacity, vocab)
+                parts.append(segs)
+                offsets = batch.column("seq_lengths").offsets
+                scan.segments += int(offsets[-1].as_py() - offsets[0].as_py())
+                scan.add_rows(segs.length, segs.row - row, batch.num_rows, short_len)
+                row += batch.num_rows
+                file_rows += batch.num_rows
+                file_tokens += int(segs.length.sum())
+            size = path.stat().st_size
+        finally:
+            files.release(path)
+        if file_rows != entry["rows"]:
+            fail(
+                rel, f"{file_rows} rows, packcli.json's files.{name}[{i}].rows says {entry['rows']}"
+            )
+        scan.files.append(
+            {
+                "index": i,
+                "file": entry["file"],
+                "rows": file_rows,
+                "tokens": file_tokens,
+                "bytes": size,
+                "sha256": digest,
+            }
+        )
+    return concat(parts), scan
+
+
+def _expected(
+    shards: TokenShards, part: Part, short_len: int, long_len: int, policy: str
+) -> tuple[Pieces, DocFigures, ShardFigures]:
+    """(doc, length, hash) of every piece the policy should put in the long config from the
+    part's shards (each one's sha256 checked first), and what their lengths say."""
+    from packcli.publish.report import LengthStats
+
+    docs, lens, hashes = [], [], []
+    figures = DocFigures()
+    lengths = LengthStats()
+    where = ShardFigures(lengths)
+    for s in part.shards:
+        try:
+            shards.check_content(s)
+            shard = shards.shard(s)
+        except ShardError as exc:
+            raise VerifyError(str(exc)) from None
+        doc_lens = np.diff(shard.offsets)
+        first = shard.first_doc_id
+        before = lengths.largest
+        lengths = lengths + LengthStats.of(doc_lens, short_len, long_len, first)
+        if lengths.largest != before:  # looked up while the shard is here
+            where = ShardFigures(
+                lengths,
+                int(shards.value("file_index", lengths.largest)),
+                int(shards.value("line", lengths.largest)),
+            )
+        figures = figures + DocFigures.of_lengths(doc_lens, first, short_len, long_len, policy)
+        ids = np.arange(first, first + doc_lens.size, dtype=np.int64)
+        values = shard.values[int(shard.offsets[0]) : int(shard.offsets[-1])]
+        whole_hash = segment_hashes(values, doc_lens)
+        fits = (doc_lens <= long_len) & (doc_lens > 0)
+        docs.append(ids[fits])
+        lens.append(doc_lens[fits])
+        hashes.append(whole_hash[fits])
+        for k in np.flatnonzero(doc_lens > long_len):
+            start = int(shard.offsets[k])
+            document = shard.values[start : start + int(doc_lens[k])]
+            for piece in expected_pieces(document, long_len, policy):
+                docs.append(np.array([ids[k]]))
+                lens.append(np.array([piece.size]))
+                hashes.append(segment_hashes(piece, np.array([piece.size])))
+        _drop_fetched(shards, s)
+    where = ShardFigures(lengths, where.largest_file, where.largest_line)
+
+    def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
+        return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
+
+    return (cat(docs, np.int64), cat(lens, np.int64), cat(hashes, np.uint64)), figures, where
+
+
+def _drop_fetched(shards: TokenShards, index: int) -> None:
+    """A shard fetched from the store into the temp mirror is removed once read."""
+    if shards.store is not None:
+        (shards.folder / shards.manifests[index]["file"]).unlink(missing_ok=True)
+
+
+def _keys(p: Pieces) -> np.ndarray:
+    keys = np.empty(p[0].size, dtype=[("doc", "<i8"), ("length", "<i8"), ("hash", "<u8")])
+    keys["doc"], keys["length"], keys["hash"] = p
+    return keys
+
+
+def difference(found: Pieces, expected: Pieces) -> tuple[int | None, Pieces]:
+    """Multisets of pieces: the smallest doc id ``found`` holds more often than
+    ``expected`` (None when found is within expected), and ``expected`` minus ``found``."""
+    n_exp = expected[0].size
+    keys, inverse = np.unique(np.concatenate([_keys(expected), _keys(found)]), return_inverse=True)
+    inverse = inverse.ravel()
+    want = np.bincount(inverse[:n_exp], minlength=keys.size)
+    got = np.bincount(inverse[n_exp:], minlength=keys.size)
+    over = np.flatnonzero(got > want)
+    extra = int(keys["doc"][over].min()) if over.size else None
+    left = np.repeat(keys, np.maximum(want - got, 0))
+    return extra, (left["doc"].copy(), left["length"].copy(), left["hash"].copy())
+
+
+def differs(where: str, doc: int, found: int, expected: int) -> None:
+    fail(
+        f"config {where}",
+        f"tokens of document {doc} differ from the tokenized shards (missing, duplicated, "
+        f"altered or out of order); {found} segments found, {expected} expected",
+    )
+
+
+def check_nesting(short: Segments, long: Segments, short_len: int, where: str = "") -> None:
+    """Each short pack sits intact and contiguous in exactly one long row."""
+    small = long.length <= short_len
+    lk = long.doc[small] * (short_len + 1) + long.length[small]
+    order = np.argsort(lk, kind="stable")
+    lk_sorted = lk[order]
+    if lk_sorted.size != short.doc.size:
+        fail(
+            "nesting" + where,
+            f"long config has {lk_sorted.size} short-sized segments, short config "
+            f"has {short.doc.size}",
+        )
+    if lk_sorted.size and (np.diff(lk_sorted) == 0).any():
+        fail("nesting" + where, "a short-sized segment appears twice in the long config")
+    sk = short.doc * (short_len + 1) + short.length
+    pos = np.searchsorted(lk_sorted, sk)
+    pos = np.minimum(pos, max(lk_sorted.size - 1, 0))
+    if sk.size and not np.array_equal(lk_sorted[pos], sk):
+        bad = int(np.flatnonzero(lk_sorted[pos] != sk)[0])
+        fail(
+            "nesting" + where,
+            f"short row {short.row[bad]}: document {short.doc[bad]} is missing "
+            "from the long config",
+        )
+    match = np.flatnonzero(small)[order[pos]]
+    l_row, l_idx, l_hash = long.row[match], long.index[match], long.hash[match]
+    if (bad := l_hash != short.hash).any():
+        i = int(np.argmax(bad))
+        fail(
+            "nesting" + where,
+            f"short row {short.row[i]}: document {short.doc[i]} has other tokens "
+            "in the long config",
+        )
+    same_row = short.row[1:] == short.row[:-1]
+    broken = same_row & ((l_row[1:] != l_row[:-1]) | (l_idx[1:] != l_idx[:-1] + 1))
+    if broken.any():
+        i = int(np.argmax(broken)) + 1
+        fail(
+            "nesting" + where,
+            f"short row {short.row[i]} is not intact and contiguous in one long row",
+        )

@@ -1,0 +1,278 @@
+"""verify as tasks, part by part: the same verdict for any task count, each file and shard
+read once, only reduced results leave a task, and the corruptions that matter are caught in
+a group's files and in the tail's (a flipped token, a missing document, a duplicated one, a
+broken short pack) with the document or row named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from clirun import invoke, invoke_ok
+from corpora import mixed_lengths, write_corpus
+
+from packcli.tokenize.shards import sha256_file
+
+# Several groups and a tail (tests/test_grouped_stages.py's layout).
+GROUPED = """
+read:
+  batch_size: 16
+tokenize:
+  shard_tokens: 4096
+plan:
+  short_len: 64
+  long_len: 1024
+  group_tokens: 12000
+write:
+  shard_tokens: 8192
+"""
+SHORT_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
+    root = tmp_path_factory.mktemp("verify-tasks")
+    corpus = root / "corpus.jsonl"
+    write_corpus(corpus, mixed_lengths(400, seed=5), seed=5)
+    cfg = root / "cfg.yaml"
+    cfg.write_text(GROUPED)
+    out = root / "out"
+    invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q")
+    return out
+
+
+@pytest.fixture
+def out(packed: Path, tmp_path: Path) -> Path:
+    """A copy to damage (its work folder too, so the shards are found)."""
+    copy = tmp_path / "out"
+    shutil.copytree(packed, copy, symlinks=True)
+    return copy
+
+
+def _meta(out: Path) -> dict[str, Any]:
+    return json.loads((out / "packcli.json").read_text())
+
+
+def _part_files(out: Path, name: str, config: str) -> list[int]:
+    part = next(p for p in _meta(out)["parts"] if p["name"] == name)
+    return list(range(*part["files"][config]))
+
+
+def _rows(out: Path, config: str, index: int) -> list[list[tuple[int, list[int]]]]:
+    """A file's rows, each as its segments (doc id, tokens)."""
+    meta = _meta(out)
+    table = pq.read_table(out / "data" / config / meta["files"][config][index]["file"])
+    rows = []
+    for ids, lens, docs in zip(
+        table["input_ids"].to_pylist(),
+        table["seq_lengths"].to_pylist(),
+        table["doc_ids"].to_pylist(),
+        strict=True,
+    ):
+        ends = np.cumsum(lens)
+        rows.append([(d, ids[e - n : e]) for d, n, e in zip(docs, lens, ends, strict=True)])
+    return rows
+
+
+def _rewrite(out: Path, config: str, index: int, rows: list[list[tuple[int, list[int]]]]) -> None:
+    """Write a file's rows back (valid rows, new bytes) and make packcli.json's file entry
+    agree with them, so only the checks across rows, files and shards can catch a change."""
+    meta = _meta(out)
+    entry = meta["files"][config][index]
+    path = out / "data" / config / entry["file"]
+    schema = pq.read_schema(path)
+    ids = [[t for _, toks in r for t in toks] for r in rows]
+    lens = [[len(toks) for _, toks in r] for r in rows]
+    table = pa.table(
+        {
+            "input_ids": ids,
+            "segment_ids": [[k + 1 for k, n in enumerate(ls) for _ in range(n)] for ls in lens],
+            "seq_lengths": lens,
+            "doc_ids": [[d for d, _ in r] for r in rows],
+            "num_tokens": [len(x) for x in ids],
+        },
+        schema=schema,
+    )
+    pq.write_table(table, path, use_dictionary=False)
+    entry.update(rows=len(rows), bytes=path.stat().st_size, sha256=sha256_file(path))
+    (out / "packcli.json").write_text(json.dumps(meta, indent=2))
+
+
+def _fails(out: Path, *needles: str) -> str:
+    for tasks in ("1", "3"):  # the same verdict however the parts are spread over tasks
+        code, output = invoke("verify", out, "--num-tasks", tasks)
+        assert code == 1, output
+        for needle in needles:
+            assert needle in output, output
+    return output
+
+
+def test_the_same_summary_for_any_task_count(packed: Path) -> None:
+    one = json.loads(invoke_ok("verify", packed, "--json"))
+    parts = _meta(packed)["parts"]
+    assert one["parts"] == len(parts) >= 4 and parts[-1]["name"] == "tail"
+    for tasks in (2, 3, len(parts), 50):
+        many = json.loads(invoke_ok("verify", packed, "--json", "--num-tasks", tasks))
+        assert many["tasks"] == min(tasks, len(parts))
+        assert {**many, "tasks": 1} == one
+    assert one["checked_against_shards"] and one["checked_against_input"]["checked"] > 0
+
+
+def test_each_file_and_shard_is_read_once_and_only_summaries_leave_a_task(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli.publish import verify_part
+    from packcli.tokenize.shards import TokenShards
+
+    opened: Counter[str] = Counter()
+    read: Counter[int] = Counter()
+    results: list[Any] = []
+    path, shard, check = verify_part.OutputFiles.path, TokenShards.shard, verify_part.check_part
+
+    def counted_path(self: Any, rel: str) -> Path:
+        opened[rel] += 1
+        return path(self, rel)
+
+    def counted_shard(self: TokenShards, index: int) -> Any:
+        read[index] += 1
+        return shard(self, index)
+
+    def kept(*args: Any) -> Any:
+        results.append(check(*args))
+        return results[-1]
+
+    monkeypatch.setattr(verify_part.OutputFiles, "path", counted_path)
+    monkeypatch.setattr(TokenShards, "shard", counted_shard)
+    monkeypatch.setattr(verify_part, "check_part", kept)
+    invoke_ok("verify", packed, "--num-tasks", 2)
+    meta = _meta(packed)
+    files = [f"data/{c}/{f['file']}" for c in ("long", "short") for f in meta["files"][c]]
+    assert opened == Counter(files)  # every file once
+    n_shards = sum(len(p["shards"]) for p in meta["parts"])
+    assert read == Counter(range(n_shards))  # every shard once
+    # What travels back: figures, the pieces groups leave to the tail and the tail's units
+    # (each tail unit once as left over and once as held: the tail's share, 0.04-0.2% of the
+    # tokens at real group sizes, docs/scale.md), and the re-check's documents only.
+    travelled = sum(
+        r.left[c][0].size for r in results for c in ("long", "short") if r.left is not None
+    )
+    tail_units = sum(r.scans[c].units for r in results if r.tail for c in ("long", "short"))
+    assert travelled == 2 * tail_units
+    largest = meta["report"]["largest_document"]["doc_id"]
+    wanted = {int(d) for r in results for d in r.wanted[0]}
+    assert wanted <= {*range(256), largest} and largest in wanted
+
+
+def test_a_flipped_token_in_a_group_is_named(out: Path) -> None:
+    index = _part_files(out, "group-00000", "long")[0]
+    rows = _rows(out, "long", index)
+    r, k = next(
+        (r, k) for r, row in enumerate(rows) for k, s in enumerate(row) if len(s[1]) > SHORT_LEN
+    )
+    doc, toks = rows[r][k]
+    rows[r][k] = (doc, [toks[0] ^ 1, *toks[1:]])
+    _rewrite(out, "long", index, rows)
+    _fails(out, f"tokens of document {doc} differ from the tokenized shards", "group-00000")
+
+
+def test_a_flipped_token_in_the_tail_is_named(out: Path) -> None:
+    index = _part_files(out, "tail", "long")[0]
+    rows = _rows(out, "long", index)
+    r, k = next(
+        (r, k) for r, row in enumerate(rows) for k, s in enumerate(row) if len(s[1]) > SHORT_LEN
+    )
+    doc, toks = rows[r][k]
+    rows[r][k] = (doc, [*toks[:-1], toks[-1] ^ 1])
+    _rewrite(out, "long", index, rows)
+    _fails(out, f"tokens of document {doc} differ from the tokenized shards")
+
+
+def test_a_missing_document_is_named(out: Path) -> None:
+    index = _part_files(out, "group-00001", "long")[0]
+    rows = _rows(out, "long", index)
+    r, k = next(
+        (r, k)
+        for r, row in enumerate(rows)
+        for k, s in enumerate(row)
+        if len(s[1]) > SHORT_LEN and len(row) > 1
+    )
+    doc, _ = rows[r].pop(k)
+    _rewrite(out, "long", index, rows)
+    _fails(out, f"tokens of document {doc} differ from the tokenized shards")
+
+
+def test_a_duplicated_document_is_named(out: Path) -> None:
+    """A long document of one group copied as a new row into another group's file."""
+    source = _rows(out, "long", _part_files(out, "group-00000", "long")[0])
+    doc, toks = next(s for row in source for s in row if len(s[1]) > SHORT_LEN)
+    index = _part_files(out, "group-00002", "long")[0]
+    rows = _rows(out, "long", index)
+    _rewrite(out, "long", index, [*rows, [(doc, toks)]])
+    _fails(out, f"tokens of document {doc} differ from the tokenized shards", "group-00002")
+
+
+def test_a_broken_short_pack_is_named(out: Path) -> None:
+    """Two documents of one short pack swapped in its long row: every token is still there
+    once, but the pack is no longer intact."""
+    meta = _meta(out)
+    part = next(
+        p
+        for p in meta["parts"]
+        if p["name"] != "tail" and p["files"]["short"][1] > p["files"]["short"][0]
+    )
+    short = _rows(out, "short", part["files"]["short"][0])
+    pack = next(row for row in short if len(row) >= 2)
+    first = pack[0][0]
+    for index in range(*part["files"]["long"]):
+        rows = _rows(out, "long", index)
+        for row in rows:
+            docs = [d for d, _ in row]
+            if first in docs:
+                k = docs.index(first)
+                row[k], row[k + 1] = row[k + 1], row[k]
+                _rewrite(out, "long", index, rows)
+                _fails(out, "is not intact and contiguous in one long row", part["name"])
+                return
+    raise AssertionError("the pack's first document is in no long row of its part")
+
+
+def test_parts_that_do_not_describe_the_output_fail(out: Path) -> None:
+    meta = _meta(out)
+    meta["parts"][0]["files"]["long"][1] += 1
+    (out / "packcli.json").write_text(json.dumps(meta))
+    _fails(out, "packcli.json: parts")
+    meta["parts"][0]["files"]["long"][1] -= 1
+    meta["parts"][0]["shards"], meta["parts"][1]["shards"] = (
+        meta["parts"][1]["shards"],
+        meta["parts"][0]["shards"],
+    )
+    (out / "packcli.json").write_text(json.dumps(meta))
+    _fails(out, "differ from the tokenized shards")  # a group checked against other shards
+
+
+def test_no_shards_still_checks_each_part(out: Path) -> None:
+    said = invoke_ok("verify", out, "--no-shards", "--num-tasks", 2)
+    assert "all invariants hold" in said and "part(s) in 2 task(s)" in said
+    part = next(p for p in _meta(out)["parts"] if p["files"]["short"][1] > p["files"]["short"][0])
+    short = _rows(out, "short", part["files"]["short"][0])
+    pack = next(row for row in short if len(row) >= 2)
+    first = pack[0][0]
+    for index in range(*part["files"]["long"]):
+        rows = _rows(out, "long", index)
+        for row in rows:
+            docs = [d for d, _ in row]
+            if first in docs:
+                k = docs.index(first)
+                row[k], row[k + 1] = row[k + 1], row[k]
+                _rewrite(out, "long", index, rows)
+                code, output = invoke("verify", out, "--no-shards")
+                assert code == 1 and "not intact and contiguous" in output, output
+                return
+    raise AssertionError("the pack's first document is in no long row of its part")
