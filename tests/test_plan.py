@@ -262,3 +262,35 @@ def test_invalid_tiers_rejected() -> None:
         PlanConfig(short_len=4096, long_len=4096)
     with pytest.raises(ConfigError, match="overlong"):
         PlanConfig(overlong="chop")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=120),
+    cut=st.integers(0, 10_000),
+)
+def test_row_totals_of_any_split_of_the_rows_add_up_to_the_whole(
+    lengths: list[int], cut: int
+) -> None:
+    """What finalize and verify sum part by part (``RowTotals``) equals the figures of all
+    rows at once, computed here per row."""
+    from packcli.pack.balance import balance_ratio
+    from packcli.pack.plan import RowTotals
+
+    plan = plan_two_tier(np.array(lengths), PlanConfig(short_len=16, long_len=64))
+    for layout in (plan.short, plan.long):
+        whole = RowTotals.of(layout, plan.piece_len)
+        assert whole.summary() == tier_summary(layout)
+        unit_len = plan.piece_len[layout.row_pieces]
+        unit_row = np.repeat(np.arange(layout.num_rows), np.diff(layout.row_offsets))
+        k = cut % (layout.num_rows + 1)  # rows 0..k-1, then the rest
+        first, rest = unit_row < k, unit_row >= k
+        parts = RowTotals.of_rows(layout.capacity, unit_len[first], unit_row[first], k) + (
+            RowTotals.of_rows(
+                layout.capacity, unit_len[rest], unit_row[rest] - k, layout.num_rows - k
+            )
+        )
+        assert parts == whole
+        cost = np.bincount(unit_row, weights=unit_len.astype(float) ** 2, minlength=layout.num_rows)
+        assert whole.balance == pytest.approx(balance_ratio(cost), rel=1e-12)
+        assert whole.max_row_tokens == (int(layout.row_tokens.max()) if layout.num_rows else 0)

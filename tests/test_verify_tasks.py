@@ -163,7 +163,7 @@ def test_each_file_and_shard_is_read_once_and_only_summaries_leave_a_task(
     travelled = sum(
         r.left[c][0].size for r in results for c in ("long", "short") if r.left is not None
     )
-    tail_units = sum(r.scans[c].units for r in results if r.tail for c in ("long", "short"))
+    tail_units = sum(r.scans[c].totals.units for r in results if r.tail for c in ("long", "short"))
     assert travelled == 2 * tail_units
     largest = meta["report"]["largest_document"]["doc_id"]
     wanted = {int(d) for r in results for d in r.wanted[0]}

@@ -421,7 +421,12 @@ class RowTotals:
 
     @classmethod
     def of_rows(
-        cls, capacity: int, unit_len: np.ndarray, unit_row: np.ndarray, n_rows: int, short_len: int = 0
+        cls,
+        capacity: int,
+        unit_len: np.ndarray,
+        unit_row: np.ndarray,
+        n_rows: int,
+        short_len: int = 0,
     ) -> RowTotals:
         """From each unit's length and 0-based row; ``max_unit_cost`` over units longer
         than ``short_len``."""
@@ -445,7 +450,9 @@ class RowTotals:
     def of(cls, layout: RowLayout, piece_len: np.ndarray, short_len: int = 0) -> RowTotals:
         counts = np.diff(layout.row_offsets)
         rows = np.repeat(np.arange(layout.num_rows), counts)
-        return cls.of_rows(layout.capacity, piece_len[layout.row_pieces], rows, layout.num_rows, short_len)
+        return cls.of_rows(
+            layout.capacity, piece_len[layout.row_pieces], rows, layout.num_rows, short_len
+        )
 
     def __add__(self, other: RowTotals) -> RowTotals:
         return RowTotals(

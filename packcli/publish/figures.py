@@ -43,6 +43,7 @@ import numpy as np
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER
+from packcli.pack.plan import RowTotals
 from packcli.publish.report import encoder_policy, step_totals
 
 # Figures of packcli.json no data determines (glob patterns over the dotted keys).
@@ -74,48 +75,20 @@ NEEDS_SHARDS = (
 @dataclass
 class ConfigScan:
     """What verify read of one config, summed file by file (and part by part): each file's
-    figures and the rows' totals that the tier, training and balance figures come from, so
-    no process holds a value per row or per segment of the whole config."""
+    figures, the segments as stored (a preference pair is two) and the rows' totals that
+    the tier, training and balance figures come from, so no process holds a value per row
+    or per segment of the whole config."""
 
+    totals: RowTotals
     files: list[dict[str, Any]] = field(default_factory=list)  # each with its ``index``
-    rows: int = 0
-    segments: int = 0  # as stored: a preference pair is two
-    units: int = 0  # documents and pieces; a preference pair counts once
-    tokens: int = 0
-    max_row_tokens: int = 0
-    cost: int = 0  # attention: the sum over rows of their units' squared lengths
-    max_cost: int = 0  # the largest row's
-    max_long_cost: int = 0  # the largest squared length of a unit over short_len
-
-    def add_rows(self, length: np.ndarray, row: np.ndarray, n_rows: int, short_len: int) -> None:
-        """Rows ``row.min()..`` of a batch: its units' lengths and (0-based) rows."""
-        length = length.astype(np.int64)
-        row_tokens = np.bincount(row, weights=length, minlength=n_rows).astype(np.int64)
-        sq = length * length
-        row_cost = np.bincount(row, weights=sq, minlength=n_rows)
-        self.rows += n_rows
-        self.units += int(length.size)
-        self.tokens += int(length.sum())
-        if n_rows:
-            self.max_row_tokens = max(self.max_row_tokens, int(row_tokens.max()))
-            self.max_cost = max(self.max_cost, int(row_cost.max()))
-        self.cost += int(sq.sum())
-        longs = sq[length > short_len]
-        if longs.size:
-            self.max_long_cost = max(self.max_long_cost, int(longs.max()))
+    segments: int = 0
 
     def __add__(self, other: ConfigScan) -> ConfigScan:
-        summed = {k: getattr(self, k) + getattr(other, k) for k in _SUMMED}
         return ConfigScan(
-            files=sorted([*self.files, *other.files], key=lambda f: f["index"]),
-            **summed,
-            max_row_tokens=max(self.max_row_tokens, other.max_row_tokens),
-            max_cost=max(self.max_cost, other.max_cost),
-            max_long_cost=max(self.max_long_cost, other.max_long_cost),
+            self.totals + other.totals,
+            sorted([*self.files, *other.files], key=lambda f: f["index"]),
+            self.segments + other.segments,
         )
-
-
-_SUMMED = ("rows", "segments", "units", "tokens", "cost")
 
 
 @dataclass(frozen=True)
@@ -207,33 +180,17 @@ def flatten(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
         yield key, value
 
 
-def _tier(scan: ConfigScan, capacity: int) -> dict[str, Any]:
-    bound = -(-scan.tokens // capacity)
-    return {
-        "capacity": capacity,
-        "rows": scan.rows,
-        "tokens": scan.tokens,
-        "segments": scan.segments,
-        "efficiency": scan.tokens / (scan.rows * capacity) if scan.rows else 1.0,
-        "lower_bound_rows": bound,
-        "rows_over_bound": scan.rows / bound if bound else 1.0,
-        "max_row_tokens": scan.max_row_tokens,
-    }
-
-
-def _balance(scan: ConfigScan, stated: Any) -> dict[str, Any]:
+def _balance(totals: RowTotals, stated: Any) -> dict[str, Any]:
     """The long config's attention cost: max / mean over rows of the sum of its units'
     squared lengths (a short pack's documents count each; a pair counts whole, as planned)."""
-    mean = scan.cost / scan.rows if scan.rows else 0.0
-    ratio = scan.max_cost / mean if mean else 1.0
+    mean = totals.cost / totals.rows if totals.rows else 0.0
     out: dict[str, Any] = {}
     keys = stated.keys() if isinstance(stated, dict) else ("ratio",)
-    if "ratio" in keys:
-        out["ratio"] = ratio
-    if "after" in keys:
-        out["after"] = ratio
+    for key in ("ratio", "after"):
+        if key in keys:
+            out[key] = totals.balance
     if "floor" in keys:
-        out["floor"] = scan.max_long_cost / mean if scan.max_long_cost and mean else 1.0
+        out["floor"] = totals.max_unit_cost / mean if totals.max_unit_cost and mean else 1.0
     return out
 
 
@@ -268,8 +225,6 @@ def derive(
     ``shards`` and ``index`` (the tokenize stage's ``_SUCCESS.json``): when verify read the
     shards; ``rejected``: ``rejected.jsonl``'s lines by reason, when there."""
     plan = meta["config"]["plan"]
-    short_len, long_len = int(plan["short_len"]), int(plan["long_len"])
-    caps = {"short": short_len, "long": long_len}
     report = meta["report"]
     got: dict[str, Any] = {}
     for name in CONFIG_NAMES:
@@ -278,16 +233,17 @@ def derive(
             for k, v in entry.items():
                 if k != "index":
                     got[f"files.{name}[{i}].{k}"] = v
-        for k, v in _tier(scan, caps[name]).items():
+        for k, v in {**scan.totals.summary(), "segments": scan.segments}.items():
             got[f"report.tiers.{name}.{k}"] = v
         training = report.get("training") or {}
         stated = training.get(name)
-        if not scan.rows:  # a config without rows has no step plan
+        rows = scan.totals
+        if not rows.rows:  # a config without rows has no step plan
             got[f"report.training.{name}"] = None
         elif not isinstance(stated, dict):
             raise VerifyError(
                 f"{MARKER}: report.training.{name} is {stated!r}, but the config has "
-                f"{scan.rows} rows"
+                f"{rows.rows} rows"
             )
         else:
             target = stated.get("tokens_per_step")
@@ -296,11 +252,11 @@ def derive(
                     f"{MARKER}: report.training.{name}.tokens_per_step is {target!r}, not a "
                     "positive int"
                 )
-            for k, v in step_totals(scan.rows, scan.units, scan.tokens, target).items():
+            for k, v in step_totals(rows.rows, rows.units, rows.tokens, target).items():
                 got[f"report.training.{name}.{k}"] = v
     long = scans["long"]
     balance = report["tiers"]["long"].get("attention_balance")
-    for k, v in _balance(long, balance).items():
+    for k, v in _balance(long.totals, balance).items():
         got[f"report.tiers.long.attention_balance.{k}"] = v
     if docs is not None:
         got["report.policy.split_docs"] = docs.split_docs
@@ -312,7 +268,7 @@ def derive(
             got["report.largest_document.doc_id"] = docs.largest
             got["report.largest_document.tokens"] = docs.largest_tokens
     if "preference" in report:
-        got["report.preference.kept_pairs"] = long.segments - long.units
+        got["report.preference.kept_pairs"] = long.segments - long.totals.units
     if rejected is not None:
         got["report.input.rejected_lines"] = sum(rejected.values())
         got["report.input.rejected"] = dict(sorted(rejected.items()))

@@ -18,16 +18,16 @@ from typing import Any
 import numpy as np
 
 from packcli.config import TOKENS_PER_STEP
-from packcli.pack.plan import Plan, RowLayout, tier_summary
+from packcli.pack.plan import RowTotals
 from packcli.publish.steps import StepPlan, plan_steps, plan_totals
 
 
-def training_hints(layout: RowLayout, tokens_per_step: int) -> dict[str, Any] | None:
+def training_hints(totals: RowTotals, tokens_per_step: int) -> dict[str, Any] | None:
     """Samples per row and the step plan of one config: what a batch size written for
     unpacked training becomes on these rows (None for a config without rows)."""
-    if layout.num_rows == 0:
+    if totals.rows == 0:
         return None
-    return step_hints(np.diff(layout.row_offsets), layout.row_tokens, tokens_per_step)
+    return step_totals(totals.rows, totals.units, totals.tokens, tokens_per_step)
 
 
 def step_hints(
@@ -108,7 +108,8 @@ class LengthStats:
 
 
 def build_report(
-    plan: Plan,
+    tiers: dict[str, RowTotals],
+    stats: dict[str, Any],
     lengths: LengthStats,
     *,
     input_stats: dict[str, Any],
@@ -120,8 +121,8 @@ def build_report(
 ) -> dict[str, Any]:
     """``preference``: the preference path's counts (``PreferenceStats``); the report gets a
     ``preference`` section only then, so other reports keep their bytes.
-    ``tokens_per_step``: the target of the ``training`` section's step plan."""
-    stats = plan.stats
+    ``tokens_per_step``: the target of the ``training`` section's step plan. ``tiers``:
+    each config's rows summed (``RowTotals``); ``stats``: the plan's counts."""
     encoded = encoder_policy(preference if preference is not None else chat)
     report = {
         "input": {
@@ -150,10 +151,10 @@ def build_report(
             )
         },
         "tiers": {
-            "short": tier_summary(plan.short),
+            "short": tiers["short"].summary(),
             # Attention cost balance: max/mean over rows of sum(segment length^2).
             "long": {
-                **tier_summary(plan.long),
+                **tiers["long"].summary(),
                 "attention_balance": stats.get("long_attention_balance"),
             },
         },
@@ -170,9 +171,7 @@ def build_report(
         # Per config: documents (pairs, for preference data) per row, and the rows per step,
         # steps per epoch and unpacked batch size (same documents per step) at the target.
         "training": {
-            name: training_hints(layout, tokens_per_step)
-            for name, layout in (("short", plan.short), ("long", plan.long))
-            if layout is not None
+            name: training_hints(tiers[name], tokens_per_step) for name in ("short", "long")
         },
     }
     if preference is not None:

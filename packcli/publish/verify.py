@@ -273,7 +273,7 @@ def _verify(
     scans = {name: _summed([r.scans[name] for r in results]) for name in CONFIG_NAMES}
     summary: dict[str, Any] = {
         "configs": {
-            name: {"rows": s.rows, "tokens": s.tokens, "segments": s.units}
+            name: {"rows": s.totals.rows, "tokens": s.totals.tokens, "segments": s.totals.units}
             for name, s in scans.items()
         },
         "parts": len(parts),
@@ -294,10 +294,10 @@ def _verify(
     report = meta["report"]
     pol = report["policy"]
     kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
-    if scans["long"].tokens != kept:
+    if scans["long"].totals.tokens != kept:
         fail(
             "config long",
-            f"holds {scans['long'].tokens} tokens; packcli.json's report.input.tokens minus "
+            f"holds {scans['long'].totals.tokens} tokens; packcli.json's report.input.tokens minus "
             f"report.policy.truncated_tokens and dropped_tokens is {kept}",
         )
     # The shards came out of the same tokenize stage: also encode some input again.
@@ -310,8 +310,8 @@ def _verify(
 
 
 def _summed(scans: list[ConfigScan]) -> ConfigScan:
-    total = ConfigScan()
-    for scan in scans:
+    total = scans[0]
+    for scan in scans[1:]:
         total = total + scan
     return total
 
@@ -346,7 +346,7 @@ def _check_leftovers(results: list[PartResult], scans: dict[str, ConfigScan]) ->
             extra = first if extra is None else min(extra, first)
         if extra is not None:
             expected = sum(r.expected[name] for r in results)
-            differs(name, extra, scans[name].units, expected)
+            differs(name, extra, scans[name].totals.units, expected)
 
 
 __all__ = ["Part", "read_marker", "verify_folder", "verify_output", "verify_remote"]

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES
+from packcli.pack.plan import RowTotals
 from packcli.publish.expected import expected_pieces, segment_hashes
 from packcli.publish.figures import ConfigScan, DocFigures, ShardFigures
 from packcli.publish.verify_rows import Segments, check_rows, concat, fail
@@ -288,7 +289,7 @@ def _scan_files(
 ) -> tuple[Segments, ConfigScan]:
     """Every row of the part's files of config ``name`` checked; their units and figures."""
     parts: list[Segments] = []
-    scan = ConfigScan()
+    scan = ConfigScan(RowTotals(capacity))
     rows_per_batch = max(1, (1 << 21) // capacity)
     row = first_row
     for i in range(*part.files[name]):
@@ -309,7 +310,9 @@ def _scan_files(
                 parts.append(segs)
                 offsets = batch.column("seq_lengths").offsets
                 scan.segments += int(offsets[-1].as_py() - offsets[0].as_py())
-                scan.add_rows(segs.length, segs.row - row, batch.num_rows, short_len)
+                scan.totals = scan.totals + RowTotals.of_rows(
+                    capacity, segs.length, segs.row - row, batch.num_rows, short_len
+                )
                 row += batch.num_rows
                 file_rows += batch.num_rows
                 file_tokens += int(segs.length.sum())

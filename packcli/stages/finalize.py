@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from packcli import __version__
 from packcli.atomic import atomic_write_bytes, atomic_write_json
 from packcli.config import RunConfig
@@ -18,8 +16,7 @@ from packcli.errors import PackcliError
 from packcli.faults import crash_point
 from packcli.fs import Placed, redact, upload_output
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
-from packcli.pack.balance import balance_ratio
-from packcli.pack.plan import Plan, RowLayout
+from packcli.pack.plan import RowLayout, RowTotals
 from packcli.publish.card import render_card
 from packcli.publish.report import TOKENS_PER_STEP, LengthStats, build_report
 from packcli.stages.index import collect_tokens, gather_rejects
@@ -126,19 +123,20 @@ def plan_parts(plan: PlanSet) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class PlanRows:
-    """What the report needs of the plan: every config's rows without their pieces (docs and
-    tokens per row, in output order), the long rows' attention costs, and the pairs each
-    config holds. Made part by part, so finalize holds O(rows), never every piece."""
+    """What the report needs of the plan: each config's rows summed (``RowTotals``: rows,
+    pieces, tokens, the largest row, attention costs), the plan's counts, and the pairs each
+    config holds. Summed part by part, so finalize holds one part's plan at a time and
+    O(parts) figures, never a value per row or piece of the corpus."""
 
-    plan: Plan  # layouts with row offsets and tokens only (no row_pieces), and the stats
+    tiers: dict[str, RowTotals]
+    stats: dict[str, Any]
     pairs: dict[str, int]
 
 
 def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRows:
-    """Read each part's plan in turn and keep only its rows' figures (one part in memory)."""
-    offsets: dict[str, list[np.ndarray]] = {name: [] for name in CONFIG_NAMES}
-    tokens: dict[str, list[np.ndarray]] = {name: [] for name in CONFIG_NAMES}
-    costs: list[np.ndarray] = []
+    """Read each part's plan in turn and keep only its rows' sums (one part in memory)."""
+    capacity = {"short": planset.config.short_len, "long": planset.config.long_len}
+    tiers = {name: RowTotals(capacity[name]) for name in CONFIG_NAMES}
     pairs = dict.fromkeys(CONFIG_NAMES, 0)
     preference = "preference" in shards.success
     for part in planset.parts:
@@ -146,30 +144,15 @@ def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRo
         plan, _ = load_part(cfg.work_path, planset, part)
         for name in CONFIG_NAMES:
             layout: RowLayout = getattr(plan, name)
-            offsets[name].append(np.diff(layout.row_offsets))
-            tokens[name].append(layout.row_tokens)
+            tiers[name] = tiers[name] + RowTotals.of(layout, plan.piece_len)
             if preference:
                 docs = plan.piece_doc[layout.row_pieces]
                 pairs[name] += int((shards.column_at("chosen_len", docs) > 0).sum())
-        long = plan.long
-        assert long is not None
-        seg_row = np.repeat(np.arange(long.num_rows), np.diff(long.row_offsets))
-        cost = plan.piece_len[long.row_pieces].astype(np.float64) ** 2
-        costs.append(np.bincount(seg_row, weights=cost, minlength=long.num_rows))
-        del plan, seg_row, cost
+        del plan
     stats = dict(planset.stats)
     if len(planset.parts) > 1:  # one part: its own figure (the balancer's, when it ran)
-        stats["long_attention_balance"] = {"ratio": balance_ratio(np.concatenate(costs))}
-    capacity = {"short": planset.config.short_len, "long": planset.config.long_len}
-    layouts = {}
-    for name in CONFIG_NAMES:
-        row_offsets = np.zeros(sum(a.size for a in offsets[name]) + 1, dtype=np.int64)
-        np.cumsum(np.concatenate(offsets[name]), out=row_offsets[1:])
-        layouts[name] = RowLayout(
-            capacity[name], row_offsets, np.zeros(0, np.int64), np.concatenate(tokens[name])
-        )
-    empty = np.zeros(0, dtype=np.int64)
-    return PlanRows(Plan(empty, empty, empty, stats=stats, **layouts), pairs)
+        stats["long_attention_balance"] = {"ratio": tiers["long"].balance}
+    return PlanRows(tiers, stats, pairs)
 
 
 def length_stats(cfg: RunConfig, shards: TokenShards) -> LengthStats:
@@ -237,7 +220,8 @@ def _report(
     read_stats = shards.success["read_stats"]
     entry = shards.success["files"][shards.value("file_index", largest)]
     report = build_report(
-        rows.plan,
+        rows.tiers,
+        rows.stats,
         lengths,
         input_stats={
             "files": len(shards.success["files"]),
