@@ -246,8 +246,11 @@ def plan_stage(
             else policy_counts([r["stats"] for r in records])
         )
         if len(groups) > 1:
-            tails = [_load_tail(cfg, part) for part in parts]
-            tail_plan = plan_tail(tails, cfg.plan)
+            # Every released piece once, in one set of arrays (not a list and its concat).
+            tails = Pieces.gather(
+                [p.tail_pieces for p in parts], lambda k: _load_tail(cfg, parts[k])
+            )
+            tail_plan = plan_tail([tails], cfg.plan)
             del tails
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
