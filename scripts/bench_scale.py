@@ -126,8 +126,9 @@ def _group_docs(n_docs: int, n_groups: int, g: int) -> int:
     return n_docs // n_groups + (1 if g < n_docs % n_groups else 0)
 
 
-def _group(mix: str, n_docs: int, n_groups: int, g: int) -> dict[str, object]:
-    """One group task: its lengths, its plan, what it keeps and releases."""
+def _group(mix: str, n_docs: int, n_groups: int, g: int, tails: str) -> dict[str, object]:
+    """One group task: its lengths, its plan, what it keeps and releases (saved under
+    ``tails``, as the plan stage saves a group's ``.tail.npz``)."""
     from packcli.config import PlanConfig
     from packcli.pack.groups import plan_group
 
@@ -142,17 +143,29 @@ def _group(mix: str, n_docs: int, n_groups: int, g: int) -> dict[str, object]:
         "base": base,
         "rows": {k: getattr(gp.plan, k).num_rows for k in ("long", "short")},
         "tokens": {k: int(getattr(gp.plan, k).row_tokens.sum()) for k in ("long", "short")},
-        "tail": gp.tail,
+        "tail": _save_tail(Path(tails) / f"{g}.npz", gp.tail),
+        "tail_pieces": gp.tail.size,
     }
 
 
-def _tail(tails: list[object]) -> dict[str, object]:
+def _save_tail(path: Path, tail: object) -> str:
+    np.savez(path, doc=tail.doc, start=tail.start, length=tail.length)  # type: ignore[attr-defined]
+    return str(path)
+
+
+def _tail(paths: list[str], sizes: list[int]) -> dict[str, object]:
+    """The tail as the plan stage's driver plans it: the groups' released pieces read one
+    group at a time into one set of arrays (``Pieces.gather``)."""
     from packcli.config import PlanConfig
-    from packcli.pack.groups import plan_tail
+    from packcli.pack.groups import Pieces, plan_tail
+
+    def load(i: int) -> Pieces:
+        with np.load(paths[i]) as z:
+            return Pieces(z["doc"], z["start"], z["length"])
 
     base = warm()
     t = time.perf_counter()
-    plan = plan_tail(tails, PlanConfig())  # type: ignore[arg-type]
+    plan = plan_tail([Pieces.gather(sizes, load)], PlanConfig())
     return {
         "wall": time.perf_counter() - t,
         "rss": rss_mb(),
@@ -178,13 +191,16 @@ def plan_main(argv: list[str]) -> None:
     )
     for n in args.docs:
         n_groups = max(1, n // args.docs_per_group)
-        jobs = [(args.mix, n, n_groups, g) for g in range(n_groups)]
+        tail_dir = tempfile.TemporaryDirectory(prefix="bench-tails-")
+        jobs = [(args.mix, n, n_groups, g, tail_dir.name) for g in range(n_groups)]
         with ProcessPoolExecutor(args.workers, max_tasks_per_child=1) as pool:
             groups = list(pool.map(_group, *zip(*jobs, strict=True)))
-            tail = pool.submit(_tail, [g["tail"] for g in groups]).result()
+            sizes = [int(g["tail_pieces"]) for g in groups]  # type: ignore[call-overload]
+            tail = pool.submit(_tail, [g["tail"] for g in groups], sizes).result()
             glob = None
             if n <= args.global_max:
                 glob = pool.submit(_global, args.mix, n, n_groups).result()
+        tail_dir.cleanup()
         parts = [*groups, tail]
         tokens = {k: sum(p["tokens"][k] for p in parts) for k in ("long", "short")}
         rows = {k: sum(p["rows"][k] for p in parts) for k in ("long", "short")}
@@ -192,6 +208,7 @@ def plan_main(argv: list[str]) -> None:
         big = max(groups, key=lambda g: g["rss"])
         per_doc = (big["rss"] - big["base"]) * 2**20 / (n / n_groups)
         tail_share = 100 * tail["tail_tokens"] / tokens["long"]
+        per_piece = (tail["rss"] - tail["base"]) * 2**20 / max(1, sum(sizes))
         wall = max(g["wall"] for g in groups)
         print(
             f"{n:>11}{n_groups:>7}{'group':>9}{big['rss']:>9.0f}{big['base']:>9.0f}"
@@ -200,7 +217,8 @@ def plan_main(argv: list[str]) -> None:
         )
         print(
             f"{n:>11}{n_groups:>7}{'tail':>9}{tail['rss']:>9.0f}{tail['base']:>9.0f}"
-            f"{'':>7}{tail['wall']:>8.2f}"
+            f"{per_piece:>7.0f}{tail['wall']:>8.2f}"
+            f"{'':>32}  {sum(sizes):,} pieces (B/doc: per piece)"
         )
         if glob:
             per_doc = (glob["rss"] - glob["base"]) * 2**20 / n
