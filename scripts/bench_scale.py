@@ -710,7 +710,7 @@ def rss_main(argv: list[str]) -> None:
         prog="bench_scale.py rss",
         description="Peak RSS and wall time of every stage process at growing corpus sizes.",
     )
-    ap.add_argument("--docs", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--docs", type=int, nargs="*", default=[1_000_000, 10_000_000])
     ap.add_argument("--scale", type=int, default=16, help="divide token counts and capacities")
     ap.add_argument("--tokenize-mb", type=float, nargs="*", default=[25, 100, 400])
     ap.add_argument("--tasks", type=int, default=2, help="plan and write tasks (processes)")

@@ -241,3 +241,27 @@ def test_chat_and_pairs_by_groups_hold_the_same_segments(tmp_path: Path, fmt: st
     assert len(parts) >= 4 and parts[-1]["name"] == "tail" and parts[-1]["tail_pieces"] > 0
     assert _segments(grouped) == _segments(whole)
     invoke_ok("verify", grouped)
+
+
+def test_a_part_is_loaded_reading_each_array_once(grouped, monkeypatch) -> None:
+    """``load_part`` builds the plan and its digest from one read of each npz array (reading
+    ``z[k]`` again for the digest held every part's plan twice: write tasks and finalize)."""
+    from collections import Counter
+
+    from packcli.stages.plan import load_part, load_plan
+
+    _, _, ref, _ = grouped
+    work = ref / ".packcli"
+    planset = load_plan(work, TokenShards(work / "tokens"))
+    reads: Counter[str] = Counter()
+    real = np.lib.npyio.NpzFile.__getitem__
+
+    def counted(self, key):
+        reads[f"{self.fid.name}:{key}"] += 1
+        return real(self, key)
+
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", counted)
+    for part in planset.parts:
+        plan, _ = load_part(work, planset, part)
+        assert plan.long is not None and plan.long.num_rows == part.rows["long"]
+    assert reads and set(reads.values()) == {1}
