@@ -22,6 +22,31 @@ of its processes). Small token shards, output files and groups (``--shard-tokens
 as a big job has per task.
 
     python scripts/bench_scale.py io --size-mb 25 --tasks 1 2 4 8 16
+
+``rss`` measures the peak RSS (``ru_maxrss`` of each command, run from a small wrapper
+process) and wall time of every stage process as a cluster runs them, one ``python -m
+packcli`` process each: ``plan --task-index i --num-tasks N`` (the groups), ``plan`` (the
+driver: the tail and ``plan.json``), ``write --task-index i --num-tasks N``, ``finalize``
+(with N > 1 it writes the tail's files); ``--verify`` adds ``packcli verify`` (the hook for
+the verify stage, off by default). Per corpus size it prints each stage's largest process
+and the slope of its peak in bytes per document from the size before. The work folder is
+synthetic but real: a one-line jsonl is tokenized by ``packcli tokenize`` (the stage's own
+records), then its unit's shards are replaced by shards written by packcli's
+``ShardWriter`` with ``real_mix`` lengths (``synthetic_work``), so the stage commands run on
+it unchanged. To keep 100M documents within ~13 GB of disk it is a **scale model**
+(``--scale``, default 16): document lengths (rounded up, so a median of 2 tokens, mean 14),
+``short_len``, ``long_len``, ``group_tokens`` and both ``shard_tokens`` are divided by the
+scale, so documents, pieces and rows per group, groups, token shards and output files are as
+at full scale; ``row_group_tokens`` is not (a writer thread holds a row group of 16M tokens
+as at full scale). What it understates: a write task's memory-mapped shard pages (its
+group's tokens, 1/scale of a full group's ~1 GB) and the tail's pieces (a released row holds
+up to ``long_len`` one-token documents: 1/scale as many), so ``--scale 1`` at 1M documents
+and the ``plan`` mode above (full-scale lengths) measure those. Token ids are uniform in
+0..255 (Parquet at ~1.3 bytes per token). Tokenize is measured on real text
+(``make_real_corpus.py``) of growing size, default settings.
+
+    python scripts/bench_scale.py rss --docs 1000000 10000000 100000000 --tokenize-mb 25 100 400
+    python scripts/bench_scale.py rss --docs 1000000 --scale 1 --tokenize-mb
 """
 
 from __future__ import annotations
@@ -35,7 +60,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -101,8 +126,9 @@ def _group_docs(n_docs: int, n_groups: int, g: int) -> int:
     return n_docs // n_groups + (1 if g < n_docs % n_groups else 0)
 
 
-def _group(mix: str, n_docs: int, n_groups: int, g: int) -> dict[str, object]:
-    """One group task: its lengths, its plan, what it keeps and releases."""
+def _group(mix: str, n_docs: int, n_groups: int, g: int, tails: str) -> dict[str, object]:
+    """One group task: its lengths, its plan, what it keeps and releases (saved under
+    ``tails``, as the plan stage saves a group's ``.tail.npz``)."""
     from packcli.config import PlanConfig
     from packcli.pack.groups import plan_group
 
@@ -117,17 +143,29 @@ def _group(mix: str, n_docs: int, n_groups: int, g: int) -> dict[str, object]:
         "base": base,
         "rows": {k: getattr(gp.plan, k).num_rows for k in ("long", "short")},
         "tokens": {k: int(getattr(gp.plan, k).row_tokens.sum()) for k in ("long", "short")},
-        "tail": gp.tail,
+        "tail": _save_tail(Path(tails) / f"{g}.npz", gp.tail),
+        "tail_pieces": gp.tail.size,
     }
 
 
-def _tail(tails: list[object]) -> dict[str, object]:
+def _save_tail(path: Path, tail: object) -> str:
+    np.savez(path, doc=tail.doc, start=tail.start, length=tail.length)  # type: ignore[attr-defined]
+    return str(path)
+
+
+def _tail(paths: list[str], sizes: list[int]) -> dict[str, object]:
+    """The tail as the plan stage's driver plans it: the groups' released pieces read one
+    group at a time into one set of arrays (``Pieces.gather``)."""
     from packcli.config import PlanConfig
-    from packcli.pack.groups import plan_tail
+    from packcli.pack.groups import Pieces, plan_tail
+
+    def load(i: int) -> Pieces:
+        with np.load(paths[i]) as z:
+            return Pieces(z["doc"], z["start"], z["length"])
 
     base = warm()
     t = time.perf_counter()
-    plan = plan_tail(tails, PlanConfig())  # type: ignore[arg-type]
+    plan = plan_tail([Pieces.gather(sizes, load)], PlanConfig())
     return {
         "wall": time.perf_counter() - t,
         "rss": rss_mb(),
@@ -153,13 +191,16 @@ def plan_main(argv: list[str]) -> None:
     )
     for n in args.docs:
         n_groups = max(1, n // args.docs_per_group)
-        jobs = [(args.mix, n, n_groups, g) for g in range(n_groups)]
+        tail_dir = tempfile.TemporaryDirectory(prefix="bench-tails-")
+        jobs = [(args.mix, n, n_groups, g, tail_dir.name) for g in range(n_groups)]
         with ProcessPoolExecutor(args.workers, max_tasks_per_child=1) as pool:
             groups = list(pool.map(_group, *zip(*jobs, strict=True)))
-            tail = pool.submit(_tail, [g["tail"] for g in groups]).result()
+            sizes = [int(g["tail_pieces"]) for g in groups]  # type: ignore[call-overload]
+            tail = pool.submit(_tail, [g["tail"] for g in groups], sizes).result()
             glob = None
             if n <= args.global_max:
                 glob = pool.submit(_global, args.mix, n, n_groups).result()
+        tail_dir.cleanup()
         parts = [*groups, tail]
         tokens = {k: sum(p["tokens"][k] for p in parts) for k in ("long", "short")}
         rows = {k: sum(p["rows"][k] for p in parts) for k in ("long", "short")}
@@ -167,6 +208,7 @@ def plan_main(argv: list[str]) -> None:
         big = max(groups, key=lambda g: g["rss"])
         per_doc = (big["rss"] - big["base"]) * 2**20 / (n / n_groups)
         tail_share = 100 * tail["tail_tokens"] / tokens["long"]
+        per_piece = (tail["rss"] - tail["base"]) * 2**20 / max(1, sum(sizes))
         wall = max(g["wall"] for g in groups)
         print(
             f"{n:>11}{n_groups:>7}{'group':>9}{big['rss']:>9.0f}{big['base']:>9.0f}"
@@ -175,7 +217,8 @@ def plan_main(argv: list[str]) -> None:
         )
         print(
             f"{n:>11}{n_groups:>7}{'tail':>9}{tail['rss']:>9.0f}{tail['base']:>9.0f}"
-            f"{'':>7}{tail['wall']:>8.2f}"
+            f"{per_piece:>7.0f}{tail['wall']:>8.2f}"
+            f"{'':>32}  {sum(sizes):,} pieces (B/doc: per piece)"
         )
         if glob:
             per_doc = (glob["rss"] - glob["base"]) * 2**20 / n
@@ -201,6 +244,8 @@ class Stage:
     wall: float
     rss_mb: float  # the largest peak RSS of the stage's processes
     requests: list  # s3count.Request
+    peaks: list[float] = field(default_factory=list)  # each process's peak RSS, MB
+    walls: list[float] = field(default_factory=list)  # each process's wall seconds
 
 
 def make_corpus(path: Path, size_mb: float, seed: int) -> None:
@@ -246,20 +291,23 @@ PEAK_RSS = (
 def run_stage(name: str, cmds: list[list[str]], env: dict, jobs: int, logs: Path) -> Stage:
     """Run the stage's processes, ``jobs`` at a time, each with its peak RSS measured."""
 
-    def one(i: int, cmd: list[str]) -> float:
-        log, rss = logs / f"{name}-{i}.log", logs / f"{name}-{i}.rss"
+    def one(i: int, cmd: list[str]) -> tuple[float, float]:
+        stem = f"{name.replace(' ', '-')}-{i}"
+        log, rss = logs / f"{stem}.log", logs / f"{stem}.rss"
+        t0 = time.perf_counter()
         with log.open("wb") as fh:
             wrapped = [sys.executable, "-c", PEAK_RSS, str(rss), *cmd]
             rc = subprocess.call(wrapped, env=env, stdout=fh, stderr=subprocess.STDOUT)
         if rc:
             tail = log.read_text(errors="replace")[-3000:]
             raise SystemExit(f"{' '.join(cmd)} exited {rc}:\n{tail}")
-        return int(rss.read_text()) / 1024
+        return int(rss.read_text()) / 1024, time.perf_counter() - t0
 
     t = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:
-        peaks = list(pool.map(one, range(len(cmds)), cmds))
-    return Stage(name, len(cmds), time.perf_counter() - t, max(peaks), [])
+        done = list(pool.map(one, range(len(cmds)), cmds))
+    peaks, walls = [p for p, _ in done], [w for _, w in done]
+    return Stage(name, len(cmds), time.perf_counter() - t, max(peaks), [], peaks, walls)
 
 
 def pack_on_store(
@@ -417,9 +465,295 @@ def io_main(argv: list[str]) -> None:
     print("\n".join(summary))
 
 
+# --- rss: peak RSS and wall time of every stage process, 1M-100M documents -------------------
+
+# The settings a scale model divides by ``--scale`` (section, key, full-scale default).
+SCALED = (
+    ("tokenize", "shard_tokens", 64 << 20),
+    ("plan", "short_len", 4096),
+    ("plan", "long_len", 131072),
+    ("plan", "group_tokens", 1 << 28),
+    ("write", "shard_tokens", 256 << 20),
+)
+BATCH_DOCS = 1 << 16  # documents per record batch handed to the shard writer
+# The stages measured, in the order a cluster runs them. ``verify`` is the hook for the
+# verify stage: ``--verify`` adds its command (``rss_commands``), off by default until its
+# task-per-part rewrite lands; its row then appears in the table like any other.
+RSS_STAGES = ("plan group", "plan tail", "write", "finalize", "verify")
+DRIVERS = ("plan tail", "finalize")  # one per job, whatever its size: must not grow
+
+
+def scale_config(path: Path, scale: int) -> dict[str, dict[str, int]]:
+    """The scale model's config file: token counts and capacities divided by ``scale``, so
+    documents, pieces, rows, groups, token shards and output files per document are as at
+    full scale; ``write.row_group_tokens`` stays at its default (16M), so what one writer
+    thread holds (a row group) is as at full scale too."""
+    sections: dict[str, dict[str, int]] = {}
+    for section, key, value in SCALED:
+        sections.setdefault(section, {})[key] = value // scale
+    path.write_text(
+        "".join(
+            f"{section}:\n" + "".join(f"  {k}: {v}\n" for k, v in keys.items())
+            for section, keys in sections.items()
+        )
+    )
+    return sections
+
+
+def synthetic_work(out: Path, config: Path, n_docs: int, scale: int, seed: int) -> dict[str, int]:
+    """A work folder of ``n_docs`` documents as ``packcli tokenize`` leaves it, fast: the
+    stage's own records from tokenizing a one-line jsonl, then that unit's shard replaced by
+    synthetic shards written by packcli's own ``ShardWriter`` (``real_mix`` lengths divided
+    by ``scale``, rounded up; token ids uniform in 0..255, so the Parquet output compresses
+    to ~1 byte per token) and the unit's completion record updated to match. ``plan``,
+    ``write`` and ``finalize`` then run on it unchanged."""
+    import pyarrow as pa
+
+    from packcli.arrow_np import list_array, to_arrow
+    from packcli.atomic import atomic_write_json
+    from packcli.tokenize.shards import SHARD_SCHEMA, SUCCESS, ShardWriter
+
+    seed_doc = out.parent / f"{out.name}-seed.jsonl"
+    seed_doc.write_text('{"text": "one seed document"}\n')
+    cmd = [sys.executable, "-m", "packcli", "tokenize", seed_doc, "-t", TOKENIZER, "-o", out]
+    subprocess.run([str(c) for c in [*cmd, "-c", config, "-q"]], check=True, capture_output=True)
+    (unit,) = (out / ".packcli" / "tokens" / "files").iterdir()
+    record = json.loads((unit / SUCCESS).read_text())
+    for f in unit.glob("shard-*"):
+        f.unlink()
+    tokens = 0
+    with ShardWriter(unit, SCALED[0][2] // scale, schema=SHARD_SCHEMA) as writer:
+        for first in range(0, n_docs, BATCH_DOCS):
+            m = min(BATCH_DOCS, n_docs - first)
+            rng = np.random.default_rng([seed, first])  # 1M documents are 10M's first ones
+            lengths = -(-real_mix(m, rng) // scale)
+            offsets = np.zeros(m + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            values = rng.integers(0, 256, int(offsets[-1]), dtype=np.int32)
+            doc_index = np.arange(first, first + m, dtype=np.int64)
+            columns = [
+                list_array(offsets, values, pa.int32()),
+                to_arrow(lengths, pa.int32()),
+                to_arrow(doc_index),
+                to_arrow(np.zeros(m, dtype=np.int32)),
+                to_arrow(doc_index + 1),  # jsonl lines count from 1
+            ]
+            writer.add(pa.record_batch(columns, schema=SHARD_SCHEMA))
+            tokens += int(offsets[-1])
+    record.update(num_docs=n_docs, num_tokens=tokens, shards=writer.manifests)
+    record["read_stats"].update(documents=n_docs, lines=n_docs)
+    atomic_write_json(unit / SUCCESS, record)
+    nbytes = sum(m["bytes"] for m in writer.manifests)
+    return {"tokens": tokens, "shards": len(writer.manifests), "bytes": nbytes}
+
+
+def rss_commands(
+    out: Path, config: Path, n_groups: int, tasks: int, verify: bool
+) -> dict[str, list[list[str]]]:
+    """The stage commands as a Slurm array runs them, each its own process: ``tasks`` plan
+    tasks (each plans every ``tasks``-th group), the plan driver (reuses the groups, plans
+    the tail, writes ``plan.json``), ``tasks`` write tasks, finalize (the tail's files, the
+    report, the card); with ``verify``, ``packcli verify`` of the output."""
+    cli = [sys.executable, "-m", "packcli"]
+    n = max(1, min(tasks, n_groups))
+
+    def task(i: int) -> list[str]:
+        return ["--task-index", str(i), "--num-tasks", str(n)]
+
+    cmds = {
+        "plan group": [[*cli, "plan", "-o", out, "-c", config, *task(i), "-q"] for i in range(n)],
+        "plan tail": [[*cli, "plan", "-o", out, "-c", config, "-q"]],
+        "write": [[*cli, "write", "-o", out, "-c", config, *task(i), "-q"] for i in range(n)],
+        "finalize": [[*cli, "finalize", "-o", out]],
+    }
+    if verify:
+        cmds["verify"] = [[*cli, "verify", out]]
+    return {k: [[str(c) for c in cmd] for cmd in v] for k, v in cmds.items()}
+
+
+def reset_plan(out: Path) -> None:
+    """Back to a tokenized work folder (for a repeat): no plan, no write records, no output."""
+    import shutil
+
+    work = out / ".packcli"
+    for folder in (work / "plan", work / "write", work / "owned", out / "data", out / "stats"):
+        shutil.rmtree(folder, ignore_errors=True)
+    for f in (work / "plan.json", out / "README.md", out / "packcli.json", out / "rejected.jsonl"):
+        f.unlink(missing_ok=True)
+
+
+@dataclass
+class RssRow:
+    stage: str
+    docs: int
+    groups: int
+    procs: int
+    peak_mb: float  # median over repeats of the stage's largest process peak
+    wall: float  # median over repeats of the stage's wall seconds
+    proc_wall: float  # median over repeats of its longest process's wall seconds
+    input_mb: float = 0.0  # tokenize: the jsonl's size
+
+
+def _median_row(stage: str, docs: int, groups: int, runs: list[Stage]) -> RssRow:
+    return RssRow(
+        stage,
+        docs,
+        groups,
+        runs[0].procs,
+        float(np.median([r.rss_mb for r in runs])),
+        float(np.median([r.wall for r in runs])),
+        float(np.median([max(r.walls) for r in runs])),
+    )
+
+
+def tokenize_rows(
+    sizes_mb: list[float], tmp: Path, jobs: int, repeat: int, seed: int
+) -> list[RssRow]:
+    """``packcli tokenize`` of real-text jsonl (``make_real_corpus.py``) of growing size, the
+    default config, one process each: its peak should not grow with the input."""
+    rows = []
+    env = dict(os.environ)
+    for mb in sizes_mb:
+        corpus = tmp / f"real{mb:g}.jsonl"
+        make_corpus(corpus, mb, seed)
+        with corpus.open("rb") as fh:
+            docs = sum(1 for _ in fh)
+        corpus_mb = corpus.stat().st_size / MB
+        runs = []
+        for r in range(repeat):
+            out, logs = tmp / f"tok{mb:g}-{r}", tmp / f"tok{mb:g}-{r}-logs"
+            logs.mkdir()
+            cmd = [sys.executable, "-m", "packcli", "tokenize", corpus, "-t", TOKENIZER, "-o", out]
+            runs.append(run_stage("tokenize", [[str(c) for c in [*cmd, "-q"]]], env, jobs, logs))
+            _rmtree(out)
+        corpus.unlink()
+        rows.append(_median_row("tokenize", docs, 0, runs))
+        rows[-1].input_mb = corpus_mb
+        print(f"tokenize {mb:g} MB: {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def stage_rows(
+    n_docs: int, args: argparse.Namespace, tmp: Path
+) -> tuple[list[RssRow], dict[str, int]]:
+    """One corpus size: the synthetic work folder, then every stage's processes (median of
+    ``args.repeat`` runs, each from a tokenized work folder)."""
+    from packcli.pack.groups import group_count
+
+    config = tmp / f"scale{args.scale}.yaml"
+    scale_config(config, args.scale)
+    out = tmp / f"out-{n_docs}"
+    t = time.perf_counter()
+    made = synthetic_work(out, config, n_docs, args.scale, args.seed)
+    made["build_s"] = round(time.perf_counter() - t, 1)
+    group_tokens = dict((k, v) for s, k, v in SCALED if s == "plan")["group_tokens"]
+    n_groups = min(group_count(made["tokens"], group_tokens // args.scale), made["shards"])
+    made["groups"] = n_groups
+    print(f"{n_docs:,} documents: {made}", file=sys.stderr, flush=True)
+    cmds = rss_commands(out, config, n_groups, args.tasks, args.verify)
+    runs: dict[str, list[Stage]] = {name: [] for name in cmds}
+    env = dict(os.environ)
+    for r in range(args.repeat):
+        reset_plan(out)
+        logs = tmp / f"logs-{n_docs}-{r}"
+        logs.mkdir()
+        for name, stage_cmds in cmds.items():
+            stage = run_stage(name, stage_cmds, env, args.jobs, logs)
+            print(
+                f"{n_docs:,} run {r}: {name} {stage.procs} proc(s), peak "
+                f"{stage.rss_mb:.0f} MB, {stage.wall:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            runs[name].append(stage)
+        if r == 0:
+            made["output_bytes"] = sum(f.stat().st_size for f in (out / "data").rglob("*.parquet"))
+    if not args.keep:
+        _rmtree(out)
+    return [_median_row(name, n_docs, n_groups, runs[name]) for name in cmds], made
+
+
+RSS_HEADER = (
+    f"{'stage':<18}{'docs':>12}{'groups':>7}{'procs':>6}{'peak MB':>9}{'B/doc':>9}"
+    f"{'wall s':>8}{'proc s':>8}"
+)
+
+
+def rss_table(rows: list[RssRow]) -> list[str]:
+    """Rows by stage then size; ``B/doc``: the peak's growth per document from the size
+    before (the slope), for the same stage."""
+    lines = [RSS_HEADER]
+    order = {name: i for i, name in enumerate(("tokenize", *RSS_STAGES))}
+    rows = sorted(rows, key=lambda r: (order.get(r.stage, len(order)), r.docs))
+    prev: RssRow | None = None
+    for row in rows:
+        slope = ""
+        if prev is not None and prev.stage == row.stage and row.docs > prev.docs:
+            slope = f"{(row.peak_mb - prev.peak_mb) * 2**20 / (row.docs - prev.docs):.1f}"
+        name = f"{row.stage} {row.input_mb:.0f} MB" if row.input_mb else row.stage
+        lines.append(
+            f"{name:<18}{row.docs:>12,}{row.groups or '':>7}{row.procs:>6}"
+            f"{row.peak_mb:>9.0f}{slope:>9}{row.wall:>8.1f}{row.proc_wall:>8.1f}"
+        )
+        prev = row
+    return lines
+
+
+def rss_main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(
+        prog="bench_scale.py rss",
+        description="Peak RSS and wall time of every stage process at growing corpus sizes.",
+    )
+    ap.add_argument("--docs", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    ap.add_argument("--scale", type=int, default=16, help="divide token counts and capacities")
+    ap.add_argument("--tokenize-mb", type=float, nargs="*", default=[25, 100, 400])
+    ap.add_argument("--tasks", type=int, default=2, help="plan and write tasks (processes)")
+    ap.add_argument("--jobs", type=int, default=2, help="task processes at a time")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per size (medians)")
+    ap.add_argument("--verify", action="store_true", help="measure `packcli verify` too")
+    ap.add_argument("--dir", type=Path, help="where the work folders go (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep each size's output folder")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="append the rows here (jsonl)")
+    args = ap.parse_args(argv)
+    if args.scale < 1 or 4096 % args.scale:
+        raise SystemExit("--scale must divide 4096 (short_len)")
+    with tempfile.TemporaryDirectory(prefix="bench-rss-", dir=args.dir) as tmp_dir:
+        tmp = Path(tmp_dir)
+        rows = tokenize_rows(args.tokenize_mb, tmp, args.jobs, args.repeat, args.seed)
+        built = {}
+        for n in args.docs:
+            stage, built[n] = stage_rows(n, args, tmp)
+            rows += stage
+            if args.json:
+                with args.json.open("a") as fh:
+                    for row in stage:
+                        fh.write(json.dumps({**asdict(row), "scale": args.scale}) + "\n")
+    print(f"\nscale model 1/{args.scale} (tokens per document and capacities); {built}")
+    print("\n".join(rss_table(rows)))
+    if args.docs:
+        top = max(args.docs)
+        worst = max(
+            (r for r in rows if r.docs == top and not r.stage.startswith("tok")),
+            key=lambda r: r.peak_mb,
+        )
+        print(
+            f"\nlargest process at {top:,} documents: {worst.stage}, {worst.peak_mb:.0f} MB "
+            f"({'within' if worst.peak_mb <= 3072 else 'OVER'} 3 GB)"
+        )
+
+
 def main() -> None:
     if sys.argv[1:2] == ["io"]:
         io_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["rss"]:
+        rss_main(sys.argv[2:])
     else:
         plan_main(sys.argv[1:])
 

@@ -5,6 +5,7 @@ groups' shards."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -63,6 +64,32 @@ def test_several_groups_and_a_tail_verify(grouped, toy_tokenizer_path: Path) -> 
         rows = datasets.load_dataset(str(ref), name, split="train").num_rows
         assert rows == meta["report"]["tiers"][name]["rows"] == sum(p["rows"][name] for p in parts)
     assert len([h for h in hashes if "/long/" in h]) == sum(len(p["files"]["long"]) for p in parts)
+
+
+def test_the_tail_planner_holds_each_released_piece_once(
+    grouped, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan driver hands the tail's planner every group's released pieces in one set of
+    arrays: a list of the groups' pieces plus their concatenation held each twice (~24 of
+    the driver's ~145 B per released piece, which dominate it at ~50k pieces per group)."""
+    import packcli.stages.plan as plan_stage
+
+    _, cfg, ref, hashes = grouped
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    seen: list[list[int]] = []
+    real = plan_stage.plan_tail
+
+    def spy(tails, config):
+        seen.append([t.size for t in tails])
+        return real(tails, config)
+
+    monkeypatch.setattr(plan_stage, "plan_tail", spy)
+    invoke_ok("plan", "-o", out, "-c", cfg, "-q")
+    released = sum(p["tail_pieces"] for p in _parts(out) if p["name"] != "tail")
+    assert seen == [[released]] and released > 0
+    invoke_ok("write", "-o", out, "-c", cfg, "-q")
+    assert data_hashes(out) == hashes
 
 
 @pytest.mark.parametrize("num_tasks", [1, 4, 16])
@@ -214,3 +241,27 @@ def test_chat_and_pairs_by_groups_hold_the_same_segments(tmp_path: Path, fmt: st
     assert len(parts) >= 4 and parts[-1]["name"] == "tail" and parts[-1]["tail_pieces"] > 0
     assert _segments(grouped) == _segments(whole)
     invoke_ok("verify", grouped)
+
+
+def test_a_part_is_loaded_reading_each_array_once(grouped, monkeypatch) -> None:
+    """``load_part`` builds the plan and its digest from one read of each npz array (reading
+    ``z[k]`` again for the digest held every part's plan twice: write tasks and finalize)."""
+    from collections import Counter
+
+    from packcli.stages.plan import load_part, load_plan
+
+    _, _, ref, _ = grouped
+    work = ref / ".packcli"
+    planset = load_plan(work, TokenShards(work / "tokens"))
+    reads: Counter[str] = Counter()
+    real = np.lib.npyio.NpzFile.__getitem__
+
+    def counted(self, key):
+        reads[f"{self.fid.name}:{key}"] += 1
+        return real(self, key)
+
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", counted)
+    for part in planset.parts:
+        plan, _ = load_part(work, planset, part)
+        assert plan.long is not None and plan.long.num_rows == part.rows["long"]
+    assert reads and set(reads.values()) == {1}

@@ -137,3 +137,16 @@ def test_shard_groups_stride_and_count() -> None:
     with pytest.raises(ValueError):
         group_count(10, 0)
     assert Pieces.concat([]).size == 0
+
+
+def test_gathered_pieces_are_held_once() -> None:
+    parts = [Pieces(np.arange(k) + 10 * k, np.zeros(k, np.int64), np.full(k, k)) for k in (3, 0, 5)]
+    got = Pieces.gather([p.size for p in parts], parts.__getitem__)
+    want = Pieces.concat(parts)
+    for f in ("doc", "start", "length"):
+        arr = getattr(got, f)
+        assert np.array_equal(arr, getattr(want, f)) and arr.dtype == np.int64
+        assert arr.base is None  # one allocation for all parts, no views of them
+    assert Pieces.concat([got]) is got  # the tail's planner takes it without a copy
+    with pytest.raises(ValueError):
+        Pieces.gather([4], parts.__getitem__)

@@ -67,7 +67,7 @@ def plan_steps(
             f"documents_per_row has {len(documents_per_row)} rows but tokens_per_row has "
             f"{len(tokens_per_row)}"
         )
-    if not documents_per_row:
+    if len(documents_per_row) == 0:  # also a numpy array's way (no list of every row)
         raise ValueError("no rows: nothing to plan")
     if min(documents_per_row) < 1 or min(tokens_per_row) < 1:
         raise ValueError("every row needs at least one document and one token")

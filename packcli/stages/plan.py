@@ -246,8 +246,11 @@ def plan_stage(
             else policy_counts([r["stats"] for r in records])
         )
         if len(groups) > 1:
-            tails = [_load_tail(cfg, part) for part in parts]
-            tail_plan = plan_tail(tails, cfg.plan)
+            # Every released piece once, in one set of arrays (not a list and its concat).
+            tails = Pieces.gather(
+                [p.tail_pieces for p in parts], lambda k: _load_tail(cfg, parts[k])
+            )
+            tail_plan = plan_tail([tails], cfg.plan)
             del tails
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
@@ -441,26 +444,25 @@ def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Piece
     path = work / PLAN_DIR / f"{part.name}.npz"
     cfg = planset.config
     try:
-        with np.load(path) as z:
-            layouts = {
-                name: RowLayout(
-                    cfg.short_len if name == "short" else cfg.long_len,
-                    z[f"{name}_row_offsets"],
-                    z[f"{name}_row_pieces"],
-                    z[f"{name}_row_tokens"],
-                )
-                for name in CONFIG_NAMES
-            }
-            source = z["piece_source"] if "piece_source" in z.files else None
-            plan = Plan(
-                z["piece_doc"],
-                z["piece_start"],
-                z["piece_len"],
-                stats={},
-                piece_source=source,
-                **layouts,
-            )
+        with np.load(path) as z:  # each array read once (z[k] reads it anew every time)
             arrays = {k: z[k] for k in z.files}
+        layouts = {
+            name: RowLayout(
+                cfg.short_len if name == "short" else cfg.long_len,
+                arrays[f"{name}_row_offsets"],
+                arrays[f"{name}_row_pieces"],
+                arrays[f"{name}_row_tokens"],
+            )
+            for name in CONFIG_NAMES
+        }
+        plan = Plan(
+            arrays["piece_doc"],
+            arrays["piece_start"],
+            arrays["piece_len"],
+            stats={},
+            piece_source=arrays.get("piece_source"),
+            **layouts,
+        )
         tail = Pieces.concat([])
         if not part.is_tail:
             tail, tail_arrays = _read_tail(work / PLAN_DIR / f"{part.name}.tail.npz")
