@@ -233,14 +233,16 @@ class StagingWork(LocalWork):
         threads: int,
     ) -> None:
         """Every file is final here: put what the store lacks, ``packcli.json`` last."""
-        self._upload(owned, threads, {})
-
-    def _upload(self, owned: frozenset[str], threads: int, placed: dict[str, Any]) -> None:
         from packcli.fs import upload_output
 
+        placed = self._placed(files, versions)
         upload_output(
             self.out, self.local, self.out_url, threads=threads, placed=placed, owned=owned
         )
+
+    def _placed(self, files: dict[str, list[dict[str, Any]]], versions: dict) -> dict[str, Any]:
+        """The files the write tasks put on the store themselves: none, they were staged."""
+        return {}
 
     def uploaded(self) -> set[str]:
         from packcli.fs import uploaded_files
@@ -560,25 +562,17 @@ class WorkStore(StagingWork):
         self._call(f"delete {rel} of the output", lambda: _rm(self.out_fs, target))
         super().remove_output(rel)
 
-    def publish(
-        self,
-        files: dict[str, list[dict[str, Any]]],
-        versions: dict[str, dict[str, str]],
-        *,
-        owned: frozenset[str],
-        threads: int,
-    ) -> None:
-        """The write tasks put the data files: checked against their records, never put from
-        here; then the rest, ``packcli.json`` last."""
+    def _placed(self, files: dict[str, list[dict[str, Any]]], versions: dict) -> dict[str, Any]:
+        """Every data file: the write tasks put them, so ``publish`` checks them against
+        their records and never puts them from here."""
         from packcli.fs import Placed
 
-        placed = {
+        return {
             rel: Placed(int(f["bytes"]), versions.get(rel, {}))
             for name in CONFIG_NAMES
             for f in files[name]
             for rel in [f"data/{name}/{f['file']}"]
         }
-        self._upload(owned, threads, placed)
 
     def uploaded(self) -> set[str]:
         """None to add: the upload log is in this process's mirror; the write records name
