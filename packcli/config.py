@@ -228,7 +228,7 @@ class RunConfig:
     def out_path(self) -> Path:
         """The local output folder: ``out``, or for a remote ``out`` the local folder it is
         made in and uploaded from (``--work-dir``, else a cache folder named after the URL;
-        ``packcli/fs.py``); with a URL work folder, this process's mirror of the output."""
+        ``packcli/fs/urls.py``); with a URL work folder, this process's mirror of the output."""
         from packcli.fs import local_path, mirror_root, staging_root
 
         if self.remote_work:

@@ -467,7 +467,7 @@ def test_a_failing_remote_read_is_a_read_error_not_damage(
                 raise OSError("connection reset by peer")  # no errno, as s3fs raises them
             return super().read(*args)
 
-    monkeypatch.setattr("packcli.fs.open_binary", lambda *_: Flaky(blob))
+    monkeypatch.setattr("packcli.fs.reading.open_binary", lambda *_: Flaky(blob))
     with pytest.raises(InputError, match=r"read error after row \d+: OSError: connection reset"):
         _read("s3://bucket/c.parquet", "parquet", skip=True)  # type: ignore[arg-type]
 

@@ -14,7 +14,7 @@ import yaml
 from packcli import __version__
 from packcli.atomic import atomic_write_bytes
 
-# Re-exported: the output's names live in packcli.names (fs.py needs them without the card).
+# Re-exported: the output's names live in packcli.names (fs/output.py needs them without the card).
 from packcli.names import CONFIG_NAMES as CONFIG_NAMES
 from packcli.names import MARKER as MARKER
 from packcli.names import STATS_DIR as STATS_DIR

@@ -39,7 +39,7 @@ Why it looks the way it does:
   disk or the network is never skippable. A file whose footer or header is unreadable
   (cut short, damaged) is refused whole, whatever ``--on-bad-line``.
 * **One place opens files** (``open_input``): a local file, or an fsspec URL
-  (``packcli/fs.py``).
+  (``packcli/fs/reading.py``).
 
 Cost: the per-row checks are the jsonl reader's type checks, and ``to_pylist`` makes the
 Python strings the tokenizer takes anyway. Measured on this project's 2-core box (CPU

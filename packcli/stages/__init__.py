@@ -32,7 +32,7 @@ finished output finished. ``pack`` holds locks on the output and work folders
 
 A URL ``--out`` (``s3://...``) is made in a local staging folder (``RunConfig.out_path``)
 exactly as a local output, and ``finalize`` then uploads it file by file, ``packcli.json``
-last (``packcli/fs.py``); the remote prefix obeys the same ownership rule as a folder.
+last (``packcli/fs/output.py``); the remote prefix obeys the same ownership rule as a folder.
 
 
 The files, in the order data flows through them:

@@ -14,7 +14,7 @@ from packcli.atomic import atomic_write_bytes, atomic_write_json
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
-from packcli.fs import Placed, redact, upload_output
+from packcli.fs import redact
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.pack.plan import RowLayout, RowTotals
 from packcli.publish.card import render_card
@@ -22,7 +22,7 @@ from packcli.publish.report import TOKENS_PER_STEP, LengthStats, build_report
 from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
 from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
-from packcli.stages.workstore import WorkStore, in_mirror, work_store
+from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write import write_fingerprint, write_tail
 from packcli.tokenize.shards import TokenShards
 
@@ -65,9 +65,7 @@ def finalize_stage(
         "tokens_fingerprint": shards.success["fingerprint"],
         # Inputs + tokenizer + every setting the Parquet bytes depend on.
         "fingerprint": fingerprint,
-        "work_dir": redact(cfg.remote_work)
-        if cfg.remote_work
-        else _relative_to_out(cfg.work_path, out),
+        "work_dir": store.record_name(out),
     }
     for stale in (out / STATS_DIR).glob("*.png"):  # plots of an earlier run; `stats` remakes them
         stale.unlink()
@@ -84,22 +82,8 @@ def finalize_stage(
             "parts": plan_parts(plan),
         },
     )
-    if cfg.remote_out:  # every file is final here: put them, packcli.json last
-        placed = {
-            rel: Placed(int(f["bytes"]), versions.get(rel, {}))
-            for name in CONFIG_NAMES
-            for f in files[name]
-            if isinstance(store, WorkStore)  # the write tasks put them there
-            for rel in [f"data/{name}/{f['file']}"]
-        }
-        upload_output(
-            out,
-            cfg.work_path,
-            cfg.remote_out,
-            threads=cfg.tokenize.threads,
-            placed=placed,
-            owned=frozenset(owned),
-        )
+    # A remote output: every file is final here, put (or checked) with packcli.json last.
+    store.publish(files, versions, owned=frozenset(owned), threads=cfg.tokenize.threads)
     return report
 
 
@@ -276,11 +260,3 @@ def tokenizer_report(index: dict[str, Any]) -> dict[str, Any]:
             "by_token": dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))[:20]),
         },
     }
-
-
-def _relative_to_out(path: Path, out: Path) -> str:
-    """Record the work folder relative to the output when inside it, so outputs can move."""
-    try:
-        return str(path.resolve().relative_to(out.resolve()))
-    except ValueError:
-        return str(path.resolve())

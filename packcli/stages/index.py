@@ -14,7 +14,6 @@ from typing import Any
 from packcli.atomic import atomic_write_json, atomic_writer
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
-from packcli.fs import redact
 from packcli.read import shift_reject_lines
 from packcli.stages.units import unit_paths
 from packcli.stages.work import REJECTED, read_json, uncomplete
@@ -63,8 +62,9 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     store.pull_records("tokens")
     stage = read_json(folder / "stage.json")
     if not stage:
-        where = redact(f"{cfg.remote_work}/tokens") if cfg.remote_work else folder
-        raise PackcliError(f"no tokenize stage in {where}: run `packcli tokenize` first")
+        raise PackcliError(
+            f"no tokenize stage in {store.shown('tokens')}: run `packcli tokenize` first"
+        )
     index_path = folder / SUCCESS
     if read_json(index_path).get("fingerprint") == stage["fingerprint"]:
         return TokenShards(folder, store)

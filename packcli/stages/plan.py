@@ -41,7 +41,7 @@ from packcli.pack.groups import (
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
-from packcli.stages.workstore import in_mirror, work_store
+from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.tokenize.shards import TokenShards, sha256_file
 from packcli.write import file_ranges
 
@@ -187,11 +187,10 @@ def _plan_groups(
     )
     store = work_store(cfg)
     (cfg.work_path / PLAN_DIR).mkdir(parents=True, exist_ok=True)
-    stored = store.listing(PLAN_DIR) if store.remote else None  # one LIST, not a GET a group
     for g in mine:
         name = _group_name(g)
         store.pull(f"{PLAN_DIR}/{name}.json")
-        if _reusable(cfg, _group_record(cfg, g), fp, stored):
+        if _reusable(store, _group_record(cfg, g), fp):
             on_group(1)
             continue
         members = groups[g]
@@ -263,24 +262,14 @@ def plan_stage(
     return planset, shards
 
 
-def _reusable(
-    cfg: RunConfig, record: dict[str, Any], fp: str, stored: dict[str, int] | None
-) -> bool:
-    """A group's record has the current fingerprint and its files are as written: re-hashed
-    on this disk (a damaged or edited plan file is planned again); on a store, there at
-    their recorded sizes (``stored``: the store's listing), so reuse fetches nothing."""
+def _reusable(store: LocalWork, record: dict[str, Any], fp: str) -> bool:
+    """A group's record has the current fingerprint and its files are as written (on this
+    disk re-hashed, so a damaged or edited plan file is planned again; on a store there at
+    their recorded sizes, so reuse fetches nothing: ``LocalWork.intact``)."""
     files = record.get("files")
     if record.get("fingerprint") != fp or not isinstance(files, dict):
         return False
-    for rel, (size, digest) in files.items():
-        if stored is not None:  # the listing's names are relative to the work folder
-            if stored.get(rel) != size:
-                return False
-            continue
-        path = cfg.work_path / rel
-        if not path.is_file() or path.stat().st_size != size or sha256_file(path) != digest:
-            return False
-    return True
+    return store.intact(files, PLAN_DIR)
 
 
 def _read_tail(path: Path) -> tuple[Pieces, dict[str, np.ndarray]]:

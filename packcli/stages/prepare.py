@@ -167,7 +167,7 @@ def _preference_encoder(
 class Prepared:
     """The tokenize stage's inputs and tokenizer, resolved before anything is written."""
 
-    paths: list[Path | str]  # a URL is a string (packcli/fs.py)
+    paths: list[Path | str]  # a URL is a string (packcli/fs/)
     tok: Tokenizing
     early: Any = None  # a fast backend already loading (backends.preload)
 

@@ -111,7 +111,7 @@ def input_units(
     for index, p in enumerate(paths):
         fmt = file_format(p, input_format) or "jsonl"
         path = str(_identity(p))
-        # Local: size + mtime_ns; a URL: size + the store's version fields (packcli/fs.py).
+        # Local: size + mtime_ns; a URL: size + the store's version fields (packcli/fs/).
         entry: dict[str, Any] = {"path": path, **input_entry(p)}
         size = entry["size"]
         if fmt != "jsonl":

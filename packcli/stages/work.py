@@ -28,14 +28,12 @@ from packcli.fs import (
     marker_files,
     redact,
     refuse_foreign,
-    remote_marker_files,
-    uploaded_files,
     writes_at,
 )
 from packcli.names import CONFIG_NAMES, MARKER
 from packcli.publish.marker import peek_marker, read_json_object
 from packcli.stages.lock import OUT_LOCK
-from packcli.stages.workstore import WorkStore, check_remote_work, work_store
+from packcli.stages.workstore import check_remote_work, work_store
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +179,8 @@ def owned_outputs(cfg: RunConfig) -> set[str]:
     earlier ``packcli.json`` files (``OWNED_DIR``) and the one there now, and for a URL
     output the upload log. Only these are ever deleted or replaced."""
     store = work_store(cfg)
-    if isinstance(store, WorkStore):
-        store.pull_records("write")
-        store.pull_records(OWNED_DIR)
+    store.pull_records("write")
+    store.pull_records(OWNED_DIR)
     work = cfg.work_path
     owned: set[str] = set()
     for path in (work / "write").glob("*-*.json"):
@@ -196,17 +193,15 @@ def owned_outputs(cfg: RunConfig) -> set[str]:
             owned.update(f for f in files if isinstance(f, str))
     if _is_output(cfg.out_path):
         owned |= marker_files(peek_marker(cfg.out_path))
-    if cfg.remote_out and not cfg.remote_work:
-        owned |= uploaded_files(work, cfg.remote_out)
-    return owned
+    return owned | store.uploaded()
 
 
 def _keep_owned(cfg: RunConfig) -> None:
     """Keep the data files the output's ``packcli.json`` lists (local, and on the store for
     a URL output) in the work folder before anything can delete that marker."""
+    store = work_store(cfg)
     files = marker_files(peek_marker(cfg.out_path)) if _is_output(cfg.out_path) else set()
-    if cfg.remote_out:
-        files |= remote_marker_files(cfg.remote_out)
+    files |= store.published_files()
     if not files:
         return
     body = {"files": sorted(files)}
@@ -215,7 +210,7 @@ def _keep_owned(cfg: RunConfig) -> None:
         return
     (cfg.work_path / OWNED_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_json(cfg.work_path / rel, body)
-    work_store(cfg).push(rel)
+    store.push(rel)
 
 
 def _output_files(out: Path) -> list[str]:
@@ -241,9 +236,7 @@ def claim_output(cfg: RunConfig) -> None:
     marker = work_marker(cfg)
     if read_json(work / WORK_MARKER) != marker:
         atomic_write_json(work / WORK_MARKER, marker)
-    store = work_store(cfg)
-    if isinstance(store, WorkStore):
-        store.claim(marker, WORK_MARKER)
+    work_store(cfg).claim(marker, WORK_MARKER)
     _keep_owned(cfg)
 
 

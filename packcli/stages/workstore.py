@@ -26,8 +26,9 @@ current fingerprint and which is there at its recorded size and ``store_version`
 written again. A size alone never vouches for content: another file can have it. A killed
 task loses at most the unit or file it was making.
 
-Without a URL work folder the same calls are no-ops (``LocalWork``), so the stages have one
-code path.
+Without a URL work folder the same calls are no-ops (``LocalWork``), and a remote ``--out``
+alone is made on this disk and uploaded (``StagingWork``), so the stages have one code path:
+``work_store(cfg)`` is the one place that asks where the folders are.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from packcli.errors import PackcliError
+from packcli.names import CONFIG_NAMES
 from packcli.publish.marker import read_json_object
 
 log = logging.getLogger(__name__)
@@ -72,12 +74,18 @@ def _is_record(rel: str) -> bool:
 
 
 class LocalWork:
-    """The work folder on this machine's disk (``local``): nothing to pull or push."""
+    """The work folder and the output on this machine's disk (``local``, ``out``): nothing to
+    pull or push, and a finished output file is where it was written.
+
+    This class is the interface every stage uses, whatever the storage: ``StagingWork``
+    (a remote ``--out``) and ``WorkStore`` (a URL ``--work-dir``) give the same calls their
+    meaning there, so a stage never asks where its folders are."""
 
     remote = False
 
-    def __init__(self, local: Path) -> None:
+    def __init__(self, local: Path, out: Path) -> None:
         self.local = local
+        self.out = out
 
     def pull(self, *rels: str) -> None:
         pass
@@ -90,6 +98,42 @@ class LocalWork:
 
     def remove(self, *rels: str) -> None:
         pass
+
+    def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
+        pass
+
+    def fresh(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    def shown(self, rel: str) -> str:
+        """``rel`` of the work folder as a message names it."""
+        return str(self.local / rel)
+
+    def record_name(self, out: Path) -> str:
+        """The work folder as ``packcli.json`` records it: relative to the output when inside
+        it, so outputs can move."""
+        try:
+            return str(self.local.resolve().relative_to(out.resolve()))
+        except ValueError:
+            return str(self.local.resolve())
+
+    def holds(self, rel: str) -> bool:
+        """Whether a file a record names (``rel``) is there to be read."""
+        return (self.local / rel).is_file()
+
+    def intact(self, files: dict[str, Any], under: str) -> bool:
+        """Whether the files of a record (``rel -> [size, sha256]``, all under ``under``) are
+        as written: re-hashed on this disk, so a damaged or edited file is made again."""
+        from packcli.tokenize.shards import sha256_file
+
+        for rel, (size, digest) in files.items():
+            path = self.local / rel
+            if not path.is_file() or path.stat().st_size != size or sha256_file(path) != digest:
+                return False
+        return True
 
     # Tokenized units (``tokens/files/<key>/``): what resume and the stale-unit sweep ask.
 
@@ -118,24 +162,116 @@ class LocalWork:
     def drop_unit(self, key: str) -> None:
         shutil.rmtree(self.local / UNITS / key, ignore_errors=True)
 
+    # Output files (``rel`` under the output: ``data/<config>/<file>``): how a write task
+    # finds, places and removes them, and how finalize publishes the finished output.
 
-class WorkStore(LocalWork):
+    def begin_output(self) -> None:
+        """Before the first output file changes (the local ``packcli.json`` is gone already:
+        ``work.uncomplete``)."""
+
+    def output_written(self, rel: str, record: dict[str, Any]) -> bool:
+        """Whether the output file that its current write record (``record``) names is there."""
+        return (self.out / rel).is_file()
+
+    def place_output(self, rel: str, record: dict[str, Any]) -> dict[str, Any]:
+        """A file just written at ``out/rel`` (its record so far: bytes, sha256) goes where
+        the output is; returns what its record keeps of that (nothing here)."""
+        return {}
+
+    def remove_output(self, rel: str) -> None:
+        """Delete an output file packcli wrote (missing is fine)."""
+        (self.out / rel).unlink(missing_ok=True)
+
+    def publish(
+        self,
+        files: dict[str, list[dict[str, Any]]],
+        versions: dict[str, dict[str, str]],
+        *,
+        owned: frozenset[str],
+        threads: int,
+    ) -> None:
+        """After ``packcli.json`` is written: make the output the finished one wherever it is
+        (``files``: what it lists; ``versions``: the store's version of each file a write
+        task put there; ``owned``: what packcli's records say it wrote)."""
+
+    def uploaded(self) -> set[str]:
+        """The output files the upload log says packcli put on the store."""
+        return set()
+
+    def published_files(self) -> set[str]:
+        """The data files the remote output's ``packcli.json`` lists."""
+        return set()
+
+
+class StagingWork(LocalWork):
+    """A work folder on this disk for an output on the store (``out_url``): the output is made
+    in the local staging folder ``out``; a write task puts each file there as soon as it is
+    written (uploads overlap writing) and finalize puts the rest, ``packcli.json`` last."""
+
+    def __init__(self, local: Path, out: Path, out_url: str) -> None:
+        super().__init__(local, out)
+        self.out_url = out_url
+
+    def begin_output(self) -> None:
+        """The remote ``packcli.json`` goes too (``fs.begin_changes``)."""
+        from packcli.fs import begin_changes
+
+        begin_changes(self.out_url)
+
+    def place_output(self, rel: str, record: dict[str, Any]) -> dict[str, Any]:
+        from packcli.fs import put_output_file
+
+        put_output_file(self.out, self.local, self.out_url, rel, record["bytes"], record["sha256"])
+        return {}
+
+    def publish(
+        self,
+        files: dict[str, list[dict[str, Any]]],
+        versions: dict[str, dict[str, str]],
+        *,
+        owned: frozenset[str],
+        threads: int,
+    ) -> None:
+        """Every file is final here: put what the store lacks, ``packcli.json`` last."""
+        from packcli.fs import upload_output
+
+        placed = self._placed(files, versions)
+        upload_output(
+            self.out, self.local, self.out_url, threads=threads, placed=placed, owned=owned
+        )
+
+    def _placed(self, files: dict[str, list[dict[str, Any]]], versions: dict) -> dict[str, Any]:
+        """The files the write tasks put on the store themselves: none, they were staged."""
+        return {}
+
+    def uploaded(self) -> set[str]:
+        from packcli.fs import uploaded_files
+
+        return uploaded_files(self.local, self.out_url)
+
+    def published_files(self) -> set[str]:
+        from packcli.fs import remote_marker_files
+
+        return remote_marker_files(self.out_url)
+
+
+class WorkStore(StagingWork):
     """A work folder on object storage (``url``) seen through the local mirror ``local``, with
-    the remote output ``out_url`` that write tasks put their Parquet files under."""
+    the remote output ``out_url`` (mirrored in ``out``) that write tasks put their Parquet
+    files under, straight from the mirror."""
 
     remote = True
 
-    def __init__(self, url: str, local: Path, out_url: str, out_local: Path) -> None:
+    def __init__(self, url: str, local: Path, out_url: str, out: Path) -> None:
         from packcli.fs import locate
 
-        super().__init__(local)
+        super().__init__(local, out, out_url)
         self.url = url
-        self.out_url = out_url
-        self.out_local = out_local
         self.fs, self.prefix = locate(url)
         self.out_fs, self.out_prefix = locate(out_url)
         self._fetch_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._listings: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ paths and errors
 
@@ -190,6 +326,34 @@ class WorkStore(LocalWork):
     def children(self, under: str) -> set[str]:
         """Names of the folders and files directly under ``under``."""
         return {rel[len(under) + 1 :].split("/", 1)[0] for rel in self.listing(under)}
+
+    def _listed(self, key: str, list_them: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """One listing per folder object, taken at its first use (from any thread)."""
+        with self._lock:
+            if key not in self._listings:
+                self._listings[key] = list_them()
+            return self._listings[key]
+
+    def intact(self, files: dict[str, Any], under: str) -> bool:
+        """On the store: there at their recorded sizes, by one listing of ``under`` for all
+        the records asked about (not a GET a record), so reuse fetches nothing."""
+        stored = self._listed(under, lambda: self.listing(under))
+        return all(stored.get(rel) == size for rel, (size, _) in files.items())
+
+    def holds(self, rel: str) -> bool:
+        """On the store, a record is put after the file it names: the file is there (its
+        reader fetches it, and checks its sha256)."""
+        return True
+
+    def shown(self, rel: str) -> str:
+        from packcli.fs import redact
+
+        return redact(f"{self.url}/{rel}")
+
+    def record_name(self, out: Path) -> str:
+        from packcli.fs import redact
+
+        return redact(self.url)
 
     # ------------------------------------------------------------------ pull
 
@@ -367,23 +531,53 @@ class WorkStore(LocalWork):
 
     # ------------------------------------------------------------------ the remote output
 
-    def put_output(self, local: Path, rel: str) -> dict[str, str]:
-        """Put one finished output file under the remote ``--out``, then drop the local copy;
-        returns the store's version of it (what its write record keeps, for reuse)."""
+    def output_written(self, rel: str, record: dict[str, Any]) -> bool:
+        """There at its recorded size, and as the store had it when put (one listing of the
+        output's ``data/``, taken when first asked)."""
+        from packcli.fs import same_version
+
+        there = self._listed("out:data", lambda: self.out_listing("data")).get(rel)
+        return (
+            there is not None
+            and int(there.get("size") or 0) == record.get("bytes")
+            and same_version(record.get("store_version") or {}, there)
+        )
+
+    def place_output(self, rel: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Put the file straight under the remote ``--out``, then drop the local copy; its
+        record keeps the store's version of it (for reuse, and finalize's check)."""
         from packcli.fs import stored_version
 
-        target = self._out(rel)
+        local, target = self.out / rel, self._out(rel)
         self._call(f"write {rel} of the output", lambda: self.out_fs.put_file(str(local), target))
         version = self._call(
             f"stat {rel} of the output", lambda: stored_version(self.out_fs, target)
         )
         local.unlink()
-        return version
+        return {"store_version": version}
 
     def remove_output(self, rel: str) -> None:
-        """Delete a file of the remote ``--out`` (missing is fine)."""
+        """Delete a file of the remote ``--out`` (missing is fine), and its local copy."""
         target = self._out(rel)
         self._call(f"delete {rel} of the output", lambda: _rm(self.out_fs, target))
+        super().remove_output(rel)
+
+    def _placed(self, files: dict[str, list[dict[str, Any]]], versions: dict) -> dict[str, Any]:
+        """Every data file: the write tasks put them, so ``publish`` checks them against
+        their records and never puts them from here."""
+        from packcli.fs import Placed
+
+        return {
+            rel: Placed(int(f["bytes"]), versions.get(rel, {}))
+            for name in CONFIG_NAMES
+            for f in files[name]
+            for rel in [f"data/{name}/{f['file']}"]
+        }
+
+    def uploaded(self) -> set[str]:
+        """None to add: the upload log is in this process's mirror; the write records name
+        every data file."""
+        return set()
 
     def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
         """Mark the work folder as packcli's, naming its output (the output prefix is marked
@@ -397,14 +591,14 @@ class WorkStore(LocalWork):
 
     def clear(self) -> None:
         """Empty this process's mirror (all but held lock files): the store is the truth."""
-        for root in (self.local, self.out_local):
+        for root in (self.local, self.out):
             if root.is_dir():
                 _clear_tree(root)
 
     def fresh(self) -> None:
         """An empty mirror, its two folders there (a stage writes into them at once)."""
         self.clear()
-        for root in (self.local, self.out_local):
+        for root in (self.local, self.out):
             root.mkdir(parents=True, exist_ok=True)
 
 
@@ -427,10 +621,13 @@ def _clear_tree(folder: Path) -> None:
 
 
 def work_store(cfg: Any) -> LocalWork:
-    """The work folder of ``cfg`` (a RunConfig): on the store or on this disk."""
-    if not cfg.remote_work:
-        return LocalWork(cfg.work_path)
-    return WorkStore(cfg.remote_work, cfg.work_path, cfg.out, cfg.out_path)
+    """The work folder of ``cfg`` (a RunConfig) and its output: on the store, on this disk
+    with the output on the store, or both on this disk. The one place that asks which."""
+    if cfg.remote_work:
+        return WorkStore(cfg.remote_work, cfg.work_path, cfg.out, cfg.out_path)
+    if cfg.remote_out:
+        return StagingWork(cfg.work_path, cfg.out_path, cfg.remote_out)
+    return LocalWork(cfg.work_path, cfg.out_path)
 
 
 _depth = threading.local()
@@ -443,19 +640,17 @@ def in_mirror(fn: F) -> F:
 
     @functools.wraps(fn)
     def run(cfg: Any, *args: Any, **kwargs: Any) -> Any:
-        if not cfg.remote_work:
-            return fn(cfg, *args, **kwargs)
         depth = getattr(_depth, "n", 0)
         store = work_store(cfg)
         if depth == 0:
-            store.fresh()  # type: ignore[attr-defined]
+            store.fresh()
         _depth.n = depth + 1
         try:
             return fn(cfg, *args, **kwargs)
         finally:
             _depth.n = depth
             if depth == 0:
-                store.clear()  # type: ignore[attr-defined]
+                store.clear()
 
     return run  # type: ignore[return-value]
 

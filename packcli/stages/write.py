@@ -19,14 +19,13 @@ from packcli.atomic import atomic_path, atomic_write_json
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
-from packcli.fs import begin_changes, put_output_file, same_version
 from packcli.pack.groups import Pieces
 from packcli.pack.plan import Plan
 from packcli.stages.index import collect_tokens
 from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan, plan_fingerprint
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
-from packcli.stages.workstore import WorkStore, in_mirror, work_store
+from packcli.stages.workstore import in_mirror, work_store
 from packcli.tokenize.shards import TokenShards, sha256_file, shard_tokens
 from packcli.write import TokenSource, write_config_file
 
@@ -52,8 +51,9 @@ def task_parts(planset: PlanSet, task_index: int, num_tasks: int) -> list[int]:
 
 
 class _Writer:
-    """What writing any part's files needs: the records folder, the fingerprint, where the
-    finished files are, and the one rule for whether a file is already written."""
+    """What writing any part's files needs: the records folder, the fingerprint, the work
+    folder (which knows where finished files go), and the one rule for whether a file is
+    already written."""
 
     def __init__(self, cfg: RunConfig, shards: TokenShards) -> None:
         self.cfg = cfg
@@ -62,21 +62,12 @@ class _Writer:
         self.fingerprint = write_fingerprint(cfg, shards)
         self.records = cfg.work_path / "write"
         self.records.mkdir(parents=True, exist_ok=True)
-        # Where the Parquet files are: this disk, or (URL work folder) the remote output.
-        self.placed = self.store.out_listing("data") if isinstance(self.store, WorkStore) else None
 
     def written(self, job: FileJob) -> bool:
         record = read_json(self.records / f"{job.config}-{job.index:05d}.json")
-        if record.get("fingerprint") != self.fingerprint:
-            return False
-        if self.placed is not None:  # there at its size, and as the store had it when put
-            there = self.placed.get(job.rel)
-            return (
-                there is not None
-                and int(there.get("size") or 0) == record.get("bytes")
-                and same_version(record.get("store_version") or {}, there)
-            )
-        return (self.out / job.rel).is_file()
+        return record.get("fingerprint") == self.fingerprint and self.store.output_written(
+            job.rel, record
+        )
 
     def claim_file(self, job: FileJob, record_path: Path) -> None:
         """Before a file is written, its record names it (without a fingerprint: not done),
@@ -85,9 +76,7 @@ class _Writer:
         old = read_json(record_path).get("file")
         name = Path(job.rel).name
         if isinstance(old, str) and old != name and "/" not in old:
-            if isinstance(self.store, WorkStore):
-                self.store.remove_output(f"data/{job.config}/{old}")
-            (self.out / "data" / job.config / old).unlink(missing_ok=True)
+            self.store.remove_output(f"data/{job.config}/{old}")
         atomic_write_json(record_path, {"file": name})
         self.store.push(f"write/{record_path.name}")
 
@@ -95,8 +84,7 @@ class _Writer:
         """Before the first file of ``jobs`` changes: the finished output is no longer."""
         if not all(self.written(job) for job in jobs):
             uncomplete(self.cfg)  # a Parquet file the finished output lists is about to change
-            if self.cfg.remote_out:  # and on the store: its packcli.json goes before the first
-                begin_changes(self.cfg.remote_out)
+            self.store.begin_output()  # and a remote output's packcli.json goes too
 
     def write_files(
         self,
@@ -128,17 +116,7 @@ class _Writer:
                 "bytes": final.stat().st_size,
                 "sha256": sha256_file(final),
             }
-            if isinstance(self.store, WorkStore):  # straight to the remote output, then the record
-                record["store_version"] = self.store.put_output(final, job.rel)
-            elif self.cfg.remote_out:  # uploads overlap writing; finalize puts only what is not up
-                put_output_file(
-                    self.out,
-                    self.cfg.work_path,
-                    self.cfg.remote_out,
-                    job.rel,
-                    record["bytes"],
-                    record["sha256"],
-                )
+            record.update(self.store.place_output(job.rel, record))  # then the record
             atomic_write_json(record_path, record)
             self.store.push(f"write/{record_path.name}")
             crash_point(f"write:{job.config}:{job.index}")
@@ -199,8 +177,7 @@ def _tail_shard_done(writer: _Writer, part: PlanPart) -> bool:
     return (
         record.get("fingerprint") == writer.fingerprint
         and record.get("pieces") == part.tail_pieces
-        # on a store the file is fetched (and its sha256 checked) by the tail's writer
-        and (writer.store.remote or (writer.records / record.get("file", "-")).is_file())
+        and writer.store.holds(f"write/{record.get('file', '-')}")
     )
 
 

@@ -1,446 +1,59 @@
-"""Where data lives: fsspec URLs (``s3://``, ``gs://``, ``hf://``, ...) next to local paths.
+"""Outputs on object storage, and which files of an output are packcli's.
 
-One module knows about URLs, so the readers, the pipeline and the tools keep working on
-plain paths and call in here only where a URL can reach them:
-
-* **Inputs.** ``list_tree`` lists a URL's files with the filesystem's own ``find``
-  (one listing, whose sizes and versions are kept), ``open_binary`` streams one through
-  an fsspec file object (seekable, ranged reads: byte spans and the damaged-stream check
-  work as on disk) and ``open_arrow`` hands one to pyarrow. A remote file's identity, for
-  resume, is its URL, size and every version field the filesystem's ``info`` gives
-  (``remote_version``): S3 ``ETag``, ``VersionId`` (versioned buckets) and
-  ``LastModified``; GCS ``generation``, ``etag`` and ``updated``; the Hub ``blob_id``
-  (the git blob / LFS object id); others their ``mtime``/``created``. A file rewritten
-  with other bytes therefore never reuses old shards.
-* **Outputs.** Object stores have no rename, so a remote ``--out`` is staged: the run works
-  in a local folder (``staging_root``: ``--work-dir``, else a cache folder named after the
+* **Ownership.** packcli writes only where it writes (``writes_at``: the card,
+  ``rejected.jsonl``, ``packcli.json``, ``stats/*.png``, ``data/long/`` and ``data/short/``),
+  and there replaces or deletes only files its records say it wrote (``foreign_files``
+  refuses others, local or remote: ``check_remote_output``).
+* **Upload.** Object stores have no rename, so a remote ``--out`` is staged: the run works in
+  a local folder (``urls.staging_root``: ``--work-dir``, else a cache folder named after the
   URL) exactly as a local run does. A write task puts each Parquet file as soon as it is
-  written (``put_output_file``), and ``upload_output`` then puts the rest, with one
-  ``put_file`` each (s3fs/gcsfs use one PUT, or a multipart/resumable upload that becomes
-  visible only when complete), ``packcli.json`` last as the completion marker.
-  Uploads are logged locally (size, sha256 and the store's version of what was put: an
-  ETag, a generation), so a rerun after a kill uploads only what is missing or no longer
-  what packcli put (never judged by size alone); only files packcli's records say it
-  wrote are ever deleted (``foreign_files`` refuses others where it writes);
-  ``download_output`` brings an output back for ``verify`` and ``push``.
-* **Credentials** come only from each filesystem's usual environment and config files
-  (``AWS_*`` and ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS`` / gcloud, ``HF_TOKEN``);
-  packcli has no option for them. A URL can still carry a secret (``ftp://user:pw@host``,
-  a signed ``?X-Amz-Signature=``); ``redact`` blanks those parts in everything packcli
-  prints or records.
-* **Extras stay optional.** A URL whose filesystem package is missing fails with one line
-  naming the extra (``pip install 'packcli[s3]'``).
+  written (``put_output_file``; with a URL work folder the task puts it itself,
+  ``stages/workstore.py``), and ``upload_output`` then puts the rest, with one ``put_file``
+  each (s3fs/gcsfs use one PUT, or a multipart/resumable upload that becomes visible only
+  when complete), ``packcli.json`` last as the completion marker. Uploads are logged locally
+  (size, sha256 and the store's version of what was put: an ETag, a generation), so a rerun
+  after a kill uploads only what is missing or no longer what packcli put (never judged by
+  size alone).
+* **Download.** ``download_output`` brings an output back for ``verify`` and ``push``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import logging
-import os
 import re
-import socket
-import tempfile
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
-from packcli.errors import ConfigError, InputError, PackcliError
+from packcli.errors import ConfigError, PackcliError
+from packcli.fs.urls import (
+    _fail,
+    _join,
+    _remote_info,
+    listing,
+    locate,
+    redact,
+    redact_text,
+    same_version,
+    stored_version,
+)
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.publish.marker import load_marker
 
 log = logging.getLogger(__name__)
 
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
-_SECRET_QUERY = re.compile(
-    r"sig|signature|token|key|secret|password|credential|auth|^x-(amz|goog)-"
-)
 
-EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
-"""URL schemes whose filesystem is a packcli extra (``pip install 'packcli[EXTRA]'``)."""
+_LOCK = threading.Lock()  # the upload log, and the count of files put
 
 UPLOAD_LOG = "uploads.jsonl"
 """In the work folder: one line per file uploaded to a remote ``--out`` (url, size, sha256)."""
 REMOTE_MARKER = ".packcli/packcli-work.json"
 """Under a remote output: put before its first file, so a prefix whose ``packcli.json`` is not
 there yet (a killed upload) is still recognised as packcli's."""
-
-# Display URL -> (filesystem, its path): a file is opened with the filesystem instance that
-# listed it (an fsspec URL's credentials live in the instance, never in the display URL).
-_LOCATED: dict[str, tuple[Any, str]] = {}
-# Display URL -> the info dict of the listing that found it (size, version fields).
-_INFO: dict[str, dict[str, Any]] = {}
-_LOCK = threading.Lock()
-
-
-# --------------------------------------------------------------------------- URLs
-
-
-def is_url(spec: object) -> bool:
-    """Whether ``spec`` is an fsspec URL to be read through fsspec (``file://`` is not: it
-    is a local path, read as one)."""
-    if not isinstance(spec, str):
-        return False
-    m = _URL.match(spec)
-    return m is not None and m.group(1).lower() != "file"
-
-
-def local_path(spec: str) -> str:
-    """A ``file://`` URL as the local path it names; anything else unchanged."""
-    if spec.lower().startswith("file://"):
-        # Not urlparse: a local file URL has no query or fragment, so a '?' or '#' in it is
-        # part of a file name (a glob's '?' too), as in the same path given plainly.
-        rest = spec[len("file://") :]
-        if rest.lower().startswith("localhost/"):
-            rest = rest[len("localhost") :]
-        if not rest.startswith("/"):
-            raise ConfigError(f"{spec}: not a local file URL: write file:///absolute/path")
-        return urllib.parse.unquote(rest)
-    return spec
-
-
-def redact(url: str) -> str:
-    """``url`` with any password in it and secret-looking query values replaced by ``***``,
-    for messages and records (a signed URL's signature, ``ftp://user:pw@host``)."""
-    if not is_url(url):
-        return url
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
-    query = parts.query
-    if query:
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        query = "&".join(f"{k}={'***' if _SECRET_QUERY.search(k.lower()) else v}" for k, v in pairs)
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def redact_text(text: str) -> str:
-    """Every URL inside ``text`` redacted (a command line, an error message)."""
-    return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
-
-
-def _missing_package(url: str, exc: Exception) -> ConfigError:
-    scheme = _URL.match(url).group(1).lower()  # type: ignore[union-attr]
-    extra = EXTRAS.get(scheme)
-    if extra:
-        package = "s3fs" if extra == "s3" else "gcsfs"
-        return ConfigError(
-            f"{redact(url)}: {scheme}:// URLs need {package}, which is not installed: "
-            f"pip install 'packcli[{extra}]'"
-        )
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return ConfigError(f"{redact(url)}: no filesystem for {scheme}:// ({first})")
-
-
-def locate(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem and path of ``url``: the instance that listed it when it came
-    from ``list_tree``, else a new one from the URL (credentials from the environment)."""
-    with _LOCK:
-        found = _LOCATED.get(url)
-    if found is not None:
-        return found
-    import fsspec
-
-    try:
-        return fsspec.core.url_to_fs(url)
-    except ImportError as exc:
-        raise _missing_package(url, exc) from None
-    except ValueError as exc:  # "Protocol not known", a malformed URL
-        raise ConfigError(f"{redact(url)}: not a URL packcli can read ({exc})") from None
-
-
-def _display(fs: Any, path: str) -> str:
-    return str(fs.unstrip_protocol(path))
-
-
-def _remember(fs: Any, path: str, info: dict[str, Any]) -> str:
-    url = _display(fs, path)
-    with _LOCK:
-        _LOCATED[url] = (fs, path)
-        _INFO[url] = info
-    return url
-
-
-def _fail(url: str, what: str, exc: BaseException) -> InputError:
-    """A filesystem error as one line: the backend's own words (credentials, permissions),
-    the URL redacted."""
-    detail = redact_text(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
-    return InputError(f"{redact(url)}: cannot {what}: {type(exc).__name__}: {detail}".rstrip(": "))
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-def list_tree(url: str, depth: int | None = None) -> tuple[str, dict[str, str], list[str]]:
-    """Every file under ``url`` (a file, or a folder searched recursively; ``depth``: only
-    that many levels down), listed by its filesystem (one ``find``, whose sizes and versions
-    are kept for ``info``): the display URL of ``url`` itself, each file's display URL by
-    its path relative to it (``""``: ``url`` is a file; an empty dict: nothing there), and
-    with ``depth`` the folders within it (relative). Which of them are inputs (names, globs,
-    hidden files, saved datasets) is ``packcli/read/inputs.py``'s rule, the same for local
-    folders."""
-    fs, path = locate(url)
-    path = path.rstrip("/") or path
-    try:
-        try:
-            top = fs.info(path)
-        except FileNotFoundError:
-            return _display(fs, path), {}, []
-        if top.get("type") != "directory":
-            return _display(fs, path), {"": _remember(fs, path, top)}, []
-        found = fs.find(path, maxdepth=depth, withdirs=depth is not None, detail=True)
-    except (InputError, ConfigError):
-        raise
-    except Exception as exc:  # botocore, aiohttp, HfHub...: one line, never a traceback
-        raise _fail(url, "list", exc) from exc
-    root = path.rstrip("/") + "/"
-    files: dict[str, str] = {}
-    folders: list[str] = []
-    for p, i in sorted(found.items()):
-        if p.startswith(root) and i.get("type", "file") == "file":
-            files[p[len(root) :]] = _remember(fs, p, i)
-        elif p.startswith(root) and i.get("type") == "directory":
-            folders.append(p[len(root) :].rstrip("/"))
-    return _display(fs, path), files, folders
-
-
-def read_text(url: str) -> str:
-    """A small file's text (a ``state.json``), as UTF-8; errors are ``OSError``s."""
-    with open_binary(url) as fh:
-        data = fh.read()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise OSError(f"{redact(url)}: not UTF-8 ({exc})") from exc
-
-
-def normalize(url: str) -> str:
-    """``url`` in the form ``list_tree`` gives its files (for comparing prefixes)."""
-    fs, path = locate(url)
-    return _display(fs, path.rstrip("/"))
-
-
-def info(url: str, *, fresh: bool = False) -> dict[str, Any]:
-    """The filesystem's ``info`` of a file: from its listing, or asked now (``fresh``)."""
-    with _LOCK:
-        cached = None if fresh else _INFO.get(url)
-    if cached is not None:
-        return cached
-    fs, path = locate(url)
-    try:
-        if fresh:
-            fs.invalidate_cache(path)
-        return fs.info(path)
-    except FileNotFoundError:
-        raise InputError(f"{redact(url)}: not found") from None
-    except Exception as exc:
-        raise _fail(url, "stat", exc) from exc
-
-
-_VERSION_FIELDS = (
-    ("ETag", "etag"),
-    ("etag", "etag"),
-    ("VersionId", "version_id"),
-    ("generation", "generation"),
-    ("blob_id", "blob_id"),
-    ("LastModified", "mtime"),
-    ("updated", "mtime"),
-    ("mtime", "mtime"),
-    ("last_modified", "mtime"),
-    ("created", "mtime"),
-)
-
-
-def remote_version(file_info: dict[str, Any]) -> dict[str, str]:
-    """What says which bytes a remote file holds, from its ``info``: the fields of
-    ``_VERSION_FIELDS`` present (first of each name wins), as strings."""
-    version: dict[str, str] = {}
-    for key, name in _VERSION_FIELDS:
-        value = file_info.get(key)
-        if value is not None and value != "" and name not in version:
-            if hasattr(value, "timestamp"):  # a datetime in one listing, a float in another
-                value = value.timestamp()
-            version[name] = str(value)
-    return version
-
-
-_CONTENT_FIELDS = ("etag", "version_id", "generation", "blob_id")
-
-
-def content_version(file_info: dict[str, Any]) -> dict[str, str]:
-    """What identifies the bytes of a file on a store, for reuse: ``remote_version``'s
-    content fields (an S3 ETag changes whenever other bytes are put, multipart or not, even
-    at the same size; a version id or GCS generation with every put), or its time when the
-    store gives none. A time alone is the fallback only: a listing and a HEAD give it at
-    different precisions. Empty: the store says nothing, and nothing can be trusted."""
-    version = remote_version(file_info)
-    content = {k: v for k, v in version.items() if k in _CONTENT_FIELDS}
-    return content or version
-
-
-def input_entry(path: Path | str, *, fresh: bool = False) -> dict[str, Any]:
-    """An input file's identity for resume: local ``size`` + ``mtime_ns``; a URL's ``size`` +
-    ``version`` (``remote_version``). Without ``path``, which the caller records its way."""
-    if is_url(path):
-        found = info(str(path), fresh=fresh)
-        return {"size": int(found["size"]), "version": remote_version(found)}
-    st = os.stat(path)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def input_size(path: Path | str) -> int:
-    return int(input_entry(path)["size"])
-
-
-def as_input(path: str) -> Path | str:
-    """A recorded input path as the readers take it: a URL stays a string."""
-    return path if is_url(path) else Path(path)
-
-
-# Bytes a remote file is read ahead by. fsspec stores default to 5-50 MiB (s3fs: 50), which
-# a byte span, a probe of a file's first bytes or a small file pays whole: 1 MiB spans of a
-# 27 MB file fetched 14x the file (scripts/bench_scale.py io). 4 MiB keeps the overshoot of
-# a span small and a 1 GiB span at ~256 GETs.
-REMOTE_BLOCK = 4 << 20
-
-
-def open_binary(
-    path: Path | str, buffering: int = -1, *, block_size: int = REMOTE_BLOCK
-) -> BinaryIO:
-    """Open an input for binary reading: a local file, or an fsspec file object (seekable;
-    ``buffering`` > 0 puts a ``BufferedReader`` on top, so lines are split in C as for a
-    local file; ``block_size``: bytes a remote read fetches ahead, for a byte span its
-    length). Errors are ``OSError``s, as ``open``'s."""
-    if not is_url(path):
-        return open(path, "rb", buffering=buffering)
-    fs, p = locate(str(path))
-    try:
-        fh = fs.open(p, "rb", block_size=max(1 << 16, min(block_size, REMOTE_BLOCK)))
-    except OSError:
-        raise
-    except Exception as exc:  # a backend error that is not an OSError (credentials)
-        raise OSError(f"{type(exc).__name__}: {redact_text(str(exc))}") from exc
-    return io.BufferedReader(fh, buffering) if buffering > 0 else fh
-
-
-def spool(path: str) -> Path:
-    """A remote file copied once into a local temp file (the caller deletes it): a
-    compressed input is decoded twice, once to verify its checksums and once to read it,
-    which through the store would fetch every byte twice."""
-    fs, p = locate(path)
-    root = cache_root() / "spool"
-    root.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=root, suffix="".join(Path(p).suffixes[-2:]))
-    os.close(fd)
-    try:
-        fs.get_file(p, name)
-    except BaseException as exc:
-        Path(name).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise
-        if isinstance(exc, Exception):  # a backend error that is not an OSError
-            raise OSError(f"{type(exc).__name__}: {redact_text(str(exc))}") from exc
-        raise
-    return Path(name)
-
-
-def opened_size(fh: Any) -> int:
-    """The size of a file ``open_binary`` returned."""
-    inner = getattr(fh, "raw", fh)
-    size = getattr(inner, "size", None)
-    return int(size) if isinstance(size, int) else os.fstat(fh.fileno()).st_size
-
-
-class ReadFailed(OSError):
-    """Reading a URL's bytes failed (the network, the store): nothing is known about the
-    data. Its own type, because pyarrow passes a Python file's exception through as it is,
-    and reports damaged data as a plain ``OSError``: a store's plain ``OSError`` (s3fs
-    raises one for errors it does not map) would otherwise read as damage, skippable."""
-
-
-class _Reads:
-    """An fsspec file whose failed reads raise ``ReadFailed``; everything else as it is."""
-
-    def __init__(self, fh: Any) -> None:
-        self._fh = fh
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fh, name)
-
-    def read(self, *args: Any) -> bytes:
-        try:
-            return self._fh.read(*args)
-        except Exception as exc:  # re-raised: any backend error is a read error
-            raise ReadFailed(f"{type(exc).__name__}: {redact_text(str(exc))}") from exc
-
-
-def open_arrow(path: str) -> Any:
-    """A URL as a pyarrow random-access file (Parquet footers, Arrow IPC batches); a read
-    that fails raises ``ReadFailed``, never a skippable "damaged file"."""
-    import pyarrow as pa
-
-    return pa.PythonFile(_Reads(open_binary(path)), mode="r")
-
-
-# --------------------------------------------------------------------------- outputs
-
-
-def cache_root() -> Path:
-    """packcli's local cache: ``PACKCLI_CACHE_DIR``, else ``$XDG_CACHE_HOME/packcli``, else
-    ``~/.cache/packcli``."""
-    if env := os.environ.get("PACKCLI_CACHE_DIR"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "packcli"
-
-
-def staging_root(url: str, work_dir: str = "") -> Path:
-    """The local folder a remote output is made in before it is uploaded (its work folder
-    is ``.packcli`` inside it): ``work_dir`` when given, else a cache folder named after the
-    URL (the same URL, the same folder: a rerun resumes there)."""
-    if work_dir and not is_url(work_dir):
-        return Path(local_path(work_dir))
-    return url_folder("outputs", url)
-
-
-def mirror_root(url: str) -> Path:
-    """This process's local mirror of the work folder ``url`` (``stages/workstore.py``):
-    under packcli's cache, named after the URL, then after the host and process (tasks of one
-    node never share one)."""
-    return url_folder("mirrors", url) / f"{socket.gethostname()}-{os.getpid()}"
-
-
-def url_folder(kind: str, url: str) -> Path:
-    """A cache folder for ``url``: readable (the redacted URL's tail) and unique (a digest of
-    the whole URL), so the same URL always finds the same folder."""
-    clean = redact(url)
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", clean.split("://", 1)[-1]).strip("-")[-60:]
-    digest = hashlib.sha256(url.rstrip("/").encode("utf-8")).hexdigest()[:12]
-    return cache_root() / kind / f"{slug}-{digest}"
-
-
-def _join(prefix: str, rel: str) -> str:
-    return f"{prefix.rstrip('/')}/{rel}"
-
-
-def listing(fs: Any, prefix: str) -> dict[str, dict[str, Any]]:
-    """Files under ``prefix``, by path relative to it (nothing there: empty)."""
-    fs.invalidate_cache(prefix)
-    try:
-        found = fs.find(prefix, detail=True)
-    except FileNotFoundError:
-        return {}
-    root = prefix.rstrip("/") + "/"
-    return {p[len(root) :]: i for p, i in found.items() if p.startswith(root)}
 
 
 def check_remote_output(url: str, overwrite: bool, owned: frozenset[str] = frozenset()) -> None:
@@ -732,31 +345,6 @@ def put_output_file(out: Path, work: Path, url: str, rel: str, size: int, sha256
         raise
     except Exception as exc:
         raise _upload_failed(shown, exc) from exc
-
-
-def stored_version(fs: Any, path: str) -> dict[str, str]:
-    """The store's version of a file just put (one HEAD): what reuse compares later."""
-    return content_version(_remote_info(fs, path) or {})
-
-
-def same_version(recorded: dict[str, str], there: dict[str, Any] | None) -> bool:
-    """Whether the store still holds the bytes it held when ``recorded`` was taken: the
-    fields both name agree (a listing may lack the version id a HEAD gives), and there is
-    at least one. Nothing recorded (an older packcli's record): not the same, put again."""
-    if not recorded or there is None:
-        return False
-    now = content_version(there)
-    common = recorded.keys() & now.keys()
-    return bool(common) and all(recorded[k] == now[k] for k in common)
-
-
-def _remote_info(fs: Any, path: str) -> dict[str, Any] | None:
-    """The store's info of one file (its size), or None when it is not there."""
-    fs.invalidate_cache(path)
-    try:
-        return dict(fs.info(path))
-    except FileNotFoundError:
-        return None
 
 
 def _upload_failed(shown: str, exc: Exception) -> PackcliError:
