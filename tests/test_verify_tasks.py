@@ -17,22 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
 from corpora import mixed_lengths, write_corpus
+from test_grouped_stages import GROUPED  # several groups and a tail
 
 from packcli.tokenize.shards import sha256_file
 
-# Several groups and a tail (tests/test_grouped_stages.py's layout).
-GROUPED = """
-read:
-  batch_size: 16
-tokenize:
-  shard_tokens: 4096
-plan:
-  short_len: 64
-  long_len: 1024
-  group_tokens: 12000
-write:
-  shard_tokens: 8192
-"""
 SHORT_LEN = 64
 
 
@@ -218,29 +206,31 @@ def test_a_duplicated_document_is_named(out: Path) -> None:
     _fails(out, f"tokens of document {doc} differ from the tokenized shards", "group-00002")
 
 
-def test_a_broken_short_pack_is_named(out: Path) -> None:
-    """Two documents of one short pack swapped in its long row: every token is still there
-    once, but the pack is no longer intact."""
+def _break_a_pack(out: Path, *, with_shards: bool = True) -> str:
+    """Swap the first two documents of a short pack in its long row (every token still there
+    once, the pack no longer intact); returns the name of its part."""
     meta = _meta(out)
     part = next(
         p
         for p in meta["parts"]
-        if p["name"] != "tail" and p["files"]["short"][1] > p["files"]["short"][0]
+        if (p["name"] != "tail" or not with_shards)
+        and p["files"]["short"][1] > p["files"]["short"][0]
     )
-    short = _rows(out, "short", part["files"]["short"][0])
-    pack = next(row for row in short if len(row) >= 2)
-    first = pack[0][0]
+    pack = next(row for row in _rows(out, "short", part["files"]["short"][0]) if len(row) >= 2)
     for index in range(*part["files"]["long"]):
         rows = _rows(out, "long", index)
         for row in rows:
             docs = [d for d, _ in row]
-            if first in docs:
-                k = docs.index(first)
+            if pack[0][0] in docs:
+                k = docs.index(pack[0][0])
                 row[k], row[k + 1] = row[k + 1], row[k]
                 _rewrite(out, "long", index, rows)
-                _fails(out, "is not intact and contiguous in one long row", part["name"])
-                return
+                return str(part["name"])
     raise AssertionError("the pack's first document is in no long row of its part")
+
+
+def test_a_broken_short_pack_is_named(out: Path) -> None:
+    _fails(out, "is not intact and contiguous in one long row", _break_a_pack(out))
 
 
 def test_parts_that_do_not_describe_the_output_fail(out: Path) -> None:
@@ -260,19 +250,6 @@ def test_parts_that_do_not_describe_the_output_fail(out: Path) -> None:
 def test_no_shards_still_checks_each_part(out: Path) -> None:
     said = invoke_ok("verify", out, "--no-shards", "--num-tasks", 2)
     assert "all invariants hold" in said and "part(s) in 2 task(s)" in said
-    part = next(p for p in _meta(out)["parts"] if p["files"]["short"][1] > p["files"]["short"][0])
-    short = _rows(out, "short", part["files"]["short"][0])
-    pack = next(row for row in short if len(row) >= 2)
-    first = pack[0][0]
-    for index in range(*part["files"]["long"]):
-        rows = _rows(out, "long", index)
-        for row in rows:
-            docs = [d for d, _ in row]
-            if first in docs:
-                k = docs.index(first)
-                row[k], row[k + 1] = row[k + 1], row[k]
-                _rewrite(out, "long", index, rows)
-                code, output = invoke("verify", out, "--no-shards")
-                assert code == 1 and "not intact and contiguous" in output, output
-                return
-    raise AssertionError("the pack's first document is in no long row of its part")
+    _break_a_pack(out, with_shards=False)
+    code, output = invoke("verify", out, "--no-shards")
+    assert code == 1 and "not intact and contiguous" in output, output
