@@ -17,6 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
 from corpora import mixed_lengths, write_corpus
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_grouped_stages import GROUPED  # several groups and a tail
 
 from packcli.tokenize.shards import sha256_file
@@ -253,3 +255,26 @@ def test_no_shards_still_checks_each_part(out: Path) -> None:
     _break_a_pack(out, with_shards=False)
     code, output = invoke("verify", out, "--no-shards")
     assert code == 1 and "not intact and contiguous" in output, output
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    expected=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 3), st.integers(0, 2))),
+    found=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 3), st.integers(0, 2))),
+)
+def test_difference_is_the_multiset_difference(
+    expected: list[tuple[int, int, int]], found: list[tuple[int, int, int]]
+) -> None:
+    """The comparison the parts and the driver rely on, against ``Counter`` arithmetic."""
+    DTYPES = (np.int64, np.int64, np.uint64)
+    from packcli.publish.verify_part import difference
+
+    def pieces(items: list[tuple[int, int, int]]) -> tuple[np.ndarray, ...]:
+        cols = list(zip(*items, strict=True)) or [(), (), ()]
+        return tuple(np.array(c, dtype=t) for c, t in zip(cols, DTYPES, strict=True))
+
+    extra, left = difference(pieces(found), pieces(expected))
+    want, got = Counter(expected), Counter(found)
+    over = [key[0] for key in got if got[key] > want[key]]
+    assert extra == (min(over) if over else None)
+    assert Counter(zip(*(c.tolist() for c in left), strict=True)) == want - got

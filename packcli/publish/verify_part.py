@@ -393,24 +393,25 @@ def _drop_fetched(shards: TokenShards, index: int) -> None:
         (shards.folder / shards.manifests[index]["file"]).unlink(missing_ok=True)
 
 
-def _keys(p: Pieces) -> np.ndarray:
-    keys = np.empty(p[0].size, dtype=[("doc", "<i8"), ("length", "<i8"), ("hash", "<u8")])
-    keys["doc"], keys["length"], keys["hash"] = p
-    return keys
-
-
 def difference(found: Pieces, expected: Pieces) -> tuple[int | None, Pieces]:
     """Multisets of pieces: the smallest doc id ``found`` holds more often than
-    ``expected`` (None when found is within expected), and ``expected`` minus ``found``."""
+    ``expected`` (None when found is within expected), and ``expected`` minus ``found``.
+    One sort of both by (doc, length, hash): equal pieces are then runs, counted per side."""
     n_exp = expected[0].size
-    keys, inverse = np.unique(np.concatenate([_keys(expected), _keys(found)]), return_inverse=True)
-    inverse = inverse.ravel()
-    want = np.bincount(inverse[:n_exp], minlength=keys.size)
-    got = np.bincount(inverse[n_exp:], minlength=keys.size)
+    doc, length, digest = (np.concatenate([e, f]) for e, f in zip(expected, found, strict=True))
+    order = np.lexsort((digest, length, doc))
+    doc, length, digest = doc[order], length[order], digest[order]
+    new = np.ones(doc.size, dtype=bool)
+    new[1:] = (doc[1:] != doc[:-1]) | (length[1:] != length[:-1]) | (digest[1:] != digest[:-1])
+    run = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    from_found = order >= n_exp
+    got = np.bincount(run, weights=from_found, minlength=starts.size).astype(np.int64)
+    want = np.bincount(run, minlength=starts.size) - got
     over = np.flatnonzero(got > want)
-    extra = int(keys["doc"][over].min()) if over.size else None
-    left = np.repeat(keys, np.maximum(want - got, 0))
-    return extra, (left["doc"].copy(), left["length"].copy(), left["hash"].copy())
+    extra = int(doc[starts[over]].min()) if over.size else None
+    keep = np.repeat(starts, np.maximum(want - got, 0))
+    return extra, (doc[keep], length[keep], digest[keep])
 
 
 def differs(where: str, doc: int, found: int, expected: int) -> None:
