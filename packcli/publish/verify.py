@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,6 @@ from packcli.publish.figures import (
 )
 from packcli.publish.marker import peek_marker, read_json_object, read_marker
 from packcli.publish.verify_part import (
-    Part,
     PartResult,
     VerifyJob,
     cat_pieces,
@@ -197,14 +197,15 @@ def _remote_files(url: str) -> dict[str, list[str]]:
     return {name: sorted(v) for name, v in found.items()}
 
 
+@dataclass(frozen=True)
 class _Shards:
     """Where the tokenized shards are (a folder, or a store's mirror of their records with
-    the store's URL) and their index, or why they are not read."""
+    the store's URL) and their index, or why they are not read (``folder`` None)."""
 
-    def __init__(
-        self, folder: Path | None, store: str | None, index: dict[str, Any], state: str
-    ) -> None:
-        self.folder, self.store, self.index, self.state = folder, store, index, state
+    folder: Path | None
+    store: str | None
+    index: dict[str, Any]
+    state: str
 
 
 def _shards_at(
@@ -349,4 +350,4 @@ def _check_leftovers(results: list[PartResult], scans: dict[str, ConfigScan]) ->
             differs(name, extra, scans[name].totals.units, expected)
 
 
-__all__ = ["Part", "read_marker", "verify_folder", "verify_output", "verify_remote"]
+__all__ = ["read_marker", "verify_folder", "verify_output", "verify_remote"]
