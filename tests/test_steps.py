@@ -97,15 +97,16 @@ def test_imports_without_torch_or_numpy() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_step_hints_take_the_rows_as_arrays_without_a_list_of_them() -> None:
-    """Finalize's step plan of a config's every row: the figures from the arrays as they are,
-    with no list of every row (``tolist`` made two: ~48 B a row, most of finalize's peak
-    at 100M documents, ~3 GB at 1B)."""
+def test_step_totals_give_every_rows_plan_without_a_list_of_them() -> None:
+    """Finalize's step plan of a config's every row comes from the rows' totals (summed part
+    by part, ``RowTotals``): the same figures as the plan over every row, with no list of
+    every row (``tolist`` made two: ~48 B a row, most of finalize's peak at 100M documents,
+    ~3 GB at 1B)."""
     import tracemalloc
 
     import numpy as np
 
-    from packcli.publish.report import step_hints
+    from packcli.publish.report import step_totals
 
     rng = np.random.default_rng(0)
     docs = rng.integers(1, 40, 1_000_000)
@@ -113,7 +114,7 @@ def test_step_hints_take_the_rows_as_arrays_without_a_list_of_them() -> None:
     want = plan_steps(docs.tolist(), tokens.tolist(), tokens_per_step=1 << 20)
     tracemalloc.start()
     try:
-        hints = step_hints(docs, tokens, 1 << 20)
+        hints = step_totals(docs.size, int(docs.sum()), int(tokens.sum()), 1 << 20)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -160,27 +160,29 @@ def test_each_file_and_shard_is_read_once_and_only_summaries_leave_a_task(
     assert wanted <= {*range(256), largest} and largest in wanted
 
 
-def test_a_flipped_token_in_a_group_is_named(out: Path) -> None:
-    index = _part_files(out, "group-00000", "long")[0]
+def _flip_a_token(out: Path, part: str, at: int) -> int:
+    """Flip token ``at`` (0 or -1) of the first long-sized segment in ``part``'s first long
+    file (so no short pack changes); returns its document."""
+    index = _part_files(out, part, "long")[0]
     rows = _rows(out, "long", index)
     r, k = next(
         (r, k) for r, row in enumerate(rows) for k, s in enumerate(row) if len(s[1]) > SHORT_LEN
     )
     doc, toks = rows[r][k]
-    rows[r][k] = (doc, [toks[0] ^ 1, *toks[1:]])
+    toks = list(toks)
+    toks[at] ^= 1
+    rows[r][k] = (doc, toks)
     _rewrite(out, "long", index, rows)
+    return int(doc)
+
+
+def test_a_flipped_token_in_a_group_is_named(out: Path) -> None:
+    doc = _flip_a_token(out, "group-00000", 0)
     _fails(out, f"tokens of document {doc} differ from the tokenized shards", "group-00000")
 
 
 def test_a_flipped_token_in_the_tail_is_named(out: Path) -> None:
-    index = _part_files(out, "tail", "long")[0]
-    rows = _rows(out, "long", index)
-    r, k = next(
-        (r, k) for r, row in enumerate(rows) for k, s in enumerate(row) if len(s[1]) > SHORT_LEN
-    )
-    doc, toks = rows[r][k]
-    rows[r][k] = (doc, [*toks[:-1], toks[-1] ^ 1])
-    _rewrite(out, "long", index, rows)
+    doc = _flip_a_token(out, "tail", -1)
     _fails(out, f"tokens of document {doc} differ from the tokenized shards")
 
 

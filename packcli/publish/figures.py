@@ -44,7 +44,7 @@ import numpy as np
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER
 from packcli.pack.plan import RowTotals
-from packcli.publish.report import encoder_policy, step_totals
+from packcli.publish.report import encoder_policy, larger, step_totals
 
 # Figures of packcli.json no data determines (glob patterns over the dotted keys).
 UNCHECKED = (
@@ -147,11 +147,7 @@ class DocFigures:
         )
 
     def __add__(self, other: DocFigures) -> DocFigures:
-        mine = (self.largest_tokens, -self.largest)
-        keep = self.largest >= 0 and (
-            other.largest < 0 or mine >= (other.largest_tokens, -other.largest)
-        )
-        top = self if keep else other
+        top = larger(self, other)
         counts = ("split_docs", "split_pieces", "split_tokens", "short", "overlong")
         summed = {k: getattr(self, k) + getattr(other, k) for k in counts}
         return DocFigures(**summed, largest=top.largest, largest_tokens=top.largest_tokens)

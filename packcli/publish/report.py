@@ -19,7 +19,7 @@ import numpy as np
 
 from packcli.config import TOKENS_PER_STEP
 from packcli.pack.plan import RowTotals
-from packcli.publish.steps import StepPlan, plan_steps, plan_totals
+from packcli.publish.steps import plan_totals
 
 
 def training_hints(totals: RowTotals, tokens_per_step: int) -> dict[str, Any] | None:
@@ -30,24 +30,10 @@ def training_hints(totals: RowTotals, tokens_per_step: int) -> dict[str, Any] | 
     return step_totals(totals.rows, totals.units, totals.tokens, tokens_per_step)
 
 
-def step_hints(
-    docs_per_row: np.ndarray, tokens_per_row: np.ndarray, tokens_per_step: int
-) -> dict[str, Any]:
-    """The ``training`` figures of one config from each row's documents (a preference pair
-    counts once) and tokens: the report's, and ``verify``'s from the rows it read."""
-    # The arrays as they are: ``tolist`` made two lists of every row (~48 B a row).
-    p = plan_steps(docs_per_row, tokens_per_row, tokens_per_step=tokens_per_step)
-    return _hints(p, tokens_per_step)
-
-
 def step_totals(rows: int, documents: int, tokens: int, tokens_per_step: int) -> dict[str, Any]:
-    """``step_hints`` from the rows' totals (``verify`` sums them file by file)."""
-    return _hints(
-        plan_totals(rows, documents, tokens, tokens_per_step=tokens_per_step), tokens_per_step
-    )
-
-
-def _hints(p: StepPlan, tokens_per_step: int) -> dict[str, Any]:
+    """The ``training`` figures of one config from its rows' totals (documents: a preference
+    pair counts once): the report's, and ``verify``'s from the rows it read."""
+    p = plan_totals(rows, documents, tokens, tokens_per_step=tokens_per_step)
     return {
         "samples_per_row": round(p.samples_per_row, 4),
         "tokens_per_row": round(p.tokens_per_row, 1),
@@ -58,6 +44,17 @@ def _hints(p: StepPlan, tokens_per_step: int) -> dict[str, Any]:
         "unpacked_batch_size": p.unpacked_batch_size,
         "unpacked_steps_per_epoch": p.unpacked_steps_per_epoch,
     }
+
+
+def larger(a: Any, b: Any) -> Any:
+    """Of two sums with a ``largest`` document (doc id, -1 for none) and its
+    ``largest_tokens``, the one whose largest wins: more tokens, ties to the smaller doc id,
+    so a sum of parts does not depend on their order."""
+    if a.largest < 0:
+        return b
+    if b.largest < 0:
+        return a
+    return a if (a.largest_tokens, -a.largest) >= (b.largest_tokens, -b.largest) else b
 
 
 @dataclass(frozen=True)
@@ -98,11 +95,7 @@ class LengthStats:
     def __add__(self, other: LengthStats) -> LengthStats:
         """These documents and ``other``'s (ties keep the smaller doc id, so the sum does
         not depend on the order)."""
-        mine = (self.largest_tokens, -self.largest)
-        keep = self.largest >= 0 and (
-            other.largest < 0 or mine >= (other.largest_tokens, -other.largest)
-        )
-        top = self if keep else other
+        top = larger(self, other)
         counts = ("documents", "tokens", "short", "long", "overlong", "empty", "overlong_tokens")
         summed = {k: getattr(self, k) + getattr(other, k) for k in counts}
         return LengthStats(**summed, largest=top.largest, largest_tokens=top.largest_tokens)

@@ -61,6 +61,7 @@ from packcli.publish.verify_part import (
     difference,
     differs,
     parts_of,
+    reworded,
     verify_task,
 )
 from packcli.publish.verify_rows import Segments, fail
@@ -118,17 +119,8 @@ def verify_copy(
             shards = _shards_at(meta, staged, None, use_shards, strict=False)
         summary = _verify(meta, local, out, found, shards, executor, num_tasks)
     except VerifyError as exc:
-        raise VerifyError(_named(str(exc), names)) from None
-    return json.loads(_named(json.dumps(summary), names))
-
-
-def _named(text: str, names: dict[Path, str]) -> str:
-    """``text`` with each local copy's path replaced by the URL it is a copy of."""
-    from packcli.fs import reword
-
-    for local, url in names.items():
-        text = reword(text, local, url)
-    return text
+        raise VerifyError(reworded(str(exc), names)) from None
+    return json.loads(reworded(json.dumps(summary), names))
 
 
 def verify_folder(
@@ -271,7 +263,8 @@ def _verify(
     executor = executor or Executor("local")
     tasks = max(1, min(len(parts), num_tasks or executor.default_tasks()))
     results = [r for batch in executor.map(verify_task, (job,), tasks) for r in batch]
-    scans = {name: _summed([r.scans[name] for r in results]) for name in CONFIG_NAMES}
+    first, rest = results[0], results[1:]
+    scans = {name: sum((r.scans[name] for r in rest), first.scans[name]) for name in CONFIG_NAMES}
     summary: dict[str, Any] = {
         "configs": {
             name: {"rows": s.totals.rows, "tokens": s.totals.tokens, "segments": s.totals.units}
@@ -282,11 +275,11 @@ def _verify(
         "checked_against_shards": read,
         "shards": shards.state,
     }
-    docs: DocFigures | None = results[0].docs if len(parts) == 1 else None
+    docs = first.docs  # None unless the output is one part
     figures: ShardFigures | None = None
     if read:
         _check_leftovers(results, scans)
-        docs = _added([r.shard_docs for r in results if r.shard_docs is not None])
+        docs = sum((r.shard_docs for r in results if r.shard_docs is not None), DocFigures())
         figures = _largest([r.shard_figures for r in results if r.shard_figures is not None])
     derived = derive(
         meta, local, scans, docs, figures, shards.index if read else None, rejected_counts(local)
@@ -310,27 +303,11 @@ def _verify(
     return summary
 
 
-def _summed(scans: list[ConfigScan]) -> ConfigScan:
-    total = scans[0]
-    for scan in scans[1:]:
-        total = total + scan
-    return total
-
-
-def _added(docs: list[DocFigures]) -> DocFigures:
-    total = DocFigures()
-    for d in docs:
-        total = total + d
-    return total
-
-
 def _largest(figures: list[ShardFigures]) -> ShardFigures | None:
     """The parts' length figures summed, with the file and line of the largest document."""
     if not figures:
         return None
-    lengths = figures[0].lengths
-    for f in figures[1:]:
-        lengths = lengths + f.lengths
+    lengths = sum((f.lengths for f in figures[1:]), figures[0].lengths)
     top = next((f for f in figures if f.lengths.largest == lengths.largest), figures[0])
     return ShardFigures(lengths, top.largest_file, top.largest_line)
 

@@ -26,7 +26,7 @@ import logging
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ class PartResult:
     name: str
     tail: bool
     scans: dict[str, ConfigScan]
-    docs: DocFigures
+    docs: DocFigures | None  # from its units, when the output is this one part
     shard_docs: DocFigures | None
     shard_figures: ShardFigures | None
     left: dict[str, Pieces] | None
@@ -212,10 +212,10 @@ def _sources(job: VerifyJob) -> Iterator[tuple[OutputFiles, TokenShards | None]]
         try:
             yield OutputFiles(job.out, copies), shards
         except VerifyError as exc:
-            raise VerifyError(_reworded(str(exc), names)) from None
+            raise VerifyError(reworded(str(exc), names)) from None
 
 
-def _reworded(text: str, names: dict[Path, str]) -> str:
+def reworded(text: str, names: dict[Path, str]) -> str:
     from packcli.fs import reword
 
     for local, url in names.items():
@@ -242,22 +242,25 @@ def check_part(
     check_nesting(segments["short"], segments["long"], short_len, where)
     long = segments["long"]
     wanted = np.isin(long.doc, np.asarray(job.wanted, dtype=np.int64))
-    result: dict[str, Any] = {
-        "name": part.name,
-        "tail": part.is_tail,
-        "scans": scans,
-        "docs": DocFigures.of_units(long.doc, long.length, short_len, long_len),
-        "shard_docs": None,
-        "shard_figures": None,
-        "left": None,
-        "wanted": (long.doc[wanted], long.length[wanted], long.hash[wanted]),
-        "expected": dict.fromkeys(CONFIG_NAMES, 0),
-    }
+    result = PartResult(
+        name=part.name,
+        tail=part.is_tail,
+        scans=scans,
+        # Per document from the units only where one part holds every piece of them.
+        docs=DocFigures.of_units(long.doc, long.length, short_len, long_len)
+        if len(job.parts) == 1
+        else None,
+        shard_docs=None,
+        shard_figures=None,
+        left=None,
+        wanted=(long.doc[wanted], long.length[wanted], long.hash[wanted]),
+        expected=dict.fromkeys(CONFIG_NAMES, 0),
+    )
     if shards is None:
-        return PartResult(**result)
+        return result
     found = {n: (s.doc, s.length, s.hash) for n, s in segments.items()}
     if part.is_tail:  # its pieces are the groups' leftovers: the driver compares them
-        return PartResult(**{**result, "left": found})
+        return replace(result, left=found)
     exp, docs, figures = _expected(shards, part, short_len, long_len, plan["overlong"])
     small = exp[1] <= short_len
     wants = {"long": exp, "short": (exp[0][small], exp[1][small], exp[2][small])}
@@ -266,14 +269,12 @@ def check_part(
         extra, left[name] = difference(found[name], wants[name])
         if extra is not None:
             differs(name + where, extra, found[name][0].size, wants[name][0].size)
-    return PartResult(
-        **{
-            **result,
-            "shard_docs": docs,
-            "shard_figures": figures,
-            "left": left,
-            "expected": {n: int(w[0].size) for n, w in wants.items()},
-        }
+    return replace(
+        result,
+        shard_docs=docs,
+        shard_figures=figures,
+        left=left,
+        expected={n: int(w[0].size) for n, w in wants.items()},
     )
 
 
