@@ -485,6 +485,20 @@ def _fetch(fs: Any, prefix: str, dest: Path, rel: str) -> None:
     fs.get_file(_join(prefix, rel), str(target))
 
 
+def fetch_output_file(url: str, rel: str, dest: Path) -> Path:
+    """One file of the output at ``url`` (``data/<config>/<file>``), fetched to ``dest /
+    rel``: a verify task reads the files of its part one at a time this way."""
+    fs, prefix = locate(url)
+    shown = f"{redact(url).rstrip('/')}/{rel}"
+    try:
+        _fetch(fs, prefix, dest, rel)
+    except FileNotFoundError:
+        raise PackcliError(f"{shown}: listed in packcli.json but not there") from None
+    except OSError as exc:
+        raise PackcliError(f"{shown}: cannot be read ({exc})") from None
+    return dest / rel
+
+
 def reword(text: str, local: Path, url: str) -> str:
     """A message about a downloaded copy, naming the remote output instead."""
     return text.replace(str(local), redact(url).rstrip("/"))

@@ -37,22 +37,3 @@ def local_output(
             yield local
         except PackcliError as exc:
             raise type(exc)(reword(str(exc), local, out)) from None
-
-
-def fetch_output_file(out: str, rel: str, dest: Path) -> Path:
-    """One file of the output at URL ``out`` (``data/<config>/<file>``), fetched to
-    ``dest / rel``: a verify task reads the files of its part one at a time this way."""
-    from packcli.fs import locate, redact
-
-    fs, prefix = locate(out)
-    target = dest / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fs.get_file(f"{prefix.rstrip('/')}/{rel}", str(target))
-    except FileNotFoundError:
-        raise PackcliError(
-            f"{redact(out).rstrip('/')}/{rel}: listed in packcli.json but not there"
-        ) from None
-    except OSError as exc:
-        raise PackcliError(f"{redact(out).rstrip('/')}/{rel}: cannot be read ({exc})") from None
-    return target

@@ -175,7 +175,7 @@ class OutputFiles:
     def path(self, rel: str) -> Path:
         if self.copies is None:
             return Path(self.out) / rel
-        from packcli.publish.remote import fetch_output_file
+        from packcli.fs import fetch_output_file
 
         return fetch_output_file(self.out, rel, self.copies)
 
