@@ -53,7 +53,7 @@ from packcli.publish.figures import (
     derive,
     rejected_counts,
 )
-from packcli.publish.marker import peek_marker, read_json_object, read_marker
+from packcli.publish.marker import read_json_object, read_marker
 from packcli.publish.verify_part import (
     PartResult,
     VerifyJob,
@@ -102,7 +102,7 @@ def verify_copy(
 
     meta = read_marker(local)
     names: dict[Path, str] = {local: url}
-    recorded = peek_marker(local).get("run", {}).get("work_dir")
+    recorded = meta["run"].get("work_dir")
     copied = all((local / rel).is_file() for rel in _listed(meta))
     out = str(local) if copied else url
     try:
