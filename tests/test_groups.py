@@ -12,6 +12,7 @@ from test_plan import check_packs_whole, check_plan, pretrain_lengths
 
 from packcli.config import PlanConfig
 from packcli.pack.groups import (
+    MOST_RELEASED,
     Pieces,
     group_count,
     merge_plans,
@@ -28,6 +29,7 @@ def grouped(
     n_groups: int,
     cfg: PlanConfig,
     tail_share: float = 1e-4,
+    most_released: int = MOST_RELEASED,
 ) -> tuple[list[Plan], Plan]:
     """Group plans (doc ids of strided shards) and the tail plan, as the stages would."""
     bounds = np.cumsum([0, *shard_sizes])
@@ -39,7 +41,9 @@ def grouped(
             if shards.size
             else np.zeros(0, dtype=np.int64)
         )
-        gp = plan_group(lengths[docs], docs, cfg, g, tail_share=tail_share)
+        gp = plan_group(
+            lengths[docs], docs, cfg, g, tail_share=tail_share, most_released=most_released
+        )
         plans.append(gp.plan)
         tails.append(gp.tail)
     return plans, plan_tail(tails, cfg)
@@ -61,6 +65,7 @@ def _split(n: int, rng: np.random.Generator) -> list[int]:
     algorithm=st.sampled_from(["bfd", "ffd", "wrapped"]),
     n_groups=st.integers(1, 5),
     tail_share=st.sampled_from([0.0, 1e-4, 0.05, 1.0]),
+    most_released=st.sampled_from([0, 1, 4, 10**9]),
     seed=st.integers(0, 2**32),
 )
 def test_groups_and_tail_make_a_valid_plan_of_the_whole_corpus(
@@ -71,6 +76,7 @@ def test_groups_and_tail_make_a_valid_plan_of_the_whole_corpus(
     algorithm: str,
     n_groups: int,
     tail_share: float,
+    most_released: int,
     seed: int,
 ) -> None:
     cfg = PlanConfig(
@@ -78,7 +84,7 @@ def test_groups_and_tail_make_a_valid_plan_of_the_whole_corpus(
     )
     arr = np.array(lengths, dtype=np.int64)
     sizes = _split(arr.size, np.random.default_rng(seed))
-    plans, tail = grouped(arr, sizes, n_groups, cfg, tail_share)
+    plans, tail = grouped(arr, sizes, n_groups, cfg, tail_share, most_released)
     merged = merge_plans([*plans, tail])
     check_plan(arr, cfg, merged)  # every piece of the policy exactly once, packs whole
     whole = plan_two_tier(arr, cfg)  # the same policy counts as one global plan
@@ -87,10 +93,13 @@ def test_groups_and_tail_make_a_valid_plan_of_the_whole_corpus(
 
 
 def test_kept_rows_leave_at_most_the_tail_share_free() -> None:
+    # With no cap on the rows released, a group keeps at most the tail share of free room,
+    # also after its released rows exchanged packs with kept ones (which may leave a kept
+    # row a little less full: within the same budget).
     lengths = pretrain_lengths(60_000, seed=3)
     cfg = PlanConfig(short_len=512, long_len=8192)
     for share in (0.0, 1e-3):
-        plans, tail = grouped(lengths, [15_000] * 4, 4, cfg, share)
+        plans, tail = grouped(lengths, [15_000] * 4, 4, cfg, share, most_released=10**9)
         for plan in plans:
             for layout in (plan.long, plan.short):
                 room = layout.num_rows * layout.capacity - int(layout.row_tokens.sum())
@@ -100,6 +109,71 @@ def test_kept_rows_leave_at_most_the_tail_share_free() -> None:
     # Nothing released when any free room is allowed: the tail is empty.
     plans, tail = grouped(lengths, [15_000] * 4, 4, cfg, 1.0)
     assert tail.stats["tail_pieces"] == 0 and tail.long.num_rows == 0
+
+
+def test_a_corpus_that_cannot_fill_its_rows_stays_in_its_groups() -> None:
+    # Pre-chunked documents of half a short pack plus one token: every pack of every group
+    # has the same free room, which no tail can fill. Each group releases at most
+    # MOST_RELEASED rows per config, not everything (which would plan the corpus in one
+    # process), and the job needs no more rows than one global plan.
+    cfg = PlanConfig(short_len=64, long_len=512)
+    for size in (33, 65):  # half a short pack + 1; a long piece of a short pack + 1
+        lengths = np.full(16_000, size, dtype=np.int64)
+        plans, tail = grouped(lengths, [2_000] * 8, 4, cfg)
+        merged = merge_plans([*plans, tail])
+        check_packs_whole(merged)
+        whole = plan_two_tier(lengths, cfg)
+        for name in ("long", "short"):
+            assert getattr(merged, name).num_rows <= getattr(whole, name).num_rows
+        per_long_row = cfg.long_len // size
+        assert tail.stats["tail_pieces"] <= 4 * 2 * MOST_RELEASED * per_long_row
+        assert tail.stats["tail_pieces"] < lengths.size // 20
+
+
+def test_released_rows_hold_few_pieces() -> None:
+    # Best fit decreasing fills a group's last rows with packs of its smallest documents,
+    # and those are the rows it releases: the tail would hold one piece per token. The
+    # released rows exchange those packs for kept packs of fewer pieces, so the tail is
+    # no denser in pieces than the corpus, and the plan stays a valid plan of the corpus.
+    rng = np.random.default_rng(5)
+    lengths = np.clip(rng.lognormal(np.log(30), 1.9, 40_000).astype(np.int64), 1, 3_000)
+    cfg = PlanConfig(short_len=512, long_len=8192)
+    plans, tail = grouped(lengths, [5_000] * 8, 4, cfg)
+    merged = merge_plans([*plans, tail])
+    check_packs_whole(merged)
+    assert tail.stats["tail_tokens"] > 0
+    density = tail.stats["tail_pieces"] / tail.stats["tail_tokens"]
+    assert density <= lengths.size / lengths.sum(), (density, tail.stats)
+    for name in ("long", "short"):  # and it costs no rows against the uncapped release
+        rows = getattr(merged, name).num_rows
+        bound = -(-int(getattr(merged, name).row_tokens.sum()) // getattr(cfg, f"{name}_len"))
+        assert rows <= bound + len(plans), (name, rows, bound)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=200),
+    overlong=st.sampled_from(["split", "truncate"]),
+    balance=st.sampled_from(["none", "attention"]),
+)
+def test_rebuilt_long_rows_are_the_planners_when_no_pack_moves(
+    lengths: list[int], overlong: str, balance: str
+) -> None:
+    # The release rebuilds the long layout after packs change rows; with every pack where
+    # the planner put it, that rebuild is the planner's own layout (order within rows too).
+    from packcli.pack.groups import _moved_packs, _row_of_piece
+
+    cfg = PlanConfig(short_len=16, long_len=64, overlong=overlong, balance=balance)
+    plan = plan_two_tier(np.array(lengths), cfg)
+    n = plan.piece_len.size
+    long_row = _row_of_piece(plan.long, n)
+    short = plan.short
+    filled = np.diff(short.row_offsets) > 0
+    pack_row = np.full(short.num_rows, -1, dtype=np.int64)
+    pack_row[filled] = long_row[short.row_pieces[short.row_offsets[:-1][filled]]]
+    rebuilt = _moved_packs(plan, long_row, pack_row)
+    for field in ("row_offsets", "row_pieces", "row_tokens"):
+        assert np.array_equal(getattr(rebuilt, field), getattr(plan.long, field)), field
 
 
 def test_grouping_costs_little_on_a_pretraining_mix() -> None:

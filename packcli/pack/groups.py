@@ -14,23 +14,26 @@ shards instead, and each group is planned, and later written, on its own:
    rows in order of free room, most first, until the room left in the kept long rows is at
    most ``tail_share`` of the group's long-config tokens, and likewise for short packs
    (a released short pack takes the long row it sits in with it, so both views stay
-   consistent: a kept short pack is always whole inside a kept long row). Whatever is
-   released (every piece of the released long rows) goes to the **tail**.
+   consistent: a kept short pack is always whole inside a kept long row), but at most
+   ``MOST_RELEASED`` rows per config: more under-filled rows than best fit's last few is
+   the corpus's shape, which no tail can fill. The other packs of a released long row are
+   exchanged for kept packs of fewer pieces (``_fewest_pieces``), and whatever is released
+   (every piece of the released long rows) goes to the **tail**.
 3. **The tail is planned once, globally** (``plan_tail``): the released pieces of every
    group, which are small (a few percent of the tokens at most, often 0.1%), packed
    two-tier as one corpus. Its under-filled last rows are the only ones the job leaves.
 
 Cost in packing: each group leaves at most ``tail_share`` of its tokens as free room in the
-rows it keeps, and the tail adds the global plan's own rounding, so rows / lower bound stay
-within about ``1 + tail_share`` of the bound per tier (``scripts/bench_scale.py`` measures
-it: docs/scale.md). Cost in memory: a group's plan, ~116 B per document of that group; the
-tail's, ~120 B per released piece at its peak. The released pieces are few in tokens but
-not in number: the rows a group releases are its least-filled ones, which best fit
-decreasing fills last, with the smallest documents, so on the real-shaped mix
-(``scripts/bench_scale.py``) a group of 1M documents releases ~0.04% of its tokens but ~5%
-of its pieces (~50k, ~1.6 tokens each), and the tail's planner holds ~50k pieces per group
-(~6 MB per group above its ~200 MB base: ~0.8 GB at 100 groups). Everything here is pure
-and deterministic for given lengths, groups and config.
+rows it keeps (beyond its ``MOST_RELEASED`` roomiest rows, which a global plan would leave
+under-filled too), and the tail adds the global plan's own rounding, so rows / lower bound
+stay within about ``1 + tail_share`` of the bound per tier (``scripts/bench_scale.py``
+measures it: docs/scale.md). Cost in memory: a group's plan, ~116 B per document of that
+group; the tail's, ~120 B per released piece at its peak. Released pieces were once ~5% of
+a group's pieces (best fit decreasing fills the last rows with the smallest documents:
+~50k one- and two-token documents per group of 1M); after the exchange a group of 1M
+real-shaped documents releases ~30 pieces (0 to 60), so the tail's planner holds a few
+kilobytes per group. Everything here is pure and deterministic for given lengths, groups
+and config.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from packcli.names import CONFIG_NAMES
-from packcli.pack.plan import Plan, RowLayout, plan_two_tier
+from packcli.pack.plan import Plan, RowLayout, layout_units, plan_two_tier
 from packcli.pack.plan_config import PlanConfig
 
 # Tokens per group: a group's plan then holds ~1M documents of real text (~116 MB) and its
@@ -51,6 +54,15 @@ from packcli.pack.plan_config import PlanConfig
 GROUP_TOKENS = 1 << 28
 # Free room the rows a group keeps may hold, as a share of the group's tokens (per config).
 TAIL_SHARE = 1e-4
+# Rows a group releases by their room at most, per config (most room first). Best fit
+# leaves one or two under-filled rows per tier at a group's end; more rows than that with
+# room is the corpus's own shape (documents of 2,049 tokens leave half of every short pack
+# free wherever they are planned), which the tail cannot improve: releasing them all would
+# move the whole group into the tail, one process for the corpus.
+MOST_RELEASED = 4
+# Which rows a group releases, as a version: part of the plan's fingerprint, so a work
+# folder planned by another rule is planned again (grouped output bytes depend on it).
+RELEASE_RULE = 2
 # Policy counts summed over groups (the tail never holds an overlong or empty document).
 POLICY_KEYS = (
     "empty_docs",
@@ -143,6 +155,7 @@ def plan_group(
     group: int,
     *,
     tail_share: float = TAIL_SHARE,
+    most_released: int = MOST_RELEASED,
 ) -> GroupPlan:
     """Plan one group's documents (``lengths[i]`` is document ``doc_ids[i]``) and release
     its least-filled rows to the tail."""
@@ -153,7 +166,7 @@ def plan_group(
     cfg = dataclasses.replace(config, seed=group_seed(config.seed, group))
     local = plan_two_tier(lengths, cfg)
     plan = dataclasses.replace(local, piece_doc=doc_ids[local.piece_doc])
-    released = _released_pieces(plan, tail_share)
+    plan, released = _release(plan, tail_share, most_released)
     return GroupPlan(_keep(plan, ~released), _pieces(plan, released))
 
 
@@ -211,12 +224,14 @@ def merge_plans(plans: Sequence[Plan]) -> Plan:
     )
 
 
-def _keep_least_room(room: np.ndarray, budget: float) -> np.ndarray:
-    """Rows kept: the fullest ones, as many as keep their total free room within ``budget``
-    (ties by row index, so the choice is deterministic)."""
+def _keep_least_room(room: np.ndarray, budget: float, most: int) -> np.ndarray:
+    """Rows kept: the fullest ones, as many as keep their total free room within ``budget``,
+    and every row but the ``most`` roomiest whatever the budget (ties by row index, so the
+    choice is deterministic)."""
     order = np.argsort(room, kind="stable")
     keep = np.zeros(room.size, dtype=bool)
     keep[order[np.cumsum(room[order]) <= budget]] = True
+    keep[order[: max(0, room.size - most)]] = True
     return keep
 
 
@@ -226,22 +241,107 @@ def _row_of_piece(layout: RowLayout, n_pieces: int) -> np.ndarray:
     return row
 
 
-def _released_pieces(plan: Plan, tail_share: float) -> np.ndarray:
-    """Which pieces go to the tail: those of the long rows released by free room, and of the
-    long rows holding a released short pack."""
+def _release(plan: Plan, tail_share: float, most: int) -> tuple[Plan, np.ndarray]:
+    """The plan with its released long rows holding as few pieces as equal-size swaps allow,
+    and which of its pieces go to the tail.
+
+    Long rows are released by free room (``_keep_least_room``), and so is every long row
+    holding a short pack released by its own room. The other packs in those rows are then
+    exchanged for packs of kept rows with fewer pieces (``_fewest_pieces``)."""
     long, short = plan.long, plan.short
     assert long is not None and short is not None
     n = plan.piece_len.size
     long_row = _row_of_piece(long, n)
     keep_row = _keep_least_room(
-        long.capacity - long.row_tokens, tail_share * float(long.row_tokens.sum())
+        long.capacity - long.row_tokens, tail_share * float(long.row_tokens.sum()), most
     )
     keep_pack = _keep_least_room(
-        short.capacity - short.row_tokens, tail_share * float(short.row_tokens.sum())
+        short.capacity - short.row_tokens, tail_share * float(short.row_tokens.sum()), most
     )
-    pack_row = np.repeat(~keep_pack, np.diff(short.row_offsets))
-    keep_row[long_row[short.row_pieces[pack_row]]] = False
-    return ~keep_row[long_row]
+    counts = np.diff(short.row_offsets)
+    pack_row = np.full(short.num_rows, -1, dtype=np.int64)
+    filled = counts > 0
+    pack_row[filled] = long_row[short.row_pieces[short.row_offsets[:-1][filled]]]
+    keep_row[pack_row[~keep_pack & filled]] = False
+    if not keep_row.all():
+        budget = tail_share * float(long.row_tokens.sum())
+        slack = budget - float((long.capacity - long.row_tokens)[keep_row].sum())
+        movable = keep_pack & filled
+        new_row = _fewest_pieces(pack_row, short.row_tokens, counts, movable, keep_row, slack)
+        if not np.array_equal(new_row, pack_row):
+            plan = dataclasses.replace(plan, long=_moved_packs(plan, long_row, new_row))
+            long_row = _row_of_piece(plan.long, n)
+    return plan, ~keep_row[long_row]
+
+
+def _fewest_pieces(
+    pack_row: np.ndarray,
+    pack_tokens: np.ndarray,
+    pack_pieces: np.ndarray,
+    movable: np.ndarray,
+    keep_row: np.ndarray,
+    slack: float,
+) -> np.ndarray:
+    """Each pack's long row after exchanging packs between released and kept rows, so the
+    released rows hold as few pieces as exchanges allow.
+
+    Why: the rows a group releases are its least filled, which best fit decreasing fills
+    last, with packs of the smallest documents; on real-shaped text one released row held
+    ~50k one- and two-token documents, and the tail's planner (one process for the whole
+    corpus) held every one. A released pack A changes places with the kept pack B of fewest
+    pieces (fewer than A's) that is at least as large, the smallest such, when the room B's
+    row gains (B - A tokens) still fits the group's ``slack`` (the free room its kept rows
+    may yet take): every pack stays whole, the short config is as it was, and a kept row
+    keeps its fill or loses a little within the budget. On that row ~25 pieces were left
+    (docs/scale.md). Movable packs are those kept by their own room (a pack released by its
+    room goes to the tail whatever its row); released packs are taken most pieces first,
+    candidates by (pieces, tokens, index): deterministic."""
+    out = np.flatnonzero(movable & ~keep_row[np.maximum(pack_row, 0)])
+    cand = np.flatnonzero(movable & keep_row[np.maximum(pack_row, 0)])
+    if not out.size or not cand.size:
+        return pack_row
+    cand = cand[np.lexsort((cand, pack_tokens[cand], pack_pieces[cand]))]
+    c_tokens, c_pieces = pack_tokens[cand], pack_pieces[cand]
+    free = np.ones(cand.size, dtype=bool)
+    new_row = pack_row.copy()
+    for a in out[np.lexsort((out, -pack_pieces[out]))]:
+        size = int(pack_tokens[a])
+        fits = free & (c_pieces < pack_pieces[a]) & (c_tokens >= size)
+        fits &= c_tokens <= size + max(0.0, slack)
+        if not fits.any():
+            continue
+        k = int(np.argmax(fits))
+        b = cand[k]
+        free[k] = False
+        slack -= int(c_tokens[k]) - size
+        new_row[a], new_row[b] = pack_row[b], pack_row[a]
+    return new_row
+
+
+def _moved_packs(plan: Plan, long_row: np.ndarray, pack_row: np.ndarray) -> RowLayout:
+    """The long layout with each short pack in row ``pack_row`` (its pieces whole, in pack
+    order), long pieces where they were, and within each row units by their first (doc,
+    start): the order the planner gives a row, so a row no pack moved into or out of comes
+    out as it was."""
+    long, short = plan.long, plan.short
+    assert long is not None and short is not None
+    in_pack = np.zeros(plan.piece_len.size, dtype=bool)
+    in_pack[short.row_pieces] = True
+    singles = np.flatnonzero(~in_pack)
+    counts = np.diff(short.row_offsets)
+    members = np.concatenate([singles, short.row_pieces])
+    sizes = np.concatenate([np.ones(singles.size, dtype=np.int64), counts])
+    offsets = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    unit_row = np.concatenate([long_row[singles], pack_row])
+    unit_tokens = np.concatenate([plan.piece_len[singles], short.row_tokens])
+    units = np.flatnonzero(sizes > 0)
+    first = members[offsets[units]]
+    order = units[np.lexsort((plan.piece_start[first], plan.piece_doc[first], unit_row[units]))]
+    unit_row[sizes == 0] = 0  # an empty pack: in no row, and it adds nothing to row 0
+    return layout_units(
+        long.capacity, order, members, offsets, unit_row, long.num_rows, unit_tokens
+    )
 
 
 def _pieces(plan: Plan, mask: np.ndarray) -> Pieces:

@@ -146,7 +146,7 @@ def _concat_groups(group_order: np.ndarray, members: np.ndarray, offsets: np.nda
     return out[:n]
 
 
-def _layout(
+def layout_units(
     capacity: int,
     group_order: np.ndarray,
     members: np.ndarray,
@@ -400,7 +400,7 @@ def _long_layout(
     n_docs = int(piece_doc[-1]) + 1 if piece_doc.size else 0
     by_doc, _ = _group_by(unit_first_doc, n_docs)
     by_row, _ = _group_by(unit_row[by_doc], n_rows)
-    return _layout(L, by_doc[by_row], unit_members, unit_offsets, unit_row, n_rows, unit_sizes)
+    return layout_units(L, by_doc[by_row], unit_members, unit_offsets, unit_row, n_rows, unit_sizes)
 
 
 @dataclass(frozen=True)

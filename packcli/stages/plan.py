@@ -31,6 +31,7 @@ from packcli.errors import InputError, PackcliError
 from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES
 from packcli.pack.groups import (
+    RELEASE_RULE,
     Pieces,
     group_count,
     plan_group,
@@ -50,7 +51,12 @@ log = logging.getLogger(__name__)
 
 def plan_fingerprint(plan_cfg: PlanConfig, tokens_fingerprint: str) -> str:
     return fingerprint(
-        {"tokens": tokens_fingerprint, "plan": dataclasses.asdict(plan_cfg), "v": __version__}
+        {
+            "tokens": tokens_fingerprint,
+            "plan": dataclasses.asdict(plan_cfg),
+            "v": __version__,
+            "release": RELEASE_RULE,
+        }
     )
 
 
