@@ -60,6 +60,9 @@ TAIL_SHARE = 1e-4
 # free wherever they are planned), which the tail cannot improve: releasing them all would
 # move the whole group into the tail, one process for the corpus.
 MOST_RELEASED = 4
+# Packs of released rows exchanged at most per group, most pieces first: the default sizes
+# release ~1 long row of 32 packs; a tiny short_len (1,024 packs a row) stays bounded.
+EXCHANGES = 256
 # Which rows a group releases, as a version: part of the plan's fingerprint, so a work
 # folder planned by another rule is planned again (grouped output bytes depend on it).
 RELEASE_RULE = 2
@@ -288,23 +291,26 @@ def _fewest_pieces(
     Why: the rows a group releases are its least filled, which best fit decreasing fills
     last, with packs of the smallest documents; on real-shaped text one released row held
     ~50k one- and two-token documents, and the tail's planner (one process for the whole
-    corpus) held every one. A released pack A changes places with the kept pack B of fewest
-    pieces (fewer than A's) that is at least as large, the smallest such, when the room B's
-    row gains (B - A tokens) still fits the group's ``slack`` (the free room its kept rows
-    may yet take): every pack stays whole, the short config is as it was, and a kept row
-    keeps its fill or loses a little within the budget. On that row ~25 pieces were left
+    corpus) held every one. First packs of equal size change places, all at once
+    (``_equal_exchanges``); then a released pack A still holding more pieces changes
+    places with the kept pack B of fewest pieces (fewer than A's) that is at least as large,
+    the smallest such, when the room B's row gains (B - A tokens) still fits the group's
+    ``slack`` (the free room its kept rows may yet take): every pack stays whole, the short
+    config is as it was, and a kept row keeps its fill or loses a little within the budget. On that row ~25 pieces were left
     (docs/scale.md). Movable packs are those kept by their own room (a pack released by its
-    room goes to the tail whatever its row); released packs are taken most pieces first,
-    candidates by (pieces, tokens, index): deterministic."""
-    out = np.flatnonzero(movable & ~keep_row[np.maximum(pack_row, 0)])
-    cand = np.flatnonzero(movable & keep_row[np.maximum(pack_row, 0)])
+    room goes to the tail whatever its row); released packs are taken most pieces first, at
+    most ``EXCHANGES`` of them (each exchange scans the group's packs once), candidates by
+    (pieces, tokens, index): deterministic."""
+    new_row = _equal_exchanges(pack_row, pack_tokens, pack_pieces, movable, keep_row)
+    out = np.flatnonzero(movable & ~keep_row[np.maximum(new_row, 0)])
+    cand = np.flatnonzero(movable & keep_row[np.maximum(new_row, 0)])
     if not out.size or not cand.size:
-        return pack_row
+        return new_row
     cand = cand[np.lexsort((cand, pack_tokens[cand], pack_pieces[cand]))]
     c_tokens, c_pieces = pack_tokens[cand], pack_pieces[cand]
     free = np.ones(cand.size, dtype=bool)
-    new_row = pack_row.copy()
-    for a in out[np.lexsort((out, -pack_pieces[out]))]:
+    moved = new_row.copy()
+    for a in out[np.lexsort((out, -pack_pieces[out]))][:EXCHANGES]:
         size = int(pack_tokens[a])
         fits = free & (c_pieces < pack_pieces[a]) & (c_tokens >= size)
         fits &= c_tokens <= size + max(0.0, slack)
@@ -314,7 +320,38 @@ def _fewest_pieces(
         b = cand[k]
         free[k] = False
         slack -= int(c_tokens[k]) - size
-        new_row[a], new_row[b] = pack_row[b], pack_row[a]
+        moved[a], moved[b] = new_row[b], new_row[a]
+    return moved
+
+
+def _equal_exchanges(
+    pack_row: np.ndarray,
+    pack_tokens: np.ndarray,
+    pack_pieces: np.ndarray,
+    movable: np.ndarray,
+    keep_row: np.ndarray,
+) -> np.ndarray:
+    """The exchanges between packs of equal size, all at once: of each size, the released
+    rows get the movable packs with the fewest pieces (among equals one already released,
+    then by index), so most of the released packs need no one-by-one search."""
+    out = movable & ~keep_row[np.maximum(pack_row, 0)]
+    if not out.any():
+        return pack_row
+    idx = np.flatnonzero(movable)
+    order = idx[np.lexsort((idx, ~out[idx], pack_pieces[idx], pack_tokens[idx]))]
+    sizes = pack_tokens[order]
+    starts = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]])
+    counts = np.diff(np.r_[starts, order.size])
+    rank = np.arange(order.size) - np.repeat(starts, counts)
+    wanted = np.bincount(np.searchsorted(sizes[starts], pack_tokens[out]), minlength=starts.size)
+    chosen = np.zeros(pack_row.size, dtype=bool)
+    chosen[order[rank < np.repeat(wanted, counts)]] = True
+    leaving = np.flatnonzero(out & ~chosen)  # to kept rows, size by size with those entering
+    entering = np.flatnonzero(chosen & ~out)
+    leaving = leaving[np.lexsort((leaving, pack_tokens[leaving]))]
+    entering = entering[np.lexsort((entering, pack_tokens[entering]))]
+    new_row = pack_row.copy()
+    new_row[leaving], new_row[entering] = pack_row[entering], pack_row[leaving]
     return new_row
 
 
