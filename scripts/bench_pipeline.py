@@ -6,8 +6,14 @@ planning, writing) should hide behind it. On the same texts and cores this measu
 (a) the raw throughput of HF ``encode_batch_fast`` over the texts already in memory, in
     batches of the size packcli uses, and (a') the same for every fast backend installed
     (``fastokens``, ``gigatoken``; packcli/tokenize/backends.py), flat outputs;
+(n) the naive script of issue 24 (``naive_script``: orjson per line, fastokens
+    ``encode_batch_flat`` in batches of 4,096, numpy concatenation with EOS, one tier cut into
+    128k rows with segment ids, one zstd Parquet file without dictionary), the floor packcli
+    is held to (``packcli / naive`` at most 1);
 (b) ``packcli pack --tokenizer-backend hf`` and (c) ``packcli pack`` with defaults (auto: the
     fastest backend that passes the self-check), end to end, fresh output folder;
+(f) the fixed cost: ``packcli pack`` of the corpus's first 100 documents, the whole CLI
+    process timed from outside (``--fixed-repeats`` runs after one untimed);
 
 each in a fresh interpreter (timed around the work, not the interpreter's start), and prints
 MB/s, tokens/s, ratios against (a) and against the fastest (a') by wall time, the CPU
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -171,6 +178,70 @@ def packcli_pack(
     return time.perf_counter() - t0, time.process_time() - c0, result
 
 
+# The naive arm (issue 24): what a user writes in ~60 lines to get a packed Parquet file.
+NAIVE_BATCH = 4096
+NAIVE_ROW = 131072
+NAIVE_EOS = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
+
+
+def naive_script(path: Path, tokenizer: Path, out: Path) -> tuple[float, float, int, int]:
+    """Wall seconds, CPU seconds, bytes and tokens of the pipeline issue 24 measures packcli
+    against: orjson per line, fastokens ``encode_batch_flat`` in batches of 4,096, one numpy
+    concatenation with EOS, one tier cut into 128k rows with segment ids, one Parquet file
+    (zstd at packcli's default level, no dictionary). No checks, no plan, no resume: the
+    floor of what the same tokenizer and cores allow, timed from loading the tokenizer."""
+    import fastokens
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    source = tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer
+    tok = fastokens.Tokenizer.from_file(str(source))
+    tok.no_truncation()
+    tok.no_padding()
+    eos = next(i for t in NAIVE_EOS if (i := tok.token_to_id(t)) is not None)
+    parts: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    nbytes = 0
+
+    def encode(texts: list[str]) -> None:
+        ids, offsets = tok.encode_batch_flat(
+            texts, add_special_tokens=False, split_special_tokens=True
+        )
+        ends = np.frombuffer(offsets, np.uint64).astype(np.int64)[1:]
+        parts.append(np.insert(np.frombuffer(ids, np.uint32).astype(np.int32), ends, eos))
+        lengths.append(np.diff(ends, prepend=0) + 1)
+
+    batch: list[str] = []
+    with path.open("rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            text = orjson.loads(line)["text"]
+            nbytes += len(text.encode("utf-8"))
+            batch.append(text)
+            if len(batch) == NAIVE_BATCH:
+                encode(batch)
+                batch = []
+    if batch:
+        encode(batch)
+    ids = np.concatenate(parts)
+    doc_len = np.concatenate(lengths)
+    segment = np.repeat(np.arange(doc_len.size, dtype=np.int32), doc_len)
+    starts = np.arange(0, ids.size, NAIVE_ROW)
+    row_len = np.diff(np.append(starts, ids.size))
+    segment -= np.repeat(segment[starts], row_len)  # numbered from 0 in each row
+    offsets = pa.array(np.append(starts, ids.size).astype(np.int32))
+    table = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids)),
+            "segment_ids": pa.ListArray.from_arrays(offsets, pa.array(segment)),
+        }
+    )
+    pq.write_table(table, out, compression="zstd", compression_level=3, use_dictionary=False)
+    return time.perf_counter() - t0, time.process_time() - c0, nbytes, int(ids.size)
+
+
 def tokenize_peak_rss_mb(path: Path, tokenizer: Path, out: Path, shard_tokens: int) -> float:
     """Peak RSS of ``packcli tokenize`` alone, in a fresh subprocess.
 
@@ -208,7 +279,8 @@ def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
     busy: dict[str, list[dict]] = {p: [] for p in packs}
     chosen = ""
     fast = [b for b in _MAKERS if importlib.util.find_spec(b) is not None]
-    arms = ["raw hf", *(f"raw {b}" for b in fast), *(f"pack {p}" for p in packs)]
+    naive = ["naive"] * (not args.chat and "fastokens" in fast)
+    arms = ["raw hf", *(f"raw {b}" for b in fast), *naive, *(f"pack {p}" for p in packs)]
     nbytes = tokens = 0
     for _ in range(args.repeats):
         for arm in arms:
@@ -217,6 +289,8 @@ def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
             cpu.setdefault(arm, []).append(got["cpu"])
             if arm.startswith("raw"):
                 nbytes = got["bytes"]
+            elif arm == "naive":
+                rss.setdefault(arm, []).append(got["peak_rss_mb"])
             else:
                 backend = arm.removeprefix("pack ")
                 stages[backend].append(got["timings"])
@@ -230,6 +304,7 @@ def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
     labels = {
         "raw hf": "(a) HF encode_batch_fast, in memory",
         **{f"raw {b}": f"(a') {b}, in memory" for b in fast},
+        "naive": "(n) naive script: fastokens -> 1 tier",
         "pack hf": "(b) packcli pack --tokenizer-backend hf",
         "pack auto": f"(c) packcli pack (auto: {chosen})",
     }
@@ -249,6 +324,12 @@ def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
             f"{med['raw hf'] / t:>8.2f}{med[best] / t:>8.2f}"
             f"{med_cpu[key]:>8.1f}{med_cpu['raw hf'] / med_cpu[key]:>8.2f}{peak}"
         )
+    if naive:
+        print(
+            "packcli / naive by wall: "
+            + ", ".join(f"pack {p} {med[f'pack {p}'] / med['naive']:.2f}" for p in packs)
+            + " (at most 1.00 is issue 24's goal)"
+        )
     for backend in packs:
         stage = {k: statistics.median(s[k] for s in stages[backend]) for k in stages[backend][0]}
         parts = {k: statistics.median(b[k] for b in busy[backend]) for k in busy[backend][0]}
@@ -258,7 +339,41 @@ def throughput(args: argparse.Namespace, corpus: Path, work: Path) -> None:
             + "; inside tokenize, busy: "
             + ", ".join(f"{k} {v:.1f}s" for k, v in parts.items())
         )
+    if args.fixed_repeats and not args.chat:
+        med["fixed pack"] = fixed_cost(args, corpus, work)
     print(json.dumps({k: round(v, 3) for k, v in med.items()}))
+
+
+FIXED_DOCS = 100
+
+
+def fixed_cost(args: argparse.Namespace, corpus: Path, work: Path) -> float:
+    """(f) The fixed cost: ``packcli pack`` of the corpus's first 100 documents, the whole CLI
+    process timed from outside (interpreter start, imports, tokenizer load, card, hashes,
+    finalize), as a user runs it. One untimed run first, so every timed one finds warm
+    caches: the page cache, and the bytecode an installed package has (this run writes it
+    even where PYTHONDONTWRITEBYTECODE is set). Prints and returns the median wall."""
+    small = work / f"first-{FIXED_DOCS}.jsonl"
+    with corpus.open("rb") as src, small.open("wb") as dst:
+        dst.writelines(itertools.islice((ln for ln in src if ln.strip()), FIXED_DOCS))
+    out = work / "out-fixed"
+    cmd = [sys.executable, "-m", "packcli", "pack", str(small), "-t", str(args.tokenizer)]
+    cmd += ["-o", str(out), "-q"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    walls = []
+    for i in range(args.fixed_repeats + 1):
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        subprocess.run(cmd, env=env, check=True, capture_output=True)
+        if i:
+            walls.append(time.perf_counter() - t0)
+    median = statistics.median(walls)
+    print(
+        f"(f) packcli pack of {FIXED_DOCS} documents, whole process: median {median:.2f} s "
+        f"of {len(walls)} (min {min(walls):.2f}, max {max(walls):.2f}; issue 24: at most 1.0 s)"
+    )
+    return median
 
 
 def in_fresh_process(args: argparse.Namespace, arm: str, corpus: Path, work: Path) -> dict:
@@ -288,12 +403,17 @@ def child(args: argparse.Namespace) -> None:
         wall, cpu_s, nbytes, tokens = raw_tokenizer(corpus, args.tokenizer, batch, backend, chat)
         print(json.dumps({"wall": wall, "cpu": cpu_s, "bytes": nbytes, "tokens": tokens}))
         return
+    if args.child == "naive":
+        wall, cpu_s, nbytes, tokens = naive_script(
+            corpus, args.tokenizer, args.workdir / "naive.parquet"
+        )
+        got = {"wall": wall, "cpu": cpu_s, "bytes": nbytes, "tokens": tokens}
+        print(json.dumps({**got, "peak_rss_mb": peak_rss_mb()}))
+        return
     backend = args.child.removeprefix("pack ")
     chat = args.chat_template if args.chat else None
     out = args.workdir / "out"
     wall, cpu_s, result = packcli_pack(corpus, args.tokenizer, out, backend, chat)
-    status = Path("/proc/self/status")
-    hwm = [ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")]
     print(
         json.dumps(
             {
@@ -302,13 +422,22 @@ def child(args: argparse.Namespace) -> None:
                 "timings": result.timings,
                 "tokenize_times": result.tokenize_times,
                 "tokens": result.report["input"]["tokens"],
-                "peak_rss_mb": int(hwm[0].split()[1]) / 1024 if hwm else 0.0,
+                "peak_rss_mb": peak_rss_mb(),
                 "backend": json.loads((args.workdir / "out" / "packcli.json").read_text())["run"][
                     "tokenizer_backend"
                 ]["backend"],
             }
         )
     )
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (``VmHWM``), 0 where /proc is missing."""
+    status = Path("/proc/self/status")
+    if not status.is_file():
+        return 0.0
+    hwm = [ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")]
+    return int(hwm[0].split()[1]) / 1024 if hwm else 0.0
 
 
 def check_ids(corpus: Path, tokenizer: Path, batch_size: int) -> None:
@@ -352,6 +481,12 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "--fixed-repeats",
+        type=int,
+        default=5,
+        help=f"timed runs of (f), packcli pack of {FIXED_DOCS} documents (0: skip)",
+    )
     ap.add_argument("--memory", action="store_true", help="also measure peak RSS at 2 sizes")
     ap.add_argument(
         "--memory-shard-tokens",
