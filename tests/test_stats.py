@@ -216,10 +216,11 @@ def test_training_snippet_blocks_compile_and_its_trl_config_passes_the_check(
     # use_cpu: TRL's default bf16=True refuses a machine without a GPU otherwise.
     on_cpu = functools.partial(trl.SFTConfig, use_cpu=True, report_to=[])
     args = eval(line.removeprefix("args = "), {"SFTConfig": on_cpu})
-    from packcli.collate import check_sft_config
+    from packcli.collate import PackedCollator, check_sft_config
 
-    check_sft_config(args)
-    assert args.max_length is None and args.padding_free and not args.packing
+    check_sft_config(args, PackedCollator(mode="position_ids"), attn_implementation="sdpa")
+    assert args.max_length is None and not args.padding_free and not args.packing
+    assert not args.remove_unused_columns
 
 
 def test_card_holds_report_numbers_and_embeds_plots_after_stats(
