@@ -256,7 +256,7 @@ from trl import SFTConfig, SFTTrainer
 
 from packcli.collate import check_sft_config
 
-args = SFTConfig("run", packing=False, padding_free=False, max_length=None, remove_unused_columns=False)
+args = SFTConfig("run", padding_free=False, max_length=None, remove_unused_columns=False)
 check_sft_config(args, collator, attn_implementation=model.config._attn_implementation)
 SFTTrainer(model=model, args=args, train_dataset=ds, data_collator=collator).train()
 ```
