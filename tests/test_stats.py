@@ -128,6 +128,17 @@ def test_json_numbers_match_an_independent_recount(
     assert docs["count"] == len(want["lengths"]) == report["tiers"]["long"]["segments"]
     check_distribution(docs, want["lengths"])
     assert docs["max"] == 1024  # the overlong documents were split into long_len pieces
+    # The pieces are segments, not documents, and the numbers (and the plot's title) say so.
+    policy = report["policy"]
+    assert docs["split_documents"] == policy["split_docs"] > 0
+    assert docs["split_pieces"] == policy["split_pieces"] > policy["split_docs"]
+    kept = report["input"]["documents"] - policy.get("dropped_docs", 0)
+    assert docs["documents"] == kept < docs["count"]
+    title = stats.doc_lengths_title(docs)
+    assert f"{docs['count']:,} segments = {kept:,} documents" in title
+    assert f"{policy['split_docs']:,} of them split into {policy['split_pieces']:,} pieces" in title
+    plain = {"count": 5, "documents": 5, "split_documents": 0, "split_pieces": 0}
+    assert stats.doc_lengths_title(plain) == "Document lengths (5 segments)"
 
 
 def test_plots_are_real_images(packed: Path, stats_json: dict[str, Any]) -> None:

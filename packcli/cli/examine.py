@@ -127,7 +127,7 @@ def stats_command(
     with local_output(out, card=False, plots=False) as folder:
         numbers, tiers = compute_stats(folder)
         # An output on the store is only read: its plots and card stay as they are.
-        numbers["plots"] = write_plots(folder, tiers) if plots and not remote else []
+        numbers["plots"] = write_plots(folder, tiers, numbers) if plots and not remote else []
     if numbers["plots"]:
         from packcli.publish.card import refresh_card  # the card embeds the new plots
 
