@@ -73,7 +73,9 @@ tokens, 4-6 ms for 8 rows of 4096; ``mask4d`` is dominated by its mask (above).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -82,6 +84,8 @@ from packcli.names import IGNORE_INDEX as IGNORE_INDEX  # public here: trainers 
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
 
 Mode = Literal["flash", "position_ids", "mask4d"]
 MODES: tuple[str, ...] = ("flash", "position_ids", "mask4d")
@@ -642,35 +646,162 @@ def preference_pairs(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tens
     return chosen, rejected
 
 
-# --- TRL -----------------------------------------------------------------------------------
+# --- TRL ---------------------------------------------------------------------------------
+
+# What TRL 1.16 + transformers 5.24 do with packcli rows, derived from their source
+# (trl/trainer/sft_trainer.py: SFTTrainer.__init__ and _prepare_dataset; transformers:
+# masking_utils._preprocess_mask_arguments, modeling_flash_attention_utils._flash_attention_forward)
+# and checked combination by combination in tests/test_trl_configs.py, where TRL itself and a
+# tiny model are the oracle. Worst first: a config TRL refuses, then one that trains but not as
+# if every document were alone, then one that is exact but attends over a whole flattened batch.
+Verdict = Literal["ok", "slow", "wrong", "refused"]
+VERDICTS: tuple[str, ...] = ("ok", "slow", "wrong", "refused")
 
 
-def check_sft_config(args: Any, data_collator: Any = None) -> None:
-    """Raise if a TRL ``SFTConfig`` would silently train packcli rows wrongly.
+@dataclass(frozen=True)
+class SFTCheck:
+    """``check_sft_config``'s finding: the worst verdict and one reason per problem."""
 
-    TRL 1.16 traps, each checked by ``tests/test_trl.py``: ``max_length`` (default 1024) cuts
-    ``input_ids``/``labels`` of every longer row but not ``seq_lengths``; ``padding_free=False``
-    (the default) makes TRL's collator ignore ``seq_lengths``, so documents attend to each
-    other; ``packing=True`` packs each packcli row again as one document. The safe config is
-    ``SFTConfig(packing=False, padding_free=True, max_length=None)``, or any ``padding_free``
-    with ``data_collator=PackedCollator(...)``.
+    verdict: Verdict
+    reasons: tuple[str, ...] = ()
+
+
+def _is_flash(attn_implementation: str | None) -> bool:
+    return attn_implementation is not None and "flash" in attn_implementation
+
+
+def collator_mode_for(attn_implementation: str) -> Mode:
+    """The ``PackedCollator`` mode that is exact and cheapest on an attention kernel.
+
+    flash-attention: ``"flash"`` (varlen ``cu_seq_lens``; ``"position_ids"`` is not separated
+    there once a batch holds two rows). Every other kernel (sdpa, eager, flex): ``"position_ids"``
+    (one ``len x len`` mask per row, where ``"flash"`` would build one ``total x total`` mask).
     """
-    problems = []
-    if getattr(args, "packing", False):
-        problems.append(
+    return "flash" if _is_flash(attn_implementation) else "position_ids"
+
+
+def _longest_row(train_dataset: Any) -> int | None:
+    if train_dataset is None:
+        return None
+    names = getattr(train_dataset, "column_names", None) or []
+    if "num_tokens" in names:
+        return max(train_dataset["num_tokens"], default=0)
+    if "input_ids" in names:
+        return max((len(ids) for ids in train_dataset["input_ids"]), default=0)
+    return None
+
+
+def sft_config_verdict(
+    args: Any,
+    data_collator: Any = None,
+    *,
+    attn_implementation: str | None = None,
+    train_dataset: Any = None,
+) -> SFTCheck:
+    """What TRL's ``SFTTrainer`` would do with packcli rows under ``args`` (an ``SFTConfig``).
+
+    ``"refused"``: ``SFTTrainer(...)`` raises. ``"wrong"``: it trains, but documents attend to
+    each other, lose tokens, or a target crosses a boundary. ``"slow"``: exact, but on sdpa or
+    eager the batch is one flattened row, so attention builds a ``total x total`` mask (TRL's
+    ``padding_free=True``, or ``PackedCollator(mode="flash")``). ``"ok"``: exact at per-row cost.
+
+    ``attn_implementation`` (``model.config._attn_implementation``) decides the last two and
+    whether ``mode="position_ids"`` is separated (not on flash-attention with two rows or more);
+    without it those are not judged. ``train_dataset`` (packcli rows) lets a ``max_length`` that
+    no row exceeds pass; without it any ``max_length`` counts as cutting, since ``None`` is always
+    right for rows packcli already fitted. ``remove_unused_columns`` does not matter:
+    ``SFTTrainer`` keeps ``input_ids``, ``labels`` and ``seq_lengths`` either way.
+    """
+    packing = bool(getattr(args, "packing", False))
+    padding_free = bool(getattr(args, "padding_free", False))
+    max_length = getattr(args, "max_length", None)
+    strategy = getattr(args, "packing_strategy", "bfd")
+    batch = int(getattr(args, "per_device_train_batch_size", 1) or 1)
+    # TRL turns padding-free on for its bfd packing as well (SFTTrainer.__init__).
+    flattened = padding_free or (packing and strategy in {"bfd", "bfd_split"})
+    refused, wrong, slow = [], [], []
+    if flattened and data_collator is not None:
+        refused.append(
+            'TRL refuses a custom data_collator with padding_free=True ("Passing a custom data '
+            'collator is not supported when using padding-free"): pass padding_free=False, '
+            "PackedCollator lays the batch out itself"
+        )
+    if flattened and not packing and max_length is not None:
+        refused.append(
+            f'TRL refuses padding_free=True with max_length={max_length} ("max_length is not '
+            'enforced"): pass max_length=None'
+        )
+    if packing and max_length is None:
+        refused.append("TRL refuses packing=True with max_length=None: pass packing=False")
+    if packing:
+        wrong.append(
             "packing=True packs each packcli row again as one document, losing its "
             "boundaries: pass packing=False"
         )
-    max_length = getattr(args, "max_length", None)
-    if max_length is not None:
-        problems.append(
+    longest = _longest_row(train_dataset)
+    if max_length is not None and not packing and (longest is None or longest > max_length):
+        wrong.append(
             f"max_length={max_length} cuts input_ids of every longer row but not seq_lengths "
             "(TRL's default is 1024): pass max_length=None, packcli rows already fit"
         )
-    if not getattr(args, "padding_free", False) and not isinstance(data_collator, PackedCollator):
-        problems.append(
-            "padding_free=False makes TRL's collator ignore seq_lengths, so documents attend "
-            "to each other: pass padding_free=True (or data_collator=PackedCollator(...))"
+    if not flattened and data_collator is None:
+        wrong.append(
+            "padding_free=False with TRL's own collator ignores seq_lengths, so documents "
+            "attend to each other: pass data_collator=PackedCollator(mode=collator_mode_for("
+            "model.config._attn_implementation))"
         )
-    if problems:
-        raise ValueError("SFTConfig for packcli rows: " + "; ".join(problems))
+    if isinstance(data_collator, PackedCollator) and attn_implementation is not None:
+        flash = _is_flash(attn_implementation)
+        if flash and data_collator.mode == "position_ids" and batch > 1:
+            wrong.append(
+                "flash-attention reads document boundaries from position_ids only for one row "
+                "a batch, so with per_device_train_batch_size > 1 mode='position_ids' lets "
+                "documents attend to each other: use PackedCollator(mode='flash')"
+            )
+        if flash and data_collator.mode == "mask4d":
+            wrong.append(
+                "flash-attention takes no 4D mask, so mode='mask4d' fails or mixes documents: "
+                "use PackedCollator(mode='flash')"
+            )
+        if not flash and data_collator.mode == "flash" and batch > 1:
+            slow.append(
+                f"mode='flash' on {attn_implementation} flattens the batch into one row, so "
+                "attention builds a total x total mask: use mode='position_ids'"
+            )
+    slow_kernel = attn_implementation is not None and not _is_flash(attn_implementation)
+    if flattened and data_collator is None and batch > 1 and slow_kernel:
+        slow.append(
+            f"padding_free=True on {attn_implementation} flattens the batch into one row, so "
+            "attention builds a total x total mask: pass padding_free=False and "
+            "data_collator=PackedCollator(mode='position_ids')"
+        )
+    for verdict, reasons in (("refused", refused), ("wrong", wrong), ("slow", slow)):
+        if reasons:
+            return SFTCheck(verdict, tuple(refused + wrong + slow))  # type: ignore[arg-type]
+    return SFTCheck("ok")
+
+
+def check_sft_config(
+    args: Any,
+    data_collator: Any = None,
+    *,
+    attn_implementation: str | None = None,
+    train_dataset: Any = None,
+) -> None:
+    """Raise if TRL's ``SFTTrainer`` would refuse ``args`` or silently train packcli rows
+    wrongly; log a warning if it would be exact but slow (``sft_config_verdict`` says which).
+
+    Why: TRL's defaults cut packcli rows (``max_length=1024``) and ignore their boundaries
+    (``padding_free=False`` with its own collator), and its padding-free path on sdpa builds a
+    ``total x total`` mask. The config that is exact and per-row on every kernel is
+    ``SFTConfig(packing=False, padding_free=False, max_length=None,
+    remove_unused_columns=False)`` with
+    ``data_collator=PackedCollator(mode=collator_mode_for(model.config._attn_implementation))``.
+    """
+    found = sft_config_verdict(
+        args, data_collator, attn_implementation=attn_implementation, train_dataset=train_dataset
+    )
+    if found.verdict in ("refused", "wrong"):
+        raise ValueError("SFTConfig for packcli rows: " + "; ".join(found.reasons))
+    if found.verdict == "slow":
+        logger.warning("SFTConfig for packcli rows: %s", "; ".join(found.reasons))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import unicodedata
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import typer
-from corpora import mixed_lengths, write_corpus
+from corpora import mixed_lengths, packed_string_pairs, write_corpus
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
@@ -176,3 +177,88 @@ def test_a_relative_tokenizer_path_resolves_from_the_pack_directory(
     view = inspect_row(out, "long", 0)
     assert view["tokenizer"] == str(root.resolve() / "tok" / "tokenizer.json")
     assert view["segments"][0]["head"]
+
+
+# --- control characters, seq_roles, doc id -> file:line (issue 25) ---------------------------
+
+HOSTILE = "red \x1b[31mALERT\x1b[0m bell\x07 del\x7f nel\x85 csi\x9b2J tab\there\nnext line"
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
+    """Two jsonl inputs (blank lines in the second), one document full of control bytes."""
+    root = tmp_path_factory.mktemp("hostile")
+    write_corpus(root / "a.jsonl", [5 + (7 * i) % 30 for i in range(12)], seed=2)
+    lines = [json.dumps({"text": HOSTILE})]
+    lines += ["", json.dumps({"text": "after a blank line"}), "", json.dumps({"text": "last"})]
+    (root / "b.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = root / "out"
+    args = ["pack", str(root / "a.jsonl"), str(root / "b.jsonl"), "-t", str(toy_tokenizer_path)]
+    result = runner.invoke(main_app, [*args, "-o", str(out), "--short-len", "64", "-q"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def row_of(out: Path, config: str, text: str, tok: Tokenizer) -> int:
+    """The row whose decoded tokens hold ``text``."""
+    for i, row in enumerate(all_rows(out, config)):
+        if text in tok.decode(row["input_ids"], skip_special_tokens=False):
+            return i
+    raise AssertionError(f"{text!r} is in no row")
+
+
+def test_control_characters_are_escaped(hostile: Path, toy_tokenizer_path: Path) -> None:
+    tok = Tokenizer.from_file(str(toy_tokenizer_path))
+    i = row_of(hostile, "long", HOSTILE, tok)
+    wide = {"COLUMNS": "1000"}  # no folding of the previews across lines
+    result = runner.invoke(
+        app, ["inspect", str(hostile), "--row", str(i), "--chars", "200"], env=wide
+    )
+    assert result.exit_code == 0, result.output
+    raw = [c for c in result.output if unicodedata.category(c) == "Cc" and c != "\n"]
+    assert raw == []  # no ESC, BEL, DEL, C1 reaches the terminal
+    for shown in (r"\x1b[31mALERT\x1b[0m", r"bell\x07", r"del\x7f", r"nel\x85", r"csi\x9b2J"):
+        assert shown in result.output
+    assert r"tab\there\nnext line" in result.output  # newlines and tabs stay readable
+    result = run(str(hostile), "--row", str(i), "--chars", "200", "--json")
+    assert not any(0x80 <= ord(c) < 0xA0 or c == "\x1b" for c in result.output)
+    heads = [s["head"] for s in json.loads(result.output)["segments"]]
+    assert any(h.startswith(HOSTILE) for h in heads)  # the JSON keeps the exact text
+
+
+def test_doc_id_names_its_source_file_and_line(hostile: Path, toy_tokenizer_path: Path) -> None:
+    """The oracle: the named line of the named input file, encoded, is the document's tokens."""
+    tok = Tokenizer.from_file(str(toy_tokenizer_path))
+    tokens: dict[int, list[int]] = {}
+    for row in all_rows(hostile, "long"):
+        starts = np.cumsum([0, *row["seq_lengths"]]).tolist()
+        for d, (a, b) in zip(row["doc_ids"], pairwise(starts), strict=True):
+            tokens[d] = row["input_ids"][a:b]
+    assert len(tokens) == 15
+    for doc in (0, 5, 11, 12, 13, 14):
+        result = run(str(hostile), "--doc", str(doc), "--json")
+        assert result.exit_code == 0, result.output
+        found = json.loads(result.output)
+        path = Path(found["file"])
+        assert path.name == ("a.jsonl" if doc < 12 else "b.jsonl")
+        line = path.read_text(encoding="utf-8").split("\n")[found["line"] - 1]
+        assert tokens[doc][:-1] == tok.encode(json.loads(line)["text"]).ids  # then the EOS
+    assert [json.loads(run(str(hostile), "--doc", str(d), "--json").output)["line"]
+            for d in (12, 13, 14)] == [1, 3, 5]  # fmt: skip
+    result = run(str(hostile), "--doc", "13")
+    assert "b.jsonl line 3" in result.output
+    assert "does not exist" in str(run(str(hostile), "--doc", "15").exception)
+    assert "one of --row ROW or --doc" in str(run(str(hostile)).exception)
+
+
+def test_preference_rows_show_seq_roles(tmp_path: Path, toy_tokenizer_path: Path) -> None:
+    out = packed_string_pairs(tmp_path, toy_tokenizer_path, 6, seed=1)
+    view = json.loads(run(str(out), "--row", "0", "--json").output)
+    roles = [s["role"] for s in view["segments"]]
+    want = pq.read_table(sorted((out / "data" / "long").glob("*.parquet"))[0])
+    names = {0: "document", 1: "chosen", 2: "rejected"}
+    assert roles == [names[r] for r in want.column("seq_roles")[0].as_py()]
+    assert roles[:2] == ["chosen", "rejected"] and view["has_roles"]
+    result = run(str(out), "--row", "0")
+    assert "seq_roles" in result.output and "chosen" in result.output
+    assert "rejected" in result.output

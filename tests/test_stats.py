@@ -128,6 +128,17 @@ def test_json_numbers_match_an_independent_recount(
     assert docs["count"] == len(want["lengths"]) == report["tiers"]["long"]["segments"]
     check_distribution(docs, want["lengths"])
     assert docs["max"] == 1024  # the overlong documents were split into long_len pieces
+    # The pieces are segments, not documents, and the numbers (and the plot's title) say so.
+    policy = report["policy"]
+    assert docs["split_documents"] == policy["split_docs"] > 0
+    assert docs["split_pieces"] == policy["split_pieces"] > policy["split_docs"]
+    kept = report["input"]["documents"] - policy.get("dropped_docs", 0)
+    assert docs["documents"] == kept < docs["count"]
+    title = stats.doc_lengths_title(docs)
+    assert f"{docs['count']:,} segments = {kept:,} documents" in title
+    assert f"{policy['split_docs']:,} of them split into {policy['split_pieces']:,} pieces" in title
+    plain = {"count": 5, "documents": 5, "split_documents": 0, "split_pieces": 0}
+    assert stats.doc_lengths_title(plain) == "Document lengths (5 segments)"
 
 
 def test_plots_are_real_images(packed: Path, stats_json: dict[str, Any]) -> None:
@@ -216,10 +227,11 @@ def test_training_snippet_blocks_compile_and_its_trl_config_passes_the_check(
     # use_cpu: TRL's default bf16=True refuses a machine without a GPU otherwise.
     on_cpu = functools.partial(trl.SFTConfig, use_cpu=True, report_to=[])
     args = eval(line.removeprefix("args = "), {"SFTConfig": on_cpu})
-    from packcli.collate import check_sft_config
+    from packcli.collate import PackedCollator, check_sft_config
 
-    check_sft_config(args)
-    assert args.max_length is None and args.padding_free and not args.packing
+    check_sft_config(args, PackedCollator(mode="position_ids"), attn_implementation="sdpa")
+    assert args.max_length is None and not args.padding_free and not args.packing
+    assert not args.remove_unused_columns
 
 
 def test_card_holds_report_numbers_and_embeds_plots_after_stats(

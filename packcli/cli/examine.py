@@ -38,7 +38,8 @@ INSPECT_EPILOG = (
     "  packcli inspect out/ --row 0\n\n"
     "  packcli inspect out/ --config short --row 17 --json\n\n"
     "  packcli inspect out/ --row 3 --tokenizer path/to/tokenizer.json\n\n"
-    "  packcli inspect s3://bucket/packed/ --row 0"
+    "  packcli inspect s3://bucket/packed/ --row 0\n\n"
+    "  packcli inspect out/ --doc 1234"
 )
 
 
@@ -127,7 +128,7 @@ def stats_command(
     with local_output(out, card=False, plots=False) as folder:
         numbers, tiers = compute_stats(folder)
         # An output on the store is only read: its plots and card stay as they are.
-        numbers["plots"] = write_plots(folder, tiers) if plots and not remote else []
+        numbers["plots"] = write_plots(folder, tiers, numbers) if plots and not remote else []
     if numbers["plots"]:
         from packcli.publish.card import refresh_card  # the card embeds the new plots
 
@@ -152,7 +153,9 @@ def stats_command(
 
 def inspect_command(
     out: OutSpec,
-    row: Annotated[int, typer.Option("--row", "-r", help="Row index within the config, from 0.")],
+    row: Annotated[
+        int | None, typer.Option("--row", "-r", help="Row index within the config, from 0.")
+    ] = None,
     config: Annotated[str, typer.Option(help="Dataset config: long or short.")] = "long",
     tokenizer: Annotated[
         str | None,
@@ -163,15 +166,33 @@ def inspect_command(
     chars: Annotated[
         int, typer.Option(help="Characters of text shown on each side of a boundary.")
     ] = PREVIEW_CHARS,
+    doc: Annotated[
+        int | None,
+        typer.Option("--doc", help="Instead of a row: the source file and line of this doc id."),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the row as JSON.")] = False,
 ) -> None:
-    """Show one row of OUT: segments, doc ids, offsets, no-loss spans and boundary text."""
+    """Show one row of OUT: segments, doc ids, offsets, no-loss spans and boundary text; or
+    with --doc, where a document came from (file and line)."""
     from packcli.fs import is_url
     from packcli.publish.remote import local_output
-    from packcli.publish.rowview import inspect_row, locate_row, read_meta, render_row
+    from packcli.publish.rowview import inspect_row, locate_doc, locate_row, read_meta, render_row
 
+    if (row is None) == (doc is None):
+        raise ConfigError("pass one of --row ROW or --doc DOC_ID")
     if chars < 0:
         raise ConfigError(f"--chars must be >= 0, got {chars}")
+    if doc is not None:
+        if is_url(out):
+            raise ConfigError("--doc reads the run's work folder: pass a local output folder")
+        found = locate_doc(Path(out), doc)
+        if json_out:
+            typer.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        else:
+            at = f"line {found['line']}" if "line" in found else f"row {found['row']}"
+            typer.echo(f"doc {doc}: {found['file']} {at}")
+        return
+    assert row is not None
     wanted = None
     if is_url(out):  # fetch only the Parquet file that holds the row
         with local_output(out, card=False, plots=False, data=lambda rel: False) as folder:
@@ -180,7 +201,10 @@ def inspect_command(
     with local_output(out, card=False, plots=False, data=lambda rel: rel == wanted) as folder:
         view = inspect_row(folder, config, row, tokenizer=tokenizer, chars=chars)
     if json_out:
-        typer.echo(json.dumps(view, indent=2, ensure_ascii=False))
+        # json escapes C0 controls itself; C1 (U+0080-U+009F) too, so no raw CSI reaches a
+        # terminal.
+        text = json.dumps(view, indent=2, ensure_ascii=False)
+        typer.echo("".join(f"\\u{ord(c):04x}" if 0x80 <= ord(c) < 0xA0 else c for c in text))
         return
     renderables = render_row(view)
     from rich.console import Console  # render_row checked that rich is installed

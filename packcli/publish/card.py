@@ -245,18 +245,20 @@ Trainer(model=model, args=args, train_dataset=ds, data_collator=collator).train(
 document's first token to -100, so no attention and no loss crosses a document boundary.
 With flash-attention use `mode="flash"` (varlen `cu_seq_lens`).
 
-With TRL (1.16) the rows need exactly this config: the default `max_length=1024` cuts longer
-rows (not their `seq_lengths`), `padding_free=False` ignores the boundaries, and
-`packing=True` packs each row again as one document; `check_sft_config` raises on each.
+With TRL (1.16) use the same collator and turn TRL's own off: the default `max_length=1024`
+cuts longer rows (not their `seq_lengths`), `padding_free=False` without a collator ignores
+the boundaries, `packing=True` packs each row again as one document, TRL refuses a collator
+with `padding_free=True`, and its padding-free path on sdpa attends over one
+`total x total` mask; `check_sft_config` raises on each (and warns on the slow one).
 
 ```python
 from trl import SFTConfig, SFTTrainer
 
 from packcli.collate import check_sft_config
 
-args = SFTConfig("run", packing=False, padding_free=True, max_length=None)
-check_sft_config(args)
-SFTTrainer(model=model, args=args, train_dataset=ds).train()
+args = SFTConfig("run", padding_free=False, max_length=None, remove_unused_columns=False)
+check_sft_config(args, collator, attn_implementation=model.config._attn_implementation)
+SFTTrainer(model=model, args=args, train_dataset=ds, data_collator=collator).train()
 ```
 """
     if preference:

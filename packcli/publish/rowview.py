@@ -18,6 +18,7 @@ that name would shadow the standard library.
 from __future__ import annotations
 
 import logging
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,23 @@ log = logging.getLogger(__name__)
 
 PREVIEW_CHARS = 40
 _COLUMNS = ("input_ids", "seq_lengths", "doc_ids", "num_tokens")
+_OPTIONAL = ("labels", "seq_roles")  # chat/preference rows only
+ROLE_NAMES = {0: "document", 1: "chosen", 2: "rejected"}  # seq_roles, as packcli.write writes them
+_READABLE = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (C0, DEL, C1) as an escape: ``\\n``, ``\\t``,
+    ``\\r`` by name, the others as ``\\x1b``.
+
+    Why: documents hold terminal escapes (``ESC[31m``), and a preview cut at a token boundary
+    can end mid-sequence; printed raw, they recolour or garble the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        _READABLE.get(ch) or (f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch)
+        for ch in text
+    )
 
 
 def locate_row(meta: dict[str, Any], config: str, row: int) -> tuple[str, int]:
@@ -57,7 +75,7 @@ def read_row(path: Path, row_in_file: int) -> dict[str, Any]:
     if not path.is_file():
         raise PackcliError(f"{path} is missing; the output is damaged (see packcli verify)")
     with pq.ParquetFile(path) as pf:
-        columns = [*_COLUMNS, *(["labels"] if "labels" in pf.schema_arrow.names else [])]
+        columns = [*_COLUMNS, *(c for c in _OPTIONAL if c in pf.schema_arrow.names)]
         first = 0
         for g in range(pf.num_row_groups):
             n = pf.metadata.row_group(g).num_rows
@@ -165,10 +183,13 @@ def inspect_row(
     tok, source = load_decoder(out, meta, tokenizer) if decode else (None, None)
     ids, lens, docs = data["input_ids"], data["seq_lengths"], data["doc_ids"]
     labels = data.get("labels")
+    roles = data.get("seq_roles")
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
     segments = []
     for i, (s, n, d) in enumerate(zip(starts.tolist(), lens.tolist(), docs.tolist(), strict=True)):
         seg: dict[str, Any] = {"index": i + 1, "doc_id": d, "length": n, "start": s, "end": s + n}
+        if roles is not None:
+            seg["role"] = ROLE_NAMES.get(int(roles[i]), str(int(roles[i])))
         if labels is not None:
             seg["masked_spans"] = [list(p) for p in masked_spans(labels[s : s + n], s)]
         if tok is not None:
@@ -183,6 +204,7 @@ def inspect_row(
         "num_tokens": data["num_tokens"],
         "capacity": capacities(meta)[config],
         "has_labels": labels is not None,
+        "has_roles": roles is not None,
         "tokenizer": source,
         "segments": segments,
     }
@@ -208,11 +230,15 @@ def render_row(view: dict[str, Any]) -> list[Any]:
     t = Table()
     for col in ("segment", "doc id", "length", "tokens [start, end)"):
         t.add_column(col, justify="right")
+    if view.get("has_roles"):
+        t.add_column("seq_roles")
     if view["has_labels"]:
         t.add_column("no-loss spans (label -100)")
     for s in segs:
         cells = [str(s["index"]), f"{s['doc_id']:,}", f"{s['length']:,}"]
         cells.append(f"{s['start']:,} - {s['end']:,}")
+        if view.get("has_roles"):
+            cells.append(s["role"])
         if view["has_labels"]:
             cells.append(_spans(s.get("masked_spans")))
         t.add_row(*cells)
@@ -234,7 +260,33 @@ def render_row(view: dict[str, Any]) -> list[Any]:
 
 
 def _visible(text: str) -> Any:
-    """Text with line breaks and tabs shown as escapes, never interpreted as rich markup."""
+    """Text with control characters shown as escapes, never interpreted as rich markup."""
     from rich.text import Text
 
-    return Text(text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t"))
+    return Text(escape_controls(text))
+
+
+def locate_doc(out: Path, doc_id: int) -> dict[str, Any]:
+    """Where document ``doc_id`` came from: ``{"doc_id", "file", "line"}`` (a jsonl line,
+    1-based) or ``{"doc_id", "file", "row"}`` (a Parquet/Arrow row, 0-based), read from the
+    tokenized shards' ``file_index``/``line`` columns (only those columns of one shard)."""
+    from packcli.tokenize.shards import TokenShards
+
+    meta = read_meta(out)
+    recorded = Path(meta["run"].get("work_dir") or ".packcli")
+    tokens = (recorded if recorded.is_absolute() else out / recorded) / "tokens"
+    try:
+        shards = TokenShards(tokens)
+    except FileNotFoundError as exc:
+        raise PackcliError(
+            f"doc {doc_id}: no tokenized shards in {tokens} (the run's work folder), which map "
+            "doc ids to file:line; they are gone if the work folder was deleted"
+        ) from exc
+    if not 0 <= doc_id < shards.num_docs:
+        raise ConfigError(
+            f"doc {doc_id} does not exist: the run has {shards.num_docs:,} documents "
+            f"(0..{shards.num_docs - 1})"
+        )
+    entry = shards.success["files"][shards.value("file_index", doc_id)]
+    where = "row" if "format" in entry else "line"
+    return {"doc_id": doc_id, "file": entry["path"], where: int(shards.value("line", doc_id))}

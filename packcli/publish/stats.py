@@ -24,6 +24,7 @@ Plots go to ``OUT/stats/`` (written under a temp name, then renamed);
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -202,11 +203,32 @@ def compute_stats(out: Path) -> tuple[dict[str, Any], dict[str, TierData]]:
     }
     long_lengths = tiers["long"].seg_lengths
     assert long_lengths is not None
+    policy = (meta.get("report") or {}).get("policy") or {}
+    split_docs, split_pieces = int(policy.get("split_docs", 0)), int(policy.get("split_pieces", 0))
     numbers = {
         "tiers": {name: tier_numbers(t) for name, t in tiers.items()},
-        "document_lengths": {"count": int(long_lengths.size), **distribution(long_lengths)},
+        # count: segments, a split document once per piece; documents: whole documents.
+        "document_lengths": {
+            "count": int(long_lengths.size),
+            "documents": int(long_lengths.size) - split_pieces + split_docs,
+            "split_documents": split_docs,
+            "split_pieces": split_pieces,
+            **distribution(long_lengths),
+        },
     }
     return numbers, tiers
+
+
+def doc_lengths_title(docs: Mapping[str, Any]) -> str:
+    """The length plot's title: what it counts, pieces of split documents said as such."""
+    title = f"Document lengths ({docs['count']:,} segments"
+    if docs.get("split_documents"):
+        title += (
+            f" = {docs['documents']:,} documents, {docs['split_documents']:,} of them split "
+            f"into {docs['split_pieces']:,} pieces, each piece counted)"
+        )
+        return title
+    return title + ")"
 
 
 # -- plots ---------------------------------------------------------------------------------
@@ -230,19 +252,23 @@ def _empty(ax: Any, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes)
 
 
-def write_plots(out: Path, tiers: dict[str, TierData]) -> list[str]:
+def write_plots(
+    out: Path, tiers: dict[str, TierData], numbers: Mapping[str, Any] | None = None
+) -> list[str]:
     """Write the PNG plots to ``OUT/stats/``; returns their paths relative to ``out``."""
     require_extra("matplotlib", "packcli stats plots (or pass --no-plots)")
     folder = out / STATS_DIR
     folder.mkdir(exist_ok=True)
-    _plot_doc_lengths(folder, tiers)
+    _plot_doc_lengths(folder, tiers, numbers)
     _plot_row_fill(folder, tiers)
     _plot_segments(folder, tiers)
     _plot_attention(folder, tiers["long"])
     return [f"{STATS_DIR}/{name}" for name in PLOT_FILES]
 
 
-def _plot_doc_lengths(folder: Path, tiers: dict[str, TierData]) -> None:
+def _plot_doc_lengths(
+    folder: Path, tiers: dict[str, TierData], numbers: Mapping[str, Any] | None
+) -> None:
     """Histogram of document (long-config segment) lengths, log scale, with both capacities."""
     import numpy as np
 
@@ -263,9 +289,10 @@ def _plot_doc_lengths(folder: Path, tiers: dict[str, TierData]) -> None:
         ax.legend()
     else:
         _empty(ax, "documents")
-    ax.set_xlabel("tokens per document (log scale)")
-    ax.set_ylabel("documents")
-    ax.set_title(f"Document lengths ({lengths.size:,} documents)")
+    ax.set_xlabel("tokens per segment (log scale)")
+    ax.set_ylabel("segments (a split document once per piece)")
+    docs = numbers["document_lengths"] if numbers else {"count": int(lengths.size)}
+    ax.set_title(doc_lengths_title(docs), fontsize="small")
     _save(fig, folder / PLOT_DOC_LENGTHS)
 
 
