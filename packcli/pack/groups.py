@@ -296,11 +296,11 @@ def _fewest_pieces(
     places with the kept pack B of fewest pieces (fewer than A's) that is at least as large,
     the smallest such, when the room B's row gains (B - A tokens) still fits the group's
     ``slack`` (the free room its kept rows may yet take): every pack stays whole, the short
-    config is as it was, and a kept row keeps its fill or loses a little within the budget. On that row ~25 pieces were left
-    (docs/scale.md). Movable packs are those kept by their own room (a pack released by its
-    room goes to the tail whatever its row); released packs are taken most pieces first, at
-    most ``EXCHANGES`` of them (each exchange scans the group's packs once), candidates by
-    (pieces, tokens, index): deterministic."""
+    config is as it was, and a kept row keeps its fill or loses a little within the budget.
+    On that row ~25 pieces were left (docs/scale.md). Movable packs are those kept by their
+    own room (a pack released by its room goes to the tail whatever its row); released
+    packs are taken most pieces first, at most ``EXCHANGES`` of them (each exchange scans
+    the group's packs once), candidates by (pieces, tokens, index): deterministic."""
     new_row = _equal_exchanges(pack_row, pack_tokens, pack_pieces, movable, keep_row)
     out = np.flatnonzero(movable & ~keep_row[np.maximum(new_row, 0)])
     cand = np.flatnonzero(movable & keep_row[np.maximum(new_row, 0)])
