@@ -186,3 +186,14 @@ def test_a_documents_first_token_is_never_a_target() -> None:
 
     got = trained(np.array([5, -100, 7, 8, 9]), np.array([0, 3]))
     assert got.tolist() == [False, False, True, False, True]
+
+
+def test_megatron_ids_of_a_large_vocabulary_are_int32(tmp_path: Path) -> None:
+    from packcli.export.megatron import megatron_dtype, write_indexed
+
+    assert megatron_dtype(65499) == np.uint16 and megatron_dtype(151_936) == np.int32
+    tokens = np.array([70_000, 5, 151_935, 0, 9], dtype=np.int32)
+    write_indexed(tmp_path / "p", tokens, np.array([2, 3]), megatron_dtype(151_936))
+    got, lengths, doc_index = read_megatron(tmp_path / "p")
+    assert got.dtype == np.int32 and got.tolist() == tokens.tolist()
+    assert lengths.tolist() == [2, 3] and doc_index.tolist() == [0, 1, 2]

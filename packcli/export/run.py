@@ -108,8 +108,10 @@ def _export_documents(
     pack: Pack, dest: Path, settings: dict[str, Any], to: str, quiet: bool
 ) -> ExportResult:
     shards = pack.shards()
-    dtype = megatron.megatron_dtype(pack.vocab_size) if to == "megatron" else None
-    dtype = dtype or olmo.olmo_dtype(pack.vocab_size)
+    if to == "megatron":
+        dtype = megatron.megatron_dtype(pack.vocab_size)
+    else:
+        dtype = olmo.olmo_dtype(pack.vocab_size)
     chat = pack.data_format == "chat"
     settings = {
         **settings,
