@@ -9,7 +9,7 @@ TOKENIZER := packcli/assets/demo_tokenizer.json
 # The CPU build of torch (test-only); an unpinned torch would pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint format clean
+.PHONY: demo test test-frameworks lint format clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,21 @@ test: $(DEV_STAMP)
 	$(BIN)/ruff format --check packcli tests scripts
 	$(BIN)/python -m pytest -q
 
+# The training frameworks' own readers on `packcli export` output, in a venv of their own
+# (ai2-olmo-core's dependencies stay out of .venv); runs only the tests marked `frameworks`.
+FW_VENV := .venv-frameworks
+FW_STAMP := $(FW_VENV)/.stamp
+
+$(FW_STAMP): pyproject.toml
+	$(PY) -m venv $(FW_VENV)
+	$(FW_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FW_VENV)/bin/python -m pip install --quiet $(TORCH)
+	$(FW_VENV)/bin/python -m pip install --quiet -e '.[dev,frameworks]'
+	touch $@
+
+test-frameworks: $(FW_STAMP)
+	$(FW_VENV)/bin/python -m pytest -q -m frameworks
+
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check packcli tests scripts
 	$(BIN)/ruff format --check packcli tests scripts
@@ -45,4 +60,4 @@ format: $(DEV_STAMP)
 	$(BIN)/ruff check --fix packcli tests scripts
 
 clean:
-	rm -rf out sample .pytest_cache
+	rm -rf out sample .pytest_cache $(FW_VENV)

@@ -4,7 +4,8 @@
 - ``options.py``: the options several commands share, declared once;
 - ``pack.py``: ``pack`` and its stages ``tokenize``, ``plan``, ``write``, ``finalize``;
 - ``examine.py``: ``verify``, ``stats``, ``inspect`` (read a finished output);
-- ``publish.py``: ``push``.
+- ``publish.py``: ``push``;
+- ``export.py``: ``export`` (other training stacks' formats).
 """
 
 from packcli.cli.app import app, main

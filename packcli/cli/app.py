@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from packcli import __version__
-from packcli.cli import examine, pack, publish
+from packcli.cli import examine, export, pack, publish
 from packcli.cli.options import grouped
 from packcli.errors import PackcliError
 
@@ -78,6 +78,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None], str], ...] = (
     ("finalize", pack.finalize_command, pack.FINALIZE_EPILOG),
     ("verify", examine.verify_command, examine.VERIFY_EPILOG),
     ("push", publish.push_command, publish.PUSH_EPILOG),
+    ("export", export.export_command, export.EXPORT_EPILOG),
     ("stats", examine.stats_command, examine.STATS_EPILOG),
     ("inspect", examine.inspect_command, examine.INSPECT_EPILOG),
 )

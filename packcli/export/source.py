@@ -1,0 +1,214 @@
+"""What an export reads from a finished pack: its marker, its tokenized shards (whole
+documents, for the document-level formats) and its packed Parquet rows (for the packed ones).
+
+Nothing is tokenized again. A document-level export holds each document as the pack holds
+it: whole (a document ``split`` across rows is one document here, since Megatron and
+OLMo-core cut their own training windows), its kept prefix under ``truncate``, absent under
+``drop`` or when empty: the rule ``publish.expected.expected_pieces`` writes down for verify,
+applied per document as lengths so a shard is never copied token by token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packcli.errors import PackcliError
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX
+from packcli.publish.marker import read_json_object, read_marker
+from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
+
+
+class ExportError(PackcliError):
+    """The pack cannot be exported as asked; the message names the file or the option."""
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A finished pack as an export sees it: where it is, its marker, and its settings."""
+
+    out: Path
+    meta: dict[str, Any]
+    tokens_dir: Path
+
+    @property
+    def data_format(self) -> str:
+        return str(self.meta["run"].get("format") or "text")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["run"]["tokenizer"]["vocab_size"])
+
+    @property
+    def eos_id(self) -> int | None:
+        eos = self.meta["run"]["tokenizer"].get("eos_id")
+        return None if eos is None else int(eos)
+
+    @property
+    def long_len(self) -> int:
+        return int(self.meta["config"]["plan"]["long_len"])
+
+    @property
+    def overlong(self) -> str:
+        return str(self.meta["config"]["plan"]["overlong"])
+
+    def capacity(self, config: str) -> int:
+        return int(self.meta["config"]["plan"][f"{config}_len"])
+
+    def shards(self) -> TokenShards:
+        """The pack's own tokenized shards; an error naming the folder when they are gone or
+        belong to another run (a rerun of ``pack`` with other inputs reuses the folder)."""
+        index = read_json_object(self.tokens_dir / "_SUCCESS.json")
+        if not index:
+            raise ExportError(
+                f"{self.tokens_dir}: no completed tokenize stage, so the whole documents of "
+                f"{self.out} are not there (the work folder was removed or moved); rerun the "
+                "same packcli pack to rebuild it"
+            )
+        if index.get("fingerprint") != self.meta["run"].get("tokens_fingerprint"):
+            raise ExportError(
+                f"{self.tokens_dir}: tokenized shards belong to another run than "
+                f"{self.out / 'packcli.json'}; rerun the same packcli pack"
+            )
+        return TokenShards(self.tokens_dir)
+
+    def parquet_files(self, config: str) -> list[dict[str, Any]]:
+        """The config's Parquet files as ``packcli.json`` lists them (file, rows, sha256)."""
+        return list(self.meta["files"][config])
+
+
+def open_pack(out: Path) -> Pack:
+    """The pack at ``out`` (local): its checked marker and its work folder's token stage."""
+    try:
+        meta = read_marker(out)
+    except PackcliError as exc:
+        raise ExportError(str(exc)) from None
+    recorded = Path(meta["run"].get("work_dir") or ".packcli")
+    work = recorded if recorded.is_absolute() else out / recorded
+    return Pack(out=out, meta=meta, tokens_dir=work / "tokens")
+
+
+def kept_lengths(lengths: np.ndarray, long_len: int, policy: str) -> np.ndarray:
+    """Tokens of each document the pack holds, in order (0: not in the pack): the overlong
+    policy of ``expected_pieces`` on lengths alone (``split`` keeps the whole document)."""
+    lengths = lengths.astype(np.int64)
+    over = lengths > long_len
+    if policy == "drop":
+        return np.where(over, 0, lengths)
+    if policy == "truncate":
+        return np.minimum(lengths, long_len)
+    return lengths
+
+
+@dataclass(frozen=True)
+class ShardDocuments:
+    """The documents of one tokenized shard as an export writes them, back to back."""
+
+    tokens: np.ndarray  # int32, every kept token in document order
+    lengths: np.ndarray  # int64, per kept document
+    doc_ids: np.ndarray  # int64, the pack's global document ids (``doc_ids`` column)
+    labels: np.ndarray | None  # int32, aligned with ``tokens`` (chat), -100 = no loss
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Each document's first token offset in ``tokens``."""
+        return np.cumsum(self.lengths) - self.lengths
+
+
+def shard_documents(pack: Pack, shards: TokenShards, index: int) -> ShardDocuments:
+    """Shard ``index``'s documents as the pack holds them, after checking its bytes against
+    the sha256 its manifest recorded (an error names the shard)."""
+    try:
+        shards.check_content(index)
+        shard = shards.shard(index)
+    except ShardError as exc:
+        raise ExportError(str(exc)) from None
+    offsets = shard.offsets
+    lengths = np.diff(offsets)
+    keep = kept_lengths(lengths, pack.long_len, pack.overlong)
+    base = int(offsets[0])
+    values = shard.values[base : int(offsets[-1])]
+    labels = None if shard.labels is None else shard.labels[base : int(offsets[-1])]
+    if not np.array_equal(keep, lengths):  # cut prefixes out; one mask over the shard
+        pos = np.arange(values.size, dtype=np.int64) - np.repeat(offsets[:-1] - base, lengths)
+        mask = pos < np.repeat(keep, lengths)
+        values = values[mask]
+        labels = None if labels is None else labels[mask]
+    ids = np.arange(shard.first_doc_id, shard.first_doc_id + lengths.size, dtype=np.int64)
+    kept = keep > 0
+    return ShardDocuments(tokens=values, lengths=keep[kept], doc_ids=ids[kept], labels=labels)
+
+
+def trained(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per token, whether it is a trained target: its label is set, and it does not open its
+    document (packcli's rule in the packed rows, so no loss crosses a boundary)."""
+    out = labels != IGNORE_INDEX
+    out[starts] = False
+    return out
+
+
+def check_parquet(pack: Pack, config: str, entry: dict[str, Any]) -> Path:
+    """A listed Parquet file of the pack, checked against the sha256 ``packcli.json``
+    records for it (one read; an edited file would otherwise be exported as truth)."""
+    path = pack.out / "data" / config / entry["file"]
+    if not path.is_file():
+        raise ExportError(f"{path}: missing, but {pack.out / 'packcli.json'} lists it")
+    if sha256_file(path) != entry["sha256"]:
+        raise ExportError(
+            f"{path}: changed since packcli wrote it (its sha256 differs from packcli.json); "
+            "rerun packcli write/finalize or the same packcli pack"
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class RowBatch:
+    """Packed rows of one Parquet row group: flat tokens and per-segment lengths."""
+
+    tokens: np.ndarray  # int32, every token of the batch's rows back to back
+    row_offsets: np.ndarray  # int64, len rows + 1, into ``tokens``
+    seg_lengths: np.ndarray  # int64, every segment of the batch's rows in order
+    seg_offsets: np.ndarray  # int64, len rows + 1, into ``seg_lengths``
+    labels: np.ndarray | None  # int32, aligned with ``tokens`` (chat)
+
+
+def _flat(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = np.asarray(arr.values)[offsets[0] : offsets[-1]]
+    return values, offsets - offsets[0]
+
+
+def iter_rows(path: Path) -> Iterator[RowBatch]:
+    """Row group by row group (the writer sizes them, ~16M tokens), so memory stays at one
+    row group whatever the file's size."""
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    columns = ["input_ids", "seq_lengths"] + (["labels"] if "labels" in names else [])
+    for g in range(pf.num_row_groups):
+        table = pf.read_row_group(g, columns=columns)
+        tokens, row_offsets = _flat(table.column("input_ids"))
+        seg_lengths, seg_offsets = _flat(table.column("seq_lengths"))
+        labels = _flat(table.column("labels"))[0] if "labels" in columns else None
+        yield RowBatch(
+            tokens=tokens.astype(np.int32, copy=False),
+            row_offsets=row_offsets,
+            seg_lengths=seg_lengths.astype(np.int64),
+            seg_offsets=seg_offsets,
+            labels=None if labels is None else labels.astype(np.int32, copy=False),
+        )
+
+
+def configs_of(pick: str) -> tuple[str, ...]:
+    """``--config``: long, short or both (both: each its own dataset)."""
+    if pick == "both":
+        return CONFIG_NAMES
+    if pick not in CONFIG_NAMES:
+        raise ExportError(f"--config must be long, short or both, got {pick!r}")
+    return (pick,)
