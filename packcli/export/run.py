@@ -152,6 +152,20 @@ def _export_documents(
             parts.append(record)
             bar.update(int(manifest["num_tokens"]))
     extra = [_list_file(dest, to, parts)]
+    return _finish(pack, dest, to, settings, parts, extra, written, reused)
+
+
+def _finish(
+    pack: Pack,
+    dest: Path,
+    to: str,
+    settings: dict[str, Any],
+    parts: list[PartRecord],
+    extra: list[Path],
+    written: int,
+    reused: int,
+) -> ExportResult:
+    """The export's marker, written last (every file's sha256), and what the CLI prints."""
     marker = ExportMarker(
         format=to,
         fingerprint=fingerprint(settings),
@@ -270,17 +284,7 @@ def _export_rows(
             atomic_write_bytes(meta_path, (json.dumps(rows, indent=2) + "\n").encode())
             extra.append(meta_path)
             parts += ours
-    marker = ExportMarker(
-        format="megatron-bridge",
-        fingerprint=fingerprint(settings),
-        source=str(pack.out.resolve()),
-        pack_fingerprint=str(settings["pack_fingerprint"]),
-        settings=settings,
-        parts=tuple(parts),
-        extra_files=tuple(ExportedFile.of(dest, p) for p in extra),
-    )
-    marker.write(dest)
-    return ExportResult(dest, marker.to_json(), written, reused)
+    return _finish(pack, dest, "megatron-bridge", settings, parts, extra, written, reused)
 
 
 def _merge(stats: list[dict[str, int]]) -> bridge.BridgeStats:
