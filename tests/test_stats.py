@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from packcli.cli import app as main_app
 from packcli.cli.examine import STATS_EPILOG, stats_command
+from packcli.pack.schedule import preset
 from packcli.publish import stats
 from packcli.publish.stats import (
     PLOT_FILES,
@@ -86,8 +87,31 @@ def recount(out: Path) -> dict[str, Any]:
             "segments_per_row": nseg,
             "cost": cost,
             "unmasked": sum(t * t for t in ntok),
+            "num_tokens": ntok,
         }
     return {"tiers": tiers, "lengths": all_lengths}
+
+
+def check_schedule(got: dict[str, Any], tier: dict[str, Any]) -> None:
+    """The idle shares, recounted: the output's rows dealt to ranks in file order (position
+    p to rank p % dp, each step as long as its costliest row), and the schedule no worse."""
+    model = preset(got["model"])
+    costs = [
+        model.per_token * t + model.per_square * c
+        for t, c in zip(tier["num_tokens"], tier["cost"], strict=True)
+    ]
+    for dp in (8, 64):
+        if len(costs) < 2 * dp:
+            assert str(dp) not in got["idle_share"]
+            continue
+        busy = wall = 0.0
+        for at in range(0, len(costs), dp):
+            step = costs[at : at + dp]
+            busy += sum(step)
+            wall += max(step) * len(step)
+        idle = got["idle_share"][str(dp)]
+        assert idle["shuffled"] == pytest.approx(1 - busy / wall)
+        assert 0 <= idle["scheduled"] <= idle["shuffled"] + 1e-12
 
 
 def check_distribution(got: dict[str, Any], values: list[float]) -> None:
@@ -124,6 +148,8 @@ def test_json_numbers_match_an_independent_recount(
         assert cost["p50"] == quantile(w["cost"], 50)
         assert cost["balance_ratio"] == pytest.approx(max(w["cost"]) / mean)
         assert cost["vs_unmasked"] == pytest.approx(sum(w["cost"]) / w["unmasked"])
+        check_schedule(g["schedule"], w)
+    assert "8" in got["tiers"]["short"]["schedule"]["idle_share"]  # the check above ran
     docs = got["document_lengths"]
     assert docs["count"] == len(want["lengths"]) == report["tiers"]["long"]["segments"]
     check_distribution(docs, want["lengths"])

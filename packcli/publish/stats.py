@@ -192,7 +192,32 @@ def tier_numbers(tier: TierData) -> dict[str, Any]:
             # Masked cost relative to full causal attention over whole rows (lower = saved).
             "vs_unmasked": float(tier.cost.sum()) / unmasked if unmasked else 1.0,
         },
+        "schedule": schedule_numbers(tier),
     }
+
+
+# Data-parallel sizes the stats simulate, and the model whose compute the rows are costed by.
+SCHEDULE_RANKS = (8, 64)
+SCHEDULE_MODEL = "llama-8b"
+
+
+def schedule_numbers(tier: TierData) -> dict[str, Any]:
+    """Simulated idle share of GPU time at each of ``SCHEDULE_RANKS`` data-parallel ranks
+    (one row per rank per step; every rank waits for the slowest), rows dealt in the
+    output's order (shuffled by the pack's seed) against ``PackedDistributedSampler``'s
+    schedule (``packcli.pack.schedule``). A size with fewer than two full steps is left out:
+    the rows, not the order, decide it."""
+    from packcli.pack.schedule import idle_share, preset, schedule
+
+    cost = preset(SCHEDULE_MODEL).row_cost(tier.num_tokens, tier.cost)
+    ranks = {}
+    for dp in SCHEDULE_RANKS:
+        if cost.size >= 2 * dp:
+            ranks[str(dp)] = {
+                "shuffled": idle_share(cost, dp),
+                "scheduled": idle_share(cost[schedule(cost, dp)], dp),
+            }
+    return {"model": SCHEDULE_MODEL, "idle_share": ranks}
 
 
 def compute_stats(out: Path) -> tuple[dict[str, Any], dict[str, TierData]]:
@@ -436,5 +461,23 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
             f"{a['balance_ratio']:.2f}",
             _fmt(a["vs_unmasked"], "pct"),
         )
+    tables.append(t)
+
+    t = Table(
+        title=f"Idle GPU time, data-parallel ({SCHEDULE_MODEL} costs; one row a rank a step): "
+        "rows in the output's order / by PackedDistributedSampler"
+    )
+    t.add_column("config")
+    for dp in SCHEDULE_RANKS:
+        t.add_column(f"DP={dp}", justify="right")
+    for name, n in tiers.items():
+        idle = n["schedule"]["idle_share"]
+        cells = [
+            f"{_fmt(idle[str(dp)]['shuffled'], 'pct')} / {_fmt(idle[str(dp)]['scheduled'], 'pct')}"
+            if str(dp) in idle
+            else "too few rows"
+            for dp in SCHEDULE_RANKS
+        ]
+        t.add_row(name, *cells)
     tables.append(t)
     return tables
