@@ -32,7 +32,7 @@ from packcli.names import (
     one_of,
 )
 
-# The plan's settings live beside the planner (plan.py must not import this YAML reader);
+# The plan's settings live beside the planner (packcli.pack must not import this YAML reader);
 # re-exported here, where the other stages' settings are.
 from packcli.pack.plan_config import MAX_LONG_LEN as MAX_LONG_LEN
 from packcli.pack.plan_config import MAX_SEED as MAX_SEED
@@ -146,9 +146,9 @@ class WriteConfig:
 @dataclass(frozen=True)
 class ChatConfig:
     """``format: chat`` reads one dialogue per line (``messages_field``), renders it with a
-    chat template and trains only on ``train_on`` tokens (see ``packcli/chat.py``).
+    chat template and trains only on ``train_on`` tokens (see ``packcli.chat``).
     ``format: preference`` reads one preference pair per line (TRL's ``prompt``/``chosen``/
-    ``rejected``; see ``packcli/preference.py``); ``messages_field`` and ``train_on`` do not
+    ``rejected``; see ``packcli.chat.preference``); ``messages_field`` and ``train_on`` do not
     apply to it."""
 
     format: str = "text"

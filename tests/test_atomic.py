@@ -9,7 +9,6 @@ import pytest
 
 from packcli import atomic
 from packcli.publish import stats
-from packcli.tokenize import shards
 
 
 @pytest.fixture
@@ -32,9 +31,6 @@ def test_atomic_write_json_is_fsynced_renamed_and_in_the_record_format(
     atomic.atomic_write_json(target, {"b": 1, "a": [2]})
     assert target.read_bytes() == b'{\n  "a": [\n    2\n  ],\n  "b": 1\n}\n'
     assert len(fsynced) == 1 and os.listdir(tmp_path) == ["r.json"]
-    # The old import path still works (pipeline.py and others use it).
-    assert shards.atomic_write_json is atomic.atomic_write_json
-    assert shards.atomic_write_bytes is atomic.atomic_write_bytes
 
 
 @pytest.mark.parametrize("kind", ["writer", "path"])

@@ -7,16 +7,19 @@ transformers' ``assistant_masks`` token for token.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-import time
+import tracemalloc
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 from corpora import hub_cache
+from jinja2.runtime import Macro
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from packcli.chat import (
@@ -25,6 +28,7 @@ from packcli.chat import (
     ChatTemplateError,
     RenderLimits,
     TurnMarkers,
+    budget,
     builtin_templates,
     encode_dialogue,
     encode_dialogues,
@@ -32,6 +36,7 @@ from packcli.chat import (
     load_chat_template,
     locate_assistant_spans,
     render,
+    renderer,
     special_tokens_from_config,
     truncate_at_turns,
     turn_markers,
@@ -684,13 +689,54 @@ HOSTILE = {
 }
 
 
+# What a refusal may cost, in work rather than seconds. Memory: no value may exceed the value
+# limit (characters or items); 16 bytes per item covers a container's own overhead. Calls: a
+# macro call costs ~20x a loop step (``packcli.chat.sandbox``), so the step budget pays for
+# at most budget / 16 of them before the render stops.
+BYTES_PER_ITEM = 16
+MACRO_CALL_STEPS = 16
+# tracemalloc slows the render several times over; the default 5 s backstop could then stop
+# a template the step budget would have, so it is moved out of the way (a budget that stopped
+# working then fails the test after a minute instead of on a slow machine's luck).
+SLOW_CLOCK = RenderLimits(seconds=60)
+
+
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_template_fails_fast(name: str) -> None:
+def test_hostile_template_fails_fast(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget stops it (the clock's message, "ran longer than", matches none of those
+    expected), before the costly operation runs: its memory and macro calls stay within
+    what the budgets allow."""
     text, message = HOSTILE[name]
-    started = time.monotonic()
-    with pytest.raises(ChatTemplateError, match=message):
-        render(ChatTemplate(name, text), DIALOGUES["single"])
-    assert time.monotonic() - started < 2.0
+    meters: list[renderer.Meter] = []
+
+    class RecordedMeter(renderer.Meter):
+        __slots__ = ()
+
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            meters.append(self)
+
+    macro_calls = 0
+    invoke = Macro._invoke
+
+    def counted_invoke(self: Macro, *args: Any) -> Any:
+        nonlocal macro_calls
+        macro_calls += 1
+        return invoke(self, *args)
+
+    monkeypatch.setattr(renderer, "Meter", RecordedMeter)
+    monkeypatch.setattr(Macro, "_invoke", counted_invoke)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatTemplateError, match=message):
+            render(ChatTemplate(name, text), DIALOGUES["single"], limits=SLOW_CLOCK)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    (meter,) = meters
+    steps = meter.limits.steps + meter.limits.steps_per_char * meter.input_chars
+    assert peak < BYTES_PER_ITEM * meter.value_limit, f"{peak:,} bytes allocated"
+    assert macro_calls <= steps // MACRO_CALL_STEPS
 
 
 def test_file_read_is_impossible() -> None:
@@ -699,14 +745,17 @@ def test_file_read_is_impossible() -> None:
             render(ChatTemplate("read", text), DIALOGUES["single"])
 
 
-def test_wall_clock_backstop() -> None:
-    # Loops no machine finishes in 0.01 s (100k iterations, the largest range the sandbox
-    # allows, did on a fast one, and the test then failed on the empty rendering instead).
-    loop = "{% for i in range(100000) %}"
-    slow = ChatTemplate("slow", loop + loop.replace("i in", "j in") + "{% endfor %}" * 2)
-    limits = RenderLimits(steps=10**9, seconds=0.01)
-    with pytest.raises(ChatTemplateError, match=r"ran longer than 0\.01 s"):
-        render(slow, DIALOGUES["single"], limits=limits)
+def test_wall_clock_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock stops a render the other budgets allow; a clock that advances one second per
+    look makes it independent of the machine's speed."""
+    looks = itertools.count()
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: float(next(looks))))
+    loop = ChatTemplate("loop", "{% for i in range(100000) %}{% endfor %}")
+    limits = RenderLimits(steps=10**9, seconds=5)
+    with pytest.raises(ChatTemplateError, match=r"ran longer than 5 s"):
+        render(loop, DIALOGUES["single"], limits=limits)
+    # One look at the start, then one every 17 steps: past the deadline at the sixth.
+    assert next(looks) == 7
 
 
 def test_budgets_grow_with_the_dialogue(tok: Tokenizer, chatml: ChatTemplate) -> None:

@@ -13,7 +13,6 @@ Sandbox: every way a template can allocate in one call is refused before it allo
 from __future__ import annotations
 
 import re
-import time
 import tracemalloc
 from typing import Any
 
@@ -439,8 +438,9 @@ SMALL_DIALOGUE = [_msg("user", "What is packing?"), _msg("assistant", "Putting r
 
 @pytest.mark.parametrize("name", sorted(ALLOCATIONS))
 def test_allocation_is_refused_before_it_happens(name: str) -> None:
+    """Refused by its own check (the message names it; the clock's would not match), before
+    the value exists: the peak allocation stays below the size it asked for."""
     text, message = ALLOCATIONS[name]
-    started = time.monotonic()
     tracemalloc.start()
     try:
         with pytest.raises(ChatTemplateError, match=message):
@@ -449,7 +449,6 @@ def test_allocation_is_refused_before_it_happens(name: str) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 3_000_000, f"{name}: {peak:,} bytes allocated before the refusal"
-    assert time.monotonic() - started < 2.0
 
 
 def test_the_new_checks_keep_real_uses() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from packcli.errors import VerifyError
-from packcli.publish import marker, stats, verify
+from packcli.publish import marker, stats
 
 
 @pytest.mark.parametrize("body", [None, b"\xff\xfe", b"{not json", b"[1, 2]"])
@@ -29,7 +29,6 @@ def test_load_marker_returns_any_json_and_raises_on_no_file(tmp_path: Path) -> N
     assert marker.peek_marker(tmp_path)["run"] == {"packcli_version": "x"}
 
 
-def test_verify_and_stats_read_the_marker_through_the_one_reader() -> None:
-    assert verify.read_marker is marker.read_marker
+def test_stats_refuses_a_folder_without_packcli_json() -> None:
     with pytest.raises(VerifyError, match=r"no packcli\.json"):
         stats.read_meta(Path("/nonexistent-packcli-output"))

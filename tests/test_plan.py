@@ -129,28 +129,39 @@ def test_deterministic_and_seed_only_reorders() -> None:
     assert sorted(map(sorted, rows(c, c.long))) == sorted(map(sorted, rows(a, a.long)))
 
 
-def test_realistic_mix_is_near_the_lower_bound() -> None:
-    rng = np.random.default_rng(0)
+# Best-fit decreasing leaves its waste in the last few rows it opens, so on any mix the plan
+# stays within a few rows of ceil(tokens / capacity), however many rows the mix needs: over
+# eight seeds each mix below was at most 2 rows over (a ratio to the bound would depend on
+# the mix's size and seed). Without residue groups the long-heavy mix is 15-17 rows over.
+ROWS_OVER_BOUND = 3
+
+
+def _assert_near_lower_bound(plan: Plan) -> None:
+    for layout in (plan.short, plan.long):
+        summary = tier_summary(layout)
+        assert summary["rows"] - summary["lower_bound_rows"] <= ROWS_OVER_BOUND, summary
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_realistic_mix_is_near_the_lower_bound(seed: int) -> None:
+    rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(np.log(400), 1.1, 30000).astype(np.int64), 1, None)
     lengths[rng.choice(30000, 1200, replace=False)] = rng.integers(4097, 100_000, 1200)
     lengths[rng.choice(30000, 4, replace=False)] = rng.integers(140_000, 300_000, 4)
     plan = plan_two_tier(lengths, PlanConfig())
-    short, long = tier_summary(plan.short), tier_summary(plan.long)
-    assert short["rows_over_bound"] <= 1.0005
-    assert long["rows_over_bound"] <= 1.0005
-    assert long["tokens"] == int(lengths.sum())
+    _assert_near_lower_bound(plan)
+    assert tier_summary(plan.long)["tokens"] == int(lengths.sum())
 
 
-def test_long_heavy_mix_uses_residue_groups() -> None:
+@pytest.mark.parametrize("seed", range(4))
+def test_long_heavy_mix_uses_residue_groups(seed: int) -> None:
     # Long documents hold most tokens: dense best fit would strand ~0.3% of rows.
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     n = 200_000
     lengths = np.clip(rng.lognormal(np.log(600), 1.2, n).astype(np.int64), 1, None)
     tail = rng.random(n) < 0.03
     lengths[tail] = (4096 * np.exp(rng.exponential(1.0, int(tail.sum())))).astype(np.int64)
-    plan = plan_two_tier(lengths, PlanConfig())
-    assert tier_summary(plan.long)["rows_over_bound"] <= 1.0005
-    assert tier_summary(plan.short)["rows_over_bound"] <= 1.0005
+    _assert_near_lower_bound(plan_two_tier(lengths, PlanConfig()))
 
 
 def test_fitted_packs_fill_the_room_long_documents_leave() -> None:

@@ -566,12 +566,35 @@ def test_adding_a_small_file_redoes_only_its_group(
     args = ["pack", tmp_path / "tiny", "-t", toy_tokenizer_path, "-o", out, *SMALL]
     ok(*args, "--on-bad-line", "skip")
     stage = out / ".packcli" / "tokens" / "stage.json"
-    before = {u["key"] for u in json.loads(stage.read_text())["units"]}
-    assert 5 < len(before) < 40
+    units = json.loads(stage.read_text())["units"]
+    before = {u["key"] for u in units}
+    # What the test needs: files grouped, in more than one group. Each file starts a group
+    # with probability size / 400 (~1/4 here), decided by its path's hash: one group of all
+    # 40 files or none of several has a chance under 1e-4 whatever the temporary folder is.
+    assert len(units) > 1 and any(len(u.get("paths", ())) > 1 for u in units)
     write_corpus(tmp_path / "tiny" / "f020b.jsonl", [6, 6], seed=99)
     ok(*args, "--on-bad-line", "skip")
     after = {u["key"] for u in json.loads(stage.read_text())["units"]}
     assert len(before - after) <= 1 and len(after - before) <= 2
+
+
+def test_small_file_groups_average_group_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each small file starts a group with probability size / GROUP_BYTES, so the number of
+    groups is near the files' bytes over GROUP_BYTES: here ~100 (sd ~10), whatever the
+    temporary folder's name is that the draws hash."""
+    monkeypatch.setattr(unit_files, "GROUP_BYTES", 2000)
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, size in enumerate(rng.integers(50, 350, 2000)):
+        path = tmp_path / f"f{i:04d}.jsonl"
+        path.write_text(json.dumps({"text": "x" * (size - 12)}) + "\n")
+        paths.append(path)
+    _, units = unit_files.input_units(paths, split_bytes=1 << 30, stage_fp="test")
+    expected = 1 + sum(path.stat().st_size for path in paths[1:]) / 2000
+    assert expected / 2 < len(units) < 2 * expected
+    assert sum(len(unit_files.unit_paths(u)) for u in units) == len(paths)
 
 
 def test_an_output_or_work_folder_that_cannot_be_made_fails_before_any_work(

@@ -48,7 +48,7 @@ TOKENIZE_EPILOG = (
     "Examples (a Slurm array sets the task flags itself):\n\n"
     "  packcli tokenize 'corpus/*.jsonl.zst' -t tok.json -o out/ --task-index 3 "
     "--num-tasks 16\n\n"
-    "  sbatch --array=0-15 scripts/slurm/tokenize.sbatch"
+    "  bash scripts/slurm/pack.sh  # the four stages as Slurm jobs: scripts/slurm/README.md"
 )
 PLAN_EPILOG = "Examples:\n\n  packcli plan -o out/ --short-len 4096 --long-len 131072"
 WRITE_EPILOG = "Examples:\n\n  packcli write -o out/ --task-index 0 --num-tasks 8"

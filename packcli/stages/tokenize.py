@@ -175,7 +175,7 @@ def _render_pool(
     cfg: RunConfig, encoder: UnitEncoder | None, pending_bytes: int
 ) -> RenderPool | None:
     """Worker processes for chat templates, when there is enough chat to render to repay
-    starting them (packcli/render_pool.py) and more than one core to render on."""
+    starting them (packcli.chat.render_pool) and more than one core to render on."""
     from packcli.chat.render_pool import MIN_POOL_BYTES
 
     if not isinstance(encoder, ChatEncoder):  # text, or preference pairs

@@ -45,9 +45,6 @@ def _file_key(path: str) -> str:
 # 2,000 one-line files take 30 s. Groups end where a file's path says so (below), so adding
 # or removing a file regroups only its own neighbourhood, and at GROUP_CAP bytes.
 GROUP_BYTES = 8 << 20
-
-
-GROUP_BYTES = 8 << 20
 GROUP_CAP = 4 * GROUP_BYTES
 
 

@@ -44,7 +44,7 @@ SHARD_SCHEMA = pa.schema(
 # Chat shards add per-token labels (-100 = no loss), gathered exactly like the tokens.
 CHAT_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("labels", pa.list_(pa.int32())))
 # Preference shards hold each pair as one document (prompt+chosen, then prompt+rejected) and
-# the length of its first sequence (0: not a pair, e.g. a dropped one); see preference.py.
+# the length of its first sequence (0: not a pair, e.g. a dropped one); see packcli.chat.preference.
 PREFERENCE_SHARD_SCHEMA = CHAT_SHARD_SCHEMA.append(pa.field("chosen_len", pa.int32()))
 SUCCESS = "_SUCCESS.json"
 
@@ -212,7 +212,7 @@ def shard_tokens(batch: pa.RecordBatch, first_doc_id: int, name: str) -> ShardTo
 class TokenShards:
     """Read access to a completed tokenize stage, through its index.
 
-    ``store``: the work folder on object storage (``packcli/workstore.py``) when ``folder``
+    ``store``: the work folder on object storage (``packcli.stages.workstore``) when ``folder``
     is its local mirror: a shard not in the mirror is then read from the store, only the
     columns asked for by ranged reads, or whole (fetched once) when its tokens are wanted."""
 
