@@ -161,17 +161,13 @@ def test_rebuilt_long_rows_are_the_planners_when_no_pack_moves(
 ) -> None:
     # The release rebuilds the long layout after packs change rows; with every pack where
     # the planner put it, that rebuild is the planner's own layout (order within rows too).
-    from packcli.pack.groups import _moved_packs, _row_of_piece
+    from packcli.pack.groups import _moved_packs, _pack_rows, _row_of_piece
 
     cfg = PlanConfig(short_len=16, long_len=64, overlong=overlong, balance=balance)
     plan = plan_two_tier(np.array(lengths), cfg)
     n = plan.piece_len.size
     long_row = _row_of_piece(plan.long, n)
-    short = plan.short
-    filled = np.diff(short.row_offsets) > 0
-    pack_row = np.full(short.num_rows, -1, dtype=np.int64)
-    pack_row[filled] = long_row[short.row_pieces[short.row_offsets[:-1][filled]]]
-    rebuilt = _moved_packs(plan, long_row, pack_row)
+    rebuilt = _moved_packs(plan, long_row, _pack_rows(plan.short, long_row))
     for field in ("row_offsets", "row_pieces", "row_tokens"):
         assert np.array_equal(getattr(rebuilt, field), getattr(plan.long, field)), field
 

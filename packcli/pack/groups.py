@@ -255,19 +255,16 @@ def _release(plan: Plan, tail_share: float, most: int) -> tuple[Plan, np.ndarray
     assert long is not None and short is not None
     n = plan.piece_len.size
     long_row = _row_of_piece(long, n)
-    keep_row = _keep_least_room(
-        long.capacity - long.row_tokens, tail_share * float(long.row_tokens.sum()), most
-    )
+    budget = tail_share * float(long.row_tokens.sum())
+    keep_row = _keep_least_room(long.capacity - long.row_tokens, budget, most)
     keep_pack = _keep_least_room(
         short.capacity - short.row_tokens, tail_share * float(short.row_tokens.sum()), most
     )
     counts = np.diff(short.row_offsets)
-    pack_row = np.full(short.num_rows, -1, dtype=np.int64)
     filled = counts > 0
-    pack_row[filled] = long_row[short.row_pieces[short.row_offsets[:-1][filled]]]
+    pack_row = _pack_rows(short, long_row)
     keep_row[pack_row[~keep_pack & filled]] = False
     if not keep_row.all():
-        budget = tail_share * float(long.row_tokens.sum())
         slack = budget - float((long.capacity - long.row_tokens)[keep_row].sum())
         movable = keep_pack & filled
         new_row = _fewest_pieces(pack_row, short.row_tokens, counts, movable, keep_row, slack)
@@ -275,6 +272,14 @@ def _release(plan: Plan, tail_share: float, most: int) -> tuple[Plan, np.ndarray
             plan = dataclasses.replace(plan, long=_moved_packs(plan, long_row, new_row))
             long_row = _row_of_piece(plan.long, n)
     return plan, ~keep_row[long_row]
+
+
+def _pack_rows(short: RowLayout, long_row: np.ndarray) -> np.ndarray:
+    """The long row of each short pack (its first piece's), -1 for an empty pack."""
+    filled = np.diff(short.row_offsets) > 0
+    pack_row = np.full(short.num_rows, -1, dtype=np.int64)
+    pack_row[filled] = long_row[short.row_pieces[short.row_offsets[:-1][filled]]]
+    return pack_row
 
 
 def _fewest_pieces(
