@@ -24,12 +24,16 @@ machine integers and Python's agree.
 
 from __future__ import annotations
 
+import importlib
+import logging
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,6 +85,31 @@ def compiled(func: F) -> F:
                 _compile_module(sys.modules[func.__module__])
             twin = _compiled[func]
     return twin  # type: ignore[return-value]
+
+
+def warm(modules: Sequence[str]) -> threading.Thread:
+    """Compile (or load from numba's cache) the kernels of ``modules`` in a background thread,
+    started now; a later first call of a kernel waits for it under the same lock.
+
+    Why: numba's import and cache loads (~1 s of CPU, mostly holding the GIL) otherwise sit on
+    the critical path of the first large plan and write; the caller starts this where the
+    process has a core idle (``pack`` waiting for the fast tokenizer's tables). Not a daemon
+    thread: one killed at exit inside llvmlite could abort the process; join it.
+    """
+
+    def run() -> None:
+        try:
+            for name in modules:
+                module = importlib.import_module(name)
+                with _lock:
+                    if any(f not in _compiled for f in _options if f.__module__ == name):
+                        _compile_module(module)
+        except Exception:  # only a head start: the kernel's first call compiles and raises
+            log.debug("warming %s failed", modules, exc_info=True)
+
+    thread = threading.Thread(target=run, name="packcli-jit-warm")
+    thread.start()
+    return thread
 
 
 def _compile_module(module: types.ModuleType) -> None:

@@ -170,6 +170,7 @@ class Prepared:
     paths: list[Path | str]  # a URL is a string (packcli/fs/)
     tok: Tokenizing
     early: Any = None  # a fast backend already loading (backends.preload)
+    input_bytes: int = 0  # the inputs' sizes, summed
 
 
 def prepare_tokenize(cfg: RunConfig) -> Prepared:
@@ -193,15 +194,16 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
 
         check_columns(paths, formats, *input_column(cfg))
     early = None
+    input_bytes = sum(input_size(p) for p in paths)
     if not (cfg.work_path / "tokens" / SUCCESS).is_file():
         # A fresh (or interrupted) tokenize stage: the fast backend will be wanted, so it
         # builds its tables while HF loads (a finished stage is reused and needs neither).
         early = preload(
             cfg.tokenize.backend,
             local_tokenizer_file(cfg.tokenize.tokenizer),
-            sum(input_size(p) for p in paths),
+            input_bytes,
         )
-    return Prepared(paths, resolve_tokenizing(cfg), early)
+    return Prepared(paths, resolve_tokenizing(cfg), early, input_bytes)
 
 
 SAMPLE_DOCS = 256
