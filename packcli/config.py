@@ -125,16 +125,28 @@ class TokenizeConfig:
                 raise ConfigError(f"tokenize.{name} id must be >= 0, got {value}")
 
 
+# ``write.min_files`` unset: a config is cut into up to this many files, one per row group's
+# tokens at most (so a config under one row group, 16M tokens by default, stays one file).
+AUTO_FILES = 8
+
+
 @dataclass(frozen=True)
 class WriteConfig:
     shard_tokens: int = 256 * 1024 * 1024
     row_group_tokens: int = 16 * 1024 * 1024
     compression: str = "zstd"
     compression_level: int = 3
+    # Files per config at least, so a streaming reader can give every dataloader worker files
+    # of its own and the writer compresses a config on every core (``write.files_wanted``):
+    # None cuts a config into up to AUTO_FILES files, one per row group of tokens; a number
+    # asks for that many (at most one per row).
+    min_files: int | None = None
 
     def __post_init__(self) -> None:
         if self.shard_tokens < 1:
             raise ConfigError(f"write.shard_tokens must be >= 1, got {self.shard_tokens}")
+        if self.min_files is not None and self.min_files < 1:
+            raise ConfigError(f"write.min_files must be >= 1 (or null: auto), got {self.min_files}")
         if self.row_group_tokens < 1:
             raise ConfigError(f"write.row_group_tokens must be >= 1, got {self.row_group_tokens}")
         if self.compression not in COMPRESSIONS:

@@ -91,10 +91,11 @@ def warm(modules: Sequence[str]) -> threading.Thread:
     """Compile (or load from numba's cache) the kernels of ``modules`` in a background thread,
     started now; a later first call of a kernel waits for it under the same lock.
 
-    Why: numba's import and cache loads (~1 s of CPU, mostly holding the GIL) otherwise sit on
-    the critical path of the first large plan and write; the caller starts this where the
-    process has a core idle (``pack`` waiting for the fast tokenizer's tables). Not a daemon
-    thread: one killed at exit inside llvmlite could abort the process; join it.
+    Why: numba's import and cache loads (~0.8 s and ~0.1-0.8 s per specialization of CPU,
+    measured, mostly holding the GIL) otherwise sit on the critical path of the first large
+    plan and write; the caller starts this where the process has a core idle (``pack``
+    waiting for the fast tokenizer's tables, then for the tokenizer). Not a daemon thread:
+    one killed at exit inside llvmlite could abort the process; join it.
     """
 
     def run() -> None:
@@ -104,12 +105,23 @@ def warm(modules: Sequence[str]) -> threading.Thread:
                 with _lock:
                     if any(f not in _compiled for f in _options if f.__module__ == name):
                         _compile_module(module)
+                for f in [f for f in _options if f.__module__ == name]:
+                    _load_cached(_compiled[f])
         except Exception:  # only a head start: the kernel's first call compiles and raises
             log.debug("warming %s failed", modules, exc_info=True)
 
     thread = threading.Thread(target=run, name="packcli-jit-warm")
     thread.start()
     return thread
+
+
+def _load_cached(twin: Any) -> None:
+    """Load every specialization numba's cache holds for ``twin``, as its first call with
+    those argument types would (numba loads them lazily, each ~0.1-0.8 s of CPU, the first
+    paying for its code generator's set-up). Reads the cache's index through numba's private
+    ``_cache``: another numba version only loses the head start (``warm`` logs it)."""
+    for key in twin._cache._cache_file._load_index():
+        twin.compile(key[0])  # the cached code when it is for this CPU, else compiled
 
 
 def _compile_module(module: types.ModuleType) -> None:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.atomic import atomic_path
-from packcli.config import PlanConfig, WriteConfig
+from packcli.config import AUTO_FILES, PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
@@ -259,8 +259,20 @@ def pair_segments(
     return docs[piece], out_starts, out_lens, moved, roles.astype(np.int8)
 
 
-def file_ranges(layout: RowLayout, shard_tokens: int) -> list[tuple[int, int]]:
-    """Split rows into consecutive files of roughly ``shard_tokens`` tokens (at least one)."""
+def files_wanted(config: WriteConfig, tokens: int, parts: int = 1) -> int:
+    """How many files one part's rows of a config (``tokens`` of them) are cut into at least,
+    when the plan has ``parts`` groups (each cuts its own files: the count is spread)."""
+    wanted = AUTO_FILES if config.min_files is None else config.min_files
+    per_part = -(-wanted // max(1, parts))
+    if config.min_files is None:  # one file per row group's tokens (rounded up) at most
+        per_part = min(per_part, -(-tokens // config.row_group_tokens))
+    return max(1, per_part)
+
+
+def file_ranges(layout: RowLayout, shard_tokens: int, min_files: int = 1) -> list[tuple[int, int]]:
+    """Split rows into consecutive files of roughly ``shard_tokens`` tokens (at least one);
+    where that makes fewer than ``min_files``, into ``min(min_files, rows)`` files of about
+    equal tokens instead."""
     n = layout.num_rows
     if n == 0:
         return [(0, 0)]
@@ -268,6 +280,16 @@ def file_ranges(layout: RowLayout, shard_tokens: int) -> list[tuple[int, int]]:
     file_of_row = starts // shard_tokens
     bounds = np.flatnonzero(np.diff(file_of_row)) + 1
     edges = [0, *bounds.tolist(), n]
+    count = min(min_files, n)
+    if len(edges) - 1 >= count:
+        return list(itertools.pairwise(edges))
+    total = int(layout.row_tokens.sum())
+    targets = np.arange(1, count, dtype=np.int64) * total // count
+    edges = [0]
+    for j, first in enumerate(np.searchsorted(starts, targets).tolist(), start=1):
+        # The first row starting at or after the j-th share, but every file gets a row.
+        edges.append(min(max(first, edges[-1] + 1), n - (count - j)))
+    edges.append(n)
     return list(itertools.pairwise(edges))
 
 

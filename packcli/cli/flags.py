@@ -25,12 +25,14 @@ from typing import Annotated, Any
 import typer
 
 from packcli.config import (
+    AUTO_FILES,
     CHAT_DEFAULTS,
     ChatConfig,
     PlanConfig,
     ReadConfig,
     RunConfig,
     TokenizeConfig,
+    WriteConfig,
     build_config,
     load_yaml,
 )
@@ -197,6 +199,19 @@ class PlanFlags:
 
 
 @dataclass(frozen=True)
+class WriteFlags:
+    """Section ``write``: how the output Parquet files are cut (when planning)."""
+
+    min_files: Annotated[
+        int | None,
+        typer.Option(
+            help="Files per config at least, e.g. one per streaming dataloader worker [up to "
+            f"{AUTO_FILES}, one per {WriteConfig.row_group_tokens:,} tokens]."
+        ),
+    ] = None
+
+
+@dataclass(frozen=True)
 class SourceFlags:
     """What the tokenize stage reads and how, for ``pack`` and ``tokenize``: the inputs (the
     ``read`` section's ``inputs``, given as arguments) and three sections' flags."""
@@ -222,6 +237,7 @@ class RunFlags:
     work_dir: str | None = None
     source: SourceFlags | None = None
     plan: PlanFlags = PlanFlags()
+    write: WriteFlags = WriteFlags()
 
 
 def special_token(value: str | None) -> str | int | None:
@@ -235,7 +251,10 @@ def special_token(value: str | None) -> str | int | None:
 def config_from_flags(config_file: Path | None, flags: RunFlags) -> RunConfig:
     """The run config of a command: ``config_file`` (YAML) with the given flags winning."""
     file_values: dict[str, Any] = load_yaml(config_file) if config_file else {}
-    sections: dict[str, dict[str, Any]] = {"plan": dataclasses.asdict(flags.plan)}
+    sections: dict[str, dict[str, Any]] = {
+        "plan": dataclasses.asdict(flags.plan),
+        "write": dataclasses.asdict(flags.write),
+    }
     source = flags.source
     if source is not None:
         tokenize = source.tokenize

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from packcli.cli.flags import PlanFlags, RunFlags, SourceFlags, config_from_flags
+from packcli.cli.flags import PlanFlags, RunFlags, SourceFlags, WriteFlags, config_from_flags
 from packcli.cli.options import (
     ConfigFile,
     NumTasks,
@@ -74,6 +74,7 @@ def pack_command(
     config: ConfigFile = None,
     source: SourceFlags,
     plan: PlanFlags = PlanFlags(),
+    write: WriteFlags = WriteFlags(),
     work_dir: WorkDir = None,
     overwrite: Annotated[
         bool, typer.Option(help="Allow writing into a non-empty folder that is not ours.")
@@ -97,7 +98,7 @@ def pack_command(
     from packcli.stages.executors import Executor
     from packcli.stages.run import run_pack
 
-    flags = RunFlags(out=out, work_dir=work_dir, source=source, plan=plan)
+    flags = RunFlags(out=out, work_dir=work_dir, source=source, plan=plan, write=write)
     cfg = config_from_flags(config, flags)
     result = run_pack(
         cfg,
@@ -176,6 +177,7 @@ def plan_command(
     out: Out,
     config: ConfigFile = None,
     plan: PlanFlags = PlanFlags(),
+    write: WriteFlags = WriteFlags(),
     work_dir: WorkDir = None,
     task_index: TaskIndex = None,
     num_tasks: NumTasks = None,
@@ -187,7 +189,7 @@ def plan_command(
     from packcli.stages.lock import hold
     from packcli.stages.plan import plan_stage, plan_task
 
-    flags = RunFlags(out=out, work_dir=work_dir, plan=plan)
+    flags = RunFlags(out=out, work_dir=work_dir, plan=plan, write=write)
     cfg = config_from_flags(config, flags)
     if task_index is not None or num_tasks is not None:
         index, count = resolve_task(task_index, num_tasks)

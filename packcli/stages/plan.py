@@ -44,7 +44,7 @@ from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.tokenize.shards import TokenShards, sha256_file
-from packcli.write import file_ranges
+from packcli.write import file_ranges, files_wanted
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class PlanSet:
     config: PlanConfig
     stats: dict[str, Any]
     shard_tokens: int  # write.shard_tokens the files were cut by
+    min_files: int | None = None  # and write.min_files
 
     def jobs(self) -> list[FileJob]:
         """Every output file, in a fixed order: per config, part after part."""
@@ -189,7 +190,7 @@ def _plan_groups(
     process holds one group's lengths and plan)."""
     # The files a group's rows are cut into are part of its record: their size too.
     fp = fingerprint(
-        [plan_fingerprint(cfg.plan, shards.success["fingerprint"]), cfg.write.shard_tokens]
+        [plan_fingerprint(cfg.plan, shards.success["fingerprint"]), *_file_cut(cfg.write)]
     )
     store = work_store(cfg)
     (cfg.work_path / PLAN_DIR).mkdir(parents=True, exist_ok=True)
@@ -207,7 +208,7 @@ def _plan_groups(
             grouped = plan_group(lengths, _group_docs(shards, members), cfg.plan, g)
             plan, tail = grouped.plan, grouped.tail
         del lengths
-        part = _save_part(cfg, name, plan, members, tail)
+        part = _save_part(cfg, name, plan, members, tail, len(groups))
         files = {
             rel: [(cfg.work_path / rel).stat().st_size, sha256_file(cfg.work_path / rel)]
             for rel in part.arrays
@@ -257,11 +258,11 @@ def plan_stage(
             )
             tail_plan = plan_tail([tails], cfg.plan)
             del tails
-            parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None))
+            parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
             bar.update(1)
-    planset = PlanSet(tuple(parts), cfg.plan, stats, cfg.write.shard_tokens)
+    planset = PlanSet(tuple(parts), cfg.plan, stats, cfg.write.shard_tokens, cfg.write.min_files)
     _save_plan(cfg, planset, shards.success["fingerprint"])
     work_store(cfg).push("plan.json")
     crash_point("plan")
@@ -364,11 +365,24 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def _file_cut(write: WriteConfig) -> list[Any]:
+    """The settings output files are cut by when planning (a plan's record depends on them)."""
+    if write.min_files == 1:  # one file per shard_tokens only: what every plan did before
+        return [write.shard_tokens]
+    return [write.shard_tokens, write.min_files, write.row_group_tokens]
+
+
 def _save_part(
-    cfg: RunConfig, name: str, plan: Plan, members: np.ndarray, tail: Pieces | None
+    cfg: RunConfig,
+    name: str,
+    plan: Plan,
+    members: np.ndarray,
+    tail: Pieces | None,
+    groups: int,
 ) -> PlanPart:
     """A part's plan arrays (``plan/NAME.npz``) and, for a group, the pieces it released
-    (``plan/NAME.tail.npz``: small, all the tail's planner reads); the digest covers both."""
+    (``plan/NAME.tail.npz``: small, all the tail's planner reads); the digest covers both.
+    ``groups``: how many groups the plan has (0 for the tail, which is cut by size only)."""
     arrays = _plan_arrays(plan)
     folder = cfg.work_path / PLAN_DIR
     with atomic_writer(folder / f"{name}.npz") as fh:
@@ -382,9 +396,7 @@ def _save_part(
         name=name,
         shards=tuple(int(s) for s in members),
         files={  # a part with no rows in a config has no file of it
-            c: file_ranges(getattr(plan, c), cfg.write.shard_tokens)
-            if getattr(plan, c).num_rows
-            else []
+            c: _files(cfg.write, getattr(plan, c), groups) if getattr(plan, c).num_rows else []
             for c in CONFIG_NAMES
         },
         rows={c: getattr(plan, c).num_rows for c in CONFIG_NAMES},
@@ -392,6 +404,13 @@ def _save_part(
         tail_pieces=int(plan.piece_len.size if tail is None else tail.size),
         content_sha256=_digest(arrays),
     )
+
+
+def _files(write: WriteConfig, layout: RowLayout, groups: int) -> list[tuple[int, int]]:
+    """A part's rows of one config cut into its files."""
+    tokens = int(layout.row_tokens.sum())
+    wanted = files_wanted(write, tokens, groups) if groups else 1
+    return file_ranges(layout, write.shard_tokens, wanted)
 
 
 def _save_plan(cfg: RunConfig, planset: PlanSet, tokens_fingerprint: str) -> None:
@@ -407,6 +426,7 @@ def _save_plan(cfg: RunConfig, planset: PlanSet, tokens_fingerprint: str) -> Non
             # Output files are cut when planning (each part's rows into files of about
             # this many tokens), so write tasks need only their own parts' arrays.
             "write_shard_tokens": cfg.write.shard_tokens,
+            "write_min_files": cfg.write.min_files,
             "parts": [p.as_record() for p in planset.parts],
         },
     )
@@ -426,6 +446,7 @@ def load_plan(work: Path, shards: TokenShards) -> PlanSet:
             PlanConfig(**meta["plan"]),
             meta["stats"],
             int(meta["write_shard_tokens"]),
+            meta.get("write_min_files", 1),  # a plan from before the setting: by size only
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise PackcliError(

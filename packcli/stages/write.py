@@ -284,5 +284,7 @@ def planned_config(cfg: RunConfig, shards: TokenShards) -> tuple[RunConfig, Plan
     output file size its files were cut by)."""
     work_store(cfg).pull("plan.json")
     planset = load_plan(cfg.work_path, shards)
-    write = dataclasses.replace(cfg.write, shard_tokens=planset.shard_tokens)
+    write = dataclasses.replace(
+        cfg.write, shard_tokens=planset.shard_tokens, min_files=planset.min_files
+    )
     return dataclasses.replace(cfg, plan=planset.config, write=write), planset
