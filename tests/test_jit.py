@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -46,9 +47,13 @@ def assert_same(a: object, b: object) -> None:
         assert int(a) == int(b)  # type: ignore[call-overload]
 
 
-def run_python(code: str) -> str:
+def run_python(code: str, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
@@ -84,6 +89,28 @@ def test_a_small_plan_and_write_do_not_import_numba() -> None:
         """
     )
     assert out == "True True False"
+
+
+def test_warm_loads_what_numbas_cache_holds_before_any_call(tmp_path: Path) -> None:
+    """A process that warms ``packcli.write`` has its kernels' cached specializations loaded
+    (the ones an earlier process compiled), and none it was never called with."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    first = """
+        import numpy as np
+        from packcli import jit, write
+        with jit.forced("numba"):
+            ids = write._segment_ids(np.array([0, 2, 3]), np.array([4, 1, 2]))
+        print(ids.tolist())
+        """
+    assert run_python(first, env) == "[1, 1, 1, 1, 2, 1, 1]"  # rows [4, 1] and [2]
+    warmed = """
+        from packcli import jit, write
+        jit.warm(["packcli.write"]).join()
+        print(len(jit.compiled(write._place).signatures))
+        """
+    assert run_python(warmed, env) == "1"  # the one specialization the first process made
+    cold = {**env, "NUMBA_CACHE_DIR": str(tmp_path / "empty")}
+    assert run_python(warmed, cold) == "0"
 
 
 def test_pick_uses_python_below_the_threshold_and_the_compiled_twin_from_it() -> None:
