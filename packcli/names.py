@@ -62,3 +62,7 @@ EXECUTORS: tuple[str, ...] = ("local", "ray")
 def one_of(values: tuple[str, ...]) -> str:
     """``"a, b or c"``: allowed values as messages list them."""
     return f"{', '.join(values[:-1])} or {values[-1]}" if len(values) > 1 else values[0]
+
+
+# ``packcli inspect --chars``: characters of a segment's text shown at each end.
+PREVIEW_CHARS = 40

@@ -1,9 +1,8 @@
 """The commands that read a finished output: ``verify``, ``stats`` and ``inspect``.
 
 The work is in ``packcli.publish.verify``, ``packcli.publish.stats`` and
-``packcli.publish.rowview`` (no CLI code there), imported inside the commands; ``rowview`` is
-imported here for ``--chars``' default, which is cheap (it loads numpy and pyarrow only when
-it runs).
+``packcli.publish.rowview`` (no CLI code there), imported inside the commands (every command
+imports this module: ``rowview`` and ``stats`` cost ~35 ms that ``pack`` does not need).
 (Not named ``inspect.py``: inside the package that would still read as the standard library.)
 """
 
@@ -16,7 +15,7 @@ from typing import Annotated
 import typer
 
 from packcli.errors import ConfigError
-from packcli.publish.rowview import PREVIEW_CHARS
+from packcli.names import PREVIEW_CHARS
 
 VERIFY_EPILOG = (
     "Examples:\n\n  packcli verify out/\n\n  packcli verify out/ --no-shards --json\n\n"

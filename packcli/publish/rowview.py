@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packcli.errors import ConfigError, PackcliError, require_one_of
-from packcli.names import CONFIG_NAMES, IGNORE_INDEX
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX, PREVIEW_CHARS
 from packcli.publish.stats import capacities, read_meta, require_extra
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PREVIEW_CHARS = 40
 _COLUMNS = ("input_ids", "seq_lengths", "doc_ids", "num_tokens")
 _OPTIONAL = ("labels", "seq_roles")  # chat/preference rows only
 ROLE_NAMES = {0: "document", 1: "chosen", 2: "rejected"}  # seq_roles, as packcli.write writes them
