@@ -168,6 +168,7 @@ def expand(
     policy = np.asarray(mix.overlong)[src] if src.size else np.zeros(0, dtype="<U8")
     dropped = over & (policy == "drop")
     truncated = over & (policy == "truncate")
+    split = over & (policy == "split")
     planned = np.where(truncated, long_len, lengths)
     n = np.where(dropped | (lengths == 0), 0, n)
     stats: dict[str, dict[str, int]] = {}
@@ -182,6 +183,10 @@ def expand(
             "weight_dropped_docs": int((s & (n == 0) & ~dropped & (lengths > 0)).sum()),
             "policy_dropped_docs": int((s & dropped).sum()),
             "policy_dropped_tokens": int(lengths[s & dropped].sum()),
+            # The policy's counts are per document (whatever its copies), as without sources.
+            "split_docs": int((s & split).sum()),
+            "split_pieces": int((-(-lengths[s & split] // long_len)).sum()),
+            "split_tokens": int(lengths[s & split].sum()),
             "truncated_docs": int((s & truncated).sum()),
             "truncated_tokens": int((lengths - planned)[s & truncated].sum()),
             # What the weight added and removed, so tokens are accounted for: output =

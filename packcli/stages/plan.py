@@ -25,6 +25,7 @@ from packcli.config import (
     PlanConfig,
     ReadConfig,
     RunConfig,
+    SourceConfig,
     TokenizeConfig,
     WriteConfig,
 )
@@ -354,6 +355,9 @@ def _plan_mixed(
         documents=int(lengths.size),
         input_tokens=int(lengths.sum()),
         empty_docs=int((lengths == 0).sum()),
+        split_docs=sum(s["split_docs"] for s in per),
+        split_pieces=sum(s["split_pieces"] for s in per),
+        split_tokens=sum(s["split_tokens"] for s in per),
         truncated_docs=sum(s["truncated_docs"] for s in per),
         truncated_tokens=sum(s["truncated_tokens"] for s in per),
         dropped_docs=sum(s["policy_dropped_docs"] for s in per),
@@ -615,4 +619,6 @@ def stored_config(cfg: RunConfig) -> RunConfig:
         plan=PlanConfig(**values["plan"]),
         write=WriteConfig(**values["write"]),
         chat=ChatConfig(**values["chat"]),
+        sources=tuple(SourceConfig(**s) for s in stage.get("config", {}).get("sources", []))
+        or cfg.sources,
     )

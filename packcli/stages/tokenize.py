@@ -174,6 +174,7 @@ def _write_stage_record(
                 "read": recorded_read(cfg.read),
                 "tokenize": cfg.to_dict()["tokenize"],
                 "chat": dataclasses.asdict(cfg.chat),
+                **({"sources": cfg.to_dict()["sources"]} if cfg.sources else {}),
             },
             "files": files,
             "units": units,
