@@ -357,10 +357,11 @@ def _mixture_segments(batch: Any, segs: Segments, mix: dict[str, Any], rel: str)
         fail(rel, "source_ids / doc_repeats do not have one entry per segment")
     if (bad := labels != source_of(segs.doc, first)).any():
         i = int(np.argmax(bad))
+        own = int(source_of(segs.doc[i : i + 1], first)[0])
         fail(
             rel,
             f"row {int(segs.row[i])}: document {int(segs.doc[i])} is labelled source "
-            f"{int(labels[i])}, its doc id is in source {int(source_of(segs.doc[i : i + 1], first)[0])}",
+            f"{int(labels[i])}, its doc id is in source {own}",
         )
     if (repeats < 0).any() or (repeats >= 1 << 11).any():
         fail(rel, "doc_repeats outside 0..2047")
