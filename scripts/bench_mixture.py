@@ -55,7 +55,8 @@ def main() -> None:
     print(f"documents {all_lens.size:,}, copies {ex.keys.size:,}, multipliers {np.round(mult, 3)}")
     print(f"plan (expand + two-tier) {plan_s:.2f} s")
     print(
-        "config  step tokens  rows/bound  order s  source      share   shuffled max  mix max  mix p99"
+        "config  step tokens  rows/bound  order s  source      share   shuffled max"
+        "  mix max  mix p99"
     )
     for tier in ("short", "long"):
         layout = getattr(plan, tier)
