@@ -27,6 +27,7 @@ from packcli.names import (
     COMPRESSIONS,
     DATA_FORMATS,
     INPUT_FORMATS,
+    OVERLONG_POLICIES,
     SPECIAL_IN_TEXT,
     TRAIN_ON,
     one_of,
@@ -191,6 +192,91 @@ class ChatConfig:
 
 
 @dataclass(frozen=True)
+class SourceConfig:
+    """One source of a pretraining mixture (``sources:``, issue 26): its inputs (any input
+    kind), its weight and its own settings, each ``None`` meaning the run's (``read``,
+    ``tokenize``, ``plan`` sections).
+
+    ``weight`` is an epoch multiplier: every document ``floor(weight)`` times plus a seeded
+    subset of fraction ``weight - floor(weight)`` (``packcli.pack.mixture``); ``share`` is
+    a target share of the output tokens instead (all sources then give one; they are
+    normalized). Neither: weight 1."""
+
+    name: str
+    inputs: tuple[str, ...]
+    weight: float | None = None
+    share: float | None = None
+    eos: str | int | None = None
+    bos: str | int | None = None
+    text_field: str | None = None
+    overlong: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in ":=,"):
+            raise ConfigError(f"a source needs a name (no ':', '=' or ','), got {self.name!r}")
+        if isinstance(self.inputs, str):
+            object.__setattr__(self, "inputs", (self.inputs,))
+        object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
+        if not self.inputs:
+            raise ConfigError(f"source {self.name}: give its inputs (files, folders, globs)")
+        if self.weight is not None and self.share is not None:
+            raise ConfigError(f"source {self.name}: give a weight or a share, not both")
+        from packcli.pack.mixture import MAX_WEIGHT
+
+        for key in ("weight", "share"):
+            v = getattr(self, key)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_WEIGHT:
+                raise ConfigError(
+                    f"source {self.name}: {key} must be a number in 0..{MAX_WEIGHT:g}, got {v!r}"
+                )
+            object.__setattr__(self, key, float(v))
+        if self.overlong is not None:
+            require_one_of(f"source {self.name}: overlong", self.overlong, OVERLONG_POLICIES)
+        if self.text_field is not None and not self.text_field:
+            raise ConfigError(f"source {self.name}: text_field must be a non-empty field name")
+        for key in ("eos", "bos"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, str | int)):
+                raise ConfigError(f"source {self.name}: {key} must be a token string or an id")
+
+    @classmethod
+    def parse(cls, spec: str) -> SourceConfig:
+        """``--source NAME:WEIGHT=INPUT[,INPUT...]``: WEIGHT an epoch multiplier (``2``,
+        ``0.5``) or a share with ``%`` (``30%``); ``NAME=INPUTS`` is weight 1."""
+        head, sep, inputs = spec.partition("=")
+        if not sep or not head or not inputs:
+            raise ConfigError(
+                f"--source {spec!r}: expected NAME:WEIGHT=INPUT[,INPUT...] (e.g. "
+                "web:0.5=corpus/web/ or code:30%=code/*.jsonl)"
+            )
+        name, _, weight = head.partition(":")
+        values: dict[str, Any] = {"name": name, "inputs": tuple(inputs.split(","))}
+        try:
+            if weight.endswith("%"):
+                values["share"] = float(weight[:-1]) / 100.0
+            elif weight:
+                values["weight"] = float(weight)
+        except ValueError:
+            raise ConfigError(f"--source {spec!r}: {weight!r} is not a number") from None
+        return cls(**values)
+
+    @classmethod
+    def of(cls, value: Any, where: str) -> SourceConfig:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: each source must be a mapping with name and inputs")
+        known = {f.name for f in dataclasses.fields(cls)}
+        if unknown := sorted(set(value) - known):
+            raise ConfigError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        if "name" not in value or "inputs" not in value:
+            raise ConfigError(f"{where}: a source needs a name and inputs")
+        return cls(**value)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     out: str = ""
     work_dir: str = ""
@@ -199,8 +285,17 @@ class RunConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     chat: ChatConfig = field(default_factory=ChatConfig)
+    # A pretraining mixture (issue 26): empty = all inputs are one pool, as before.
+    sources: tuple[SourceConfig, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "sources",
+            tuple(s if isinstance(s, SourceConfig) else SourceConfig(**s) for s in self.sources),
+        )
+        if self.sources:
+            self._check_sources()
         if self.remote_work and self.out and not self.remote_out:
             from packcli.fs import redact
 
@@ -219,6 +314,42 @@ class RunConfig:
                 "a dialogue is never split between rows: use --overlong drop (default for "
                 "chat) or --overlong truncate (cut after the last whole turn that fits)"
             )
+
+    def _check_sources(self) -> None:
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"source names must be unique, got {names}")
+        if self.read.inputs:
+            raise ConfigError(
+                "give inputs either as arguments (one pool) or per source (sources:), not both"
+            )
+        if self.chat.format != "text":
+            raise ConfigError("sources (mixtures) are for text pretraining: chat.format text")
+        shares = [s.share is not None for s in self.sources]
+        if any(shares) and not all(shares):
+            raise ConfigError(
+                "give every source a share (target share of output tokens) or none: "
+                f"{', '.join(s.name for s in self.sources if s.share is None)} have none"
+            )
+        if all(shares) and not sum(s.share or 0.0 for s in self.sources) > 0:
+            raise ConfigError("the sources' shares must not all be 0")
+
+    @property
+    def mix_mode(self) -> str:
+        """``epochs`` (weights are multipliers), ``share`` (target token shares), or ``""``."""
+        if not self.sources:
+            return ""
+        return "share" if self.sources[0].share is not None else "epochs"
+
+    def source_settings(self, k: int) -> dict[str, Any]:
+        """Source ``k``'s read/tokenize/plan settings, the run's where it gives none."""
+        s = self.sources[k]
+        return {
+            "text_field": s.text_field or self.read.text_field,
+            "eos": self.tokenize.eos if s.eos is None else s.eos,
+            "bos": self.tokenize.bos if s.bos is None else s.bos,
+            "overlong": s.overlong or self.plan.overlong,
+        }
 
     @property
     def remote_out(self) -> str | None:
@@ -262,7 +393,10 @@ class RunConfig:
         return Path(self.work_dir) if self.work_dir else self.out_path / ".packcli"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not self.sources:  # a run without a mixture records what it always did
+            del out["sources"]
+        return out
 
 
 _SECTIONS: dict[str, type] = {
@@ -343,7 +477,7 @@ def load_yaml(path: str | Path) -> dict[str, dict[str, Any]]:
         raise ConfigError(f"{p}: invalid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping of sections")
-    top_level = {"out", "work_dir"}
+    top_level = {"out", "work_dir", "sources"}
     unknown = sorted(set(data) - set(_SECTIONS) - top_level)
     if unknown:
         raise ConfigError(
@@ -353,6 +487,8 @@ def load_yaml(path: str | Path) -> dict[str, dict[str, Any]]:
     for name in _SECTIONS:
         if not isinstance(data.get(name, {}) or {}, dict):
             raise ConfigError(f"{p}: section {name!r} must be a mapping")
+    if not isinstance(data.get("sources") or [], list):
+        raise ConfigError(f"{p}: sources must be a list of mappings (name, inputs, weight...)")
     return data
 
 
@@ -380,4 +516,13 @@ def build_config(
     }
     top = {k: file_values.get(k) for k in ("out", "work_dir") if file_values.get(k) is not None}
     top.update({k: v for k, v in (overrides.get("run") or {}).items() if v is not None})
-    return RunConfig(**{k: str(v) for k, v in top.items()}, **sections)
+    given = overrides.get("sources")  # --source flags replace the file's list
+    sources = (
+        tuple(given)
+        if given
+        else tuple(
+            SourceConfig.of(v, f"{source}: sources[{i}]")
+            for i, v in enumerate(file_values.get("sources") or [])
+        )
+    )
+    return RunConfig(**{k: str(v) for k, v in top.items()}, **sections, sources=sources)

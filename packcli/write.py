@@ -28,6 +28,7 @@ from packcli.atomic import atomic_path
 from packcli.config import AUTO_FILES, PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
+from packcli.pack.mixture import key_doc, key_repeat, source_of
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.tokenize.shards import LazyShards, ShardTokens, TokenShards
 
@@ -48,9 +49,16 @@ CHAT_ROW_SCHEMA = ROW_SCHEMA.append(pa.field("labels", pa.list_(pa.int32())))
 # Other outputs do not get the column, so their bytes are what they were.
 PREFERENCE_ROW_SCHEMA = CHAT_ROW_SCHEMA.append(pa.field("seq_roles", pa.list_(pa.int8())))
 ROLE_DOCUMENT, ROLE_CHOSEN, ROLE_REJECTED = 0, 1, 2
+# A mixture's outputs add, per segment, the index of its source (``sources`` in the card and
+# ``packcli.json``) and its repeat (0 for a document's first copy; ``packcli.pack.mixture``).
+MIX_ROW_SCHEMA = ROW_SCHEMA.append(pa.field("source_ids", pa.list_(pa.int16()))).append(
+    pa.field("doc_repeats", pa.list_(pa.int32()))
+)
 
 
 def row_schema(source: TokenSource) -> pa.Schema:
+    if source.source_first_doc is not None:
+        return MIX_ROW_SCHEMA
     if source.has_pairs:
         return PREFERENCE_ROW_SCHEMA
     return CHAT_ROW_SCHEMA if source.has_labels else ROW_SCHEMA
@@ -130,6 +138,7 @@ class TokenSource:
         *,
         first_doc: np.ndarray | None = None,
         columns: Collection[str] | None = None,
+        source_first_doc: np.ndarray | None = None,
     ) -> None:
         """``first_doc`` (each shard's first document id) and ``columns`` (the shards'
         columns) when known without loading every shard (``of``); else read off ``shards``."""
@@ -145,13 +154,20 @@ class TokenSource:
         self.first_doc = first_doc
         self.has_labels = "labels" in columns
         self.has_pairs = self.has_labels and "chosen_len" in columns
+        # A mixture: each source's first doc id (its documents are consecutive); the plan's
+        # piece keys then carry a repeat above the doc id (packcli.pack.mixture.copy_key).
+        self.source_first_doc = source_first_doc
 
     @classmethod
     def of(cls, shards: TokenShards) -> TokenSource:
         """All shards of a stage, each loaded when a row first needs it (from the index and
         the first shard's schema, not from every shard)."""
+        mix = shards.success.get("sources")
         return cls(
-            LazyShards(shards), first_doc=shards.first_doc_ids, columns=shards.column_names()
+            LazyShards(shards),
+            first_doc=shards.first_doc_ids,
+            columns=shards.column_names(),
+            source_first_doc=np.array([s["first_doc"] for s in mix], np.int64) if mix else None,
         )
 
     def chosen_len(self, docs: np.ndarray) -> np.ndarray:
@@ -167,7 +183,10 @@ class TokenSource:
     def gather(
         self, docs: np.ndarray, starts: np.ndarray, lens: np.ndarray, *, labels: bool = False
     ) -> np.ndarray:
-        """Tokens (or labels) of the slices ``doc[start:start+len]``, in the given order."""
+        """Tokens (or labels) of the slices ``doc[start:start+len]``, in the given order
+        (``docs`` may be a mixture's copy keys: a copy's tokens are its document's)."""
+        if self.source_first_doc is not None:
+            docs = key_doc(docs)
         total = int(lens.sum())
         out = np.empty(total, dtype=np.int32)
         dst = np.cumsum(lens) - lens
@@ -225,6 +244,13 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
     if roles is not None:
         columns.append(list_array(seg_offsets, roles, pa.int8()))
+    if source.source_first_doc is not None:
+        keys = columns[3]  # doc_ids as planned: copy keys
+        columns[3] = list_array(seg_offsets, key_doc(docs), pa.int64())
+        src_ids = source_of(docs, source.source_first_doc).astype(np.int16)
+        columns.append(list_array(seg_offsets, src_ids, pa.int16()))
+        columns.append(list_array(seg_offsets, key_repeat(docs).astype(np.int32), pa.int32()))
+        del keys
     return pa.Table.from_arrays(columns, schema=row_schema(source))
 
 

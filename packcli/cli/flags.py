@@ -31,6 +31,7 @@ from packcli.config import (
     PlanConfig,
     ReadConfig,
     RunConfig,
+    SourceConfig,
     TokenizeConfig,
     WriteConfig,
     build_config,
@@ -217,13 +218,24 @@ class SourceFlags:
     ``read`` section's ``inputs``, given as arguments) and three sections' flags."""
 
     inputs: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
             help="jsonl / jsonl.gz / jsonl.zst, Parquet or Arrow files, folders (also "
             "save_to_disk ones) or globs, local or as fsspec URLs (s3://, gs://, hf://...); "
-            "hf-dataset:OWNER/NAME[@REV][/PATH] for a Hub dataset."
+            "hf-dataset:OWNER/NAME[@REV][/PATH] for a Hub dataset. Leave out with --source "
+            "or a config's sources:."
         ),
-    ]
+    ] = None
+    sources: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--source",
+            help="A mixture's source, NAME:WEIGHT=INPUT[,INPUT...] (repeat per source): WEIGHT "
+            "an epoch multiplier (2, 0.5) or a target share of output tokens (30%); per-source "
+            "EOS/BOS, text field and overlong policy go in a config's sources: (README "
+            "'Mixtures'). Replaces the config's sources.",
+        ),
+    ] = None
     read: ReadFlags = ReadFlags()
     tokenize: TokenizeFlags = TokenizeFlags()
     chat: ChatFlags = ChatFlags()
@@ -258,7 +270,9 @@ def config_from_flags(config_file: Path | None, flags: RunFlags) -> RunConfig:
     source = flags.source
     if source is not None:
         tokenize = source.tokenize
-        sections["read"] = {**dataclasses.asdict(source.read), "inputs": source.inputs}
+        sections["read"] = {**dataclasses.asdict(source.read), "inputs": source.inputs or None}
+        if source.sources:
+            sections["sources"] = [SourceConfig.parse(s) for s in source.sources]  # type: ignore[assignment]
         sections["tokenize"] = {
             **dataclasses.asdict(tokenize),
             "eos": special_token(tokenize.eos),

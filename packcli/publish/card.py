@@ -140,6 +140,19 @@ def render_card(
             "| `seq_roles` | list<int8> | per segment: 0 a document, 1 a pair's prompt+chosen, "
             "2 its prompt+rejected (right after its 1, same `doc_ids` entry) |\n"
         )
+    mixture = ""
+    if (mix := report.get("mixture")) is not None:
+        from packcli.publish.report import format_mixture
+
+        labels_row += (
+            "| `source_ids` | list<int16> | per segment: its source (the Mixture table's order) |\n"
+            "| `doc_repeats` | list<int32> | per segment: which copy of its document (0 first) |\n"
+        )
+        mixture = (
+            "\n## Mixture\n\nSources, their epoch multipliers and the realised mix (share of "
+            "each config's tokens; largest deviation over windows of "
+            f"{mix['window_tokens']:,} tokens, one step):\n\n```\n{format_mixture(mix)}\n```\n"
+        )
     plots = render_plots_section(out) if out is not None else ""
     pad = run["tokenizer"].get("eos_id")
     training = training_snippet(pad_token_id=pad if pad is not None else 0, preference=preference)
@@ -172,7 +185,7 @@ Split: {pol["split_docs"]:,} documents ({pol["split_pieces"]:,} pieces, all toke
 Truncated: {pol["truncated_docs"]:,} documents ({pol["truncated_tokens"]:,} tokens removed).
 Dropped: {pol["dropped_docs"]:,} documents ({pol["dropped_tokens"]:,} tokens);
 {pol["empty_docs"]:,} empty documents.
-
+{mixture}
 ## Columns
 
 | column | type | meaning |

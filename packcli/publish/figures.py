@@ -298,6 +298,9 @@ def _from_shards(
     encoded = encoder_policy(pref if pref is not None else index.get("chat"))
     for k, v in encoded.items():
         policy[k] = policy.get(k, 0) + v
+    if meta["report"].get("mixture") is not None:
+        # Per-source policies: the multiset check proved each document's pieces by its own.
+        policy = {"empty_docs": lengths.empty}
     got: dict[str, Any] = {f"report.policy.{k}": v for k, v in policy.items()}
     got["report.input.documents"] = lengths.documents
     got["report.input.tokens"] = (

@@ -211,6 +211,8 @@ def format_report(report: dict[str, Any]) -> str:
         if "row" in big:  # a Parquet/Arrow file: rows count from 0
             where = f" at {big['file']} row {big['row']}"
         lines.append(f"largest   doc {big['doc_id']}: {_n(big['tokens'])} tokens{where}")
+    if (mix := report.get("mixture")) is not None:
+        lines += ["", format_mixture(mix)]
     return "\n".join(lines)
 
 
@@ -335,3 +337,65 @@ def _tokenizer_lines(tok: dict[str, Any]) -> list[str]:
             f"{as_what} (--special-in-text {mode}): {names}"
         )
     return lines
+
+
+def mixture_report(stats: dict[str, Any], sources: list[dict[str, Any]]) -> dict[str, Any]:
+    """A mixture's section of the report: per source what its weight did (documents, tokens,
+    copies, repeats, drops), its realised share of each config's tokens, and that share's
+    largest and 99th-percentile deviation over windows of one step (``window_rows`` rows of
+    ``window_tokens``; per group, each group's rows being consecutive). Token account:
+    ``long tokens = input.tokens - truncated - dropped + repeat_tokens - subsampled_tokens``."""
+    spec = stats["mixture_spec"]
+    counts = stats["mixture"]
+    windows = stats.get("mixture_windows", {})
+    out_tokens = {name: sum(w["tokens"]) for name, w in windows.items()}
+    rows = []
+    for k, name in enumerate(spec["names"]):
+        c = counts.get(name, {})
+        row: dict[str, Any] = {
+            "name": name,
+            "source_id": k,
+            "multiplier": round(float(spec["multipliers"][k]), 6),
+            "overlong": spec["overlong"][k],
+            "eos_id": sources[k].get("eos"),
+            "bos_id": sources[k].get("bos"),
+            "first_doc": int(spec["first_doc"][k]),
+            **{key: int(c.get(key, 0)) for key in sorted(c)},
+        }
+        for tier, w in windows.items():
+            total = out_tokens[tier]
+            row[tier] = {
+                "tokens": int(w["tokens"][k]),
+                "share": round(w["tokens"][k] / total, 6) if total else 0.0,
+                "window_max_deviation": w["max_deviation"][k],
+                "window_p99_deviation": w["p99_deviation"][k],
+                "shuffled_window_max_deviation": w["shuffled_max_deviation"][k],
+            }
+        rows.append(row)
+    return {
+        "mode": "epochs",
+        "seed": int(spec["seed"]),
+        "window_tokens": TOKENS_PER_STEP,
+        "window_rows": {tier: w["window_rows"] for tier, w in windows.items()},
+        "repeat_tokens": sum(int(c.get("repeat_tokens", 0)) for c in counts.values()),
+        "subsampled_tokens": sum(int(c.get("subsampled_tokens", 0)) for c in counts.values()),
+        "sources": rows,
+    }
+
+
+def format_mixture(mix: dict[str, Any]) -> str:
+    """The mixture's table for the terminal and the card."""
+    lines = [
+        "source        weight     docs     copies  repeats  subsampled  long share  "
+        "short share  max dev/step (long, short)"
+    ]
+    for s in mix["sources"]:
+        long, short = s.get("long", {}), s.get("short", {})
+        lines.append(
+            f"{s['name'][:12]:<12} {s['multiplier']:>7.3f} {s['documents']:>8,} "
+            f"{s['copies']:>10,} {s['repeats']:>8,} {s['weight_dropped_docs']:>11,} "
+            f"{long.get('share', 0) * 100:>10.2f}% {short.get('share', 0) * 100:>11.2f}%  "
+            f"{long.get('window_max_deviation', 0) * 100:.2f} / "
+            f"{short.get('window_max_deviation', 0) * 100:.2f} pts"
+        )
+    return "\n".join(lines)

@@ -288,6 +288,9 @@ def _verify(
     report = meta["report"]
     pol = report["policy"]
     kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
+    # A mixture's weights add repeats and remove a subset (counted in the plan, and the
+    # multiset check above proved each document's copies one by one).
+    kept += pol.get("repeat_tokens", 0) - pol.get("subsampled_tokens", 0)
     if scans["long"].totals.tokens != kept:
         fail(
             "config long",
@@ -297,9 +300,13 @@ def _verify(
     # The shards came out of the same tokenize stage: also encode some input again.
     doc, length, digest = cat_pieces([r.wanted for r in results])
     e = np.zeros(doc.size, np.int64)
-    summary["checked_against_input"] = check_against_input(
-        meta, Segments(doc, length, digest, e, e), wanted=frozenset(wanted)
-    )
+    if meta["report"].get("mixture") is not None:
+        # Not yet source-aware (per-source EOS, subsampled documents): left out (issue 26).
+        summary["checked_against_input"] = {"skipped": "mixture"}
+    else:
+        summary["checked_against_input"] = check_against_input(
+            meta, Segments(doc, length, digest, e, e), wanted=frozenset(wanted)
+        )
     return summary
 
 

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES
+from packcli.pack.mixture import MixSpec, copies, copy_key, source_of
 from packcli.pack.plan import RowTotals
 from packcli.publish.expected import expected_pieces, segment_hashes
 from packcli.publish.figures import ConfigScan, DocFigures, ShardFigures
@@ -261,7 +262,9 @@ def check_part(
     found = {n: (s.doc, s.length, s.hash) for n, s in segments.items()}
     if part.is_tail:  # its pieces are the groups' leftovers: the driver compares them
         return replace(result, left=found)
-    exp, docs, figures = _expected(shards, part, short_len, long_len, plan["overlong"])
+    exp, docs, figures = _expected(
+        shards, part, short_len, long_len, plan["overlong"], meta["report"].get("mixture")
+    )
     small = exp[1] <= short_len
     wants = {"long": exp, "short": (exp[0][small], exp[1][small], exp[2][small])}
     left = {}
@@ -308,6 +311,8 @@ def _scan_files(
             file_rows = file_tokens = 0
             for batch in pq.ParquetFile(path).iter_batches(batch_size=rows_per_batch):
                 segs = check_rows(batch, rel, row, capacity, vocab)
+                if (mix := meta["report"].get("mixture")) is not None:
+                    segs = _mixture_segments(batch, segs, mix, rel)
                 parts.append(segs)
                 offsets = batch.column("seq_lengths").offsets
                 scan.segments += int(offsets[-1].as_py() - offsets[0].as_py())
@@ -337,8 +342,60 @@ def _scan_files(
     return concat(parts), scan
 
 
+def _mixture_segments(batch: Any, segs: Segments, mix: dict[str, Any], rel: str) -> Segments:
+    """A mixture's segments keyed by copy (``doc_id + repeat << 40``, as the plan keys them),
+    after checking that each is labelled with the source its doc id belongs to."""
+    first = np.array([s["first_doc"] for s in mix["sources"]], np.int64)
+
+    def flat(col: str) -> np.ndarray:
+        arr = batch.column(col)
+        off = arr.offsets.to_numpy()
+        return arr.values.to_numpy()[off[0] : off[-1]].astype(np.int64)
+
+    labels, repeats = flat("source_ids"), flat("doc_repeats")
+    if labels.size != segs.doc.size or repeats.size != segs.doc.size:
+        fail(rel, "source_ids / doc_repeats do not have one entry per segment")
+    if (bad := labels != source_of(segs.doc, first)).any():
+        i = int(np.argmax(bad))
+        own = int(source_of(segs.doc[i : i + 1], first)[0])
+        fail(
+            rel,
+            f"row {int(segs.row[i])}: document {int(segs.doc[i])} is labelled source "
+            f"{int(labels[i])}, its doc id is in source {own}",
+        )
+    if (repeats < 0).any() or (repeats >= 1 << 11).any():
+        fail(rel, "doc_repeats outside 0..2047")
+    return replace(segs, doc=copy_key(segs.doc, repeats))
+
+
+def _expected_copies(
+    ids: np.ndarray, doc_lens: np.ndarray, mix: dict[str, Any], long_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Under a mixture, per document of a shard: its copies (from the weights, by the rule in
+    ``packcli.pack.mixture.copies``), its length after its source's policy (truncate), and
+    whether its source drops it as overlong."""
+    spec = MixSpec(
+        tuple(s["name"] for s in mix["sources"]),
+        tuple(float(s["multiplier"]) for s in mix["sources"]),
+        tuple(s["overlong"] for s in mix["sources"]),
+        int(mix["seed"]),
+    )
+    first = np.array([s["first_doc"] for s in mix["sources"]], np.int64)
+    src = source_of(ids, first)
+    n = copies(ids - first[src], src, spec)
+    policy = np.asarray(spec.overlong)[src]
+    over = doc_lens > long_len
+    n[(over & (policy == "drop")) | (doc_lens == 0)] = 0
+    return n, policy, over
+
+
 def _expected(
-    shards: TokenShards, part: Part, short_len: int, long_len: int, policy: str
+    shards: TokenShards,
+    part: Part,
+    short_len: int,
+    long_len: int,
+    policy: str,
+    mix: dict[str, Any] | None = None,
 ) -> tuple[Pieces, DocFigures, ShardFigures]:
     """(doc, length, hash) of every piece the policy should put in the long config from the
     part's shards (each one's sha256 checked first), and what their lengths say."""
@@ -364,21 +421,32 @@ def _expected(
                 int(shards.value("file_index", lengths.largest)),
                 int(shards.value("line", lengths.largest)),
             )
-        figures = figures + DocFigures.of_lengths(doc_lens, first, short_len, long_len, policy)
+        own = policy  # a mixture's shard is one source's: its policy
+        if mix is not None and doc_lens.size:
+            own = str(_expected_copies(np.array([first]), doc_lens[:1], mix, long_len)[1][0])
+        figures = figures + DocFigures.of_lengths(doc_lens, first, short_len, long_len, own)
         ids = np.arange(first, first + doc_lens.size, dtype=np.int64)
         values = shard.values[int(shard.offsets[0]) : int(shard.offsets[-1])]
         whole_hash = segment_hashes(values, doc_lens)
         fits = (doc_lens <= long_len) & (doc_lens > 0)
-        docs.append(ids[fits])
-        lens.append(doc_lens[fits])
-        hashes.append(whole_hash[fits])
-        for k in np.flatnonzero(doc_lens > long_len):
+        if mix is None:
+            n = fits.astype(np.int64)
+            policies = np.full(doc_lens.size, policy)
+        else:  # every copy is expected, keyed by its repeat
+            n, policies, _ = _expected_copies(ids, doc_lens, mix, long_len)
+        keep = fits & (n > 0)
+        reps = n[keep]
+        docs.append(_keys_of(ids[keep], reps))
+        lens.append(np.repeat(doc_lens[keep], reps))
+        hashes.append(np.repeat(whole_hash[keep], reps))
+        for k in np.flatnonzero((doc_lens > long_len) & ((n > 0) | (mix is None))):
             start = int(shard.offsets[k])
             document = shard.values[start : start + int(doc_lens[k])]
-            for piece in expected_pieces(document, long_len, policy):
-                docs.append(np.array([ids[k]]))
-                lens.append(np.array([piece.size]))
-                hashes.append(segment_hashes(piece, np.array([piece.size])))
+            for r in range(int(n[k]) if mix is not None else 1):
+                for piece in expected_pieces(document, long_len, str(policies[k])):
+                    docs.append(copy_key(np.array([ids[k]]), np.array([r])))
+                    lens.append(np.array([piece.size]))
+                    hashes.append(segment_hashes(piece, np.array([piece.size])))
         _drop_fetched(shards, s)
     where = ShardFigures(lengths, where.largest_file, where.largest_line)
 
@@ -386,6 +454,12 @@ def _expected(
         return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
 
     return (cat(docs, np.int64), cat(lens, np.int64), cat(hashes, np.uint64)), figures, where
+
+
+def _keys_of(ids: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Each doc id repeated ``n`` times, as copy keys 0..n-1."""
+    first = np.repeat(np.cumsum(n) - n, n)
+    return copy_key(np.repeat(ids, n), np.arange(int(n.sum()), dtype=np.int64) - first)
 
 
 def _drop_fetched(shards: TokenShards, index: int) -> None:

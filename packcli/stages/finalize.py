@@ -18,7 +18,7 @@ from packcli.fs import redact
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.pack.plan import RowLayout, RowTotals
 from packcli.publish.card import render_card
-from packcli.publish.report import TOKENS_PER_STEP, LengthStats, build_report
+from packcli.publish.report import TOKENS_PER_STEP, LengthStats, build_report, mixture_report
 from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
 from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
@@ -230,6 +230,11 @@ def _report(
         preference=shards.success.get("preference"),
         tokens_per_step=tokens_per_step,
     )
+    if "mixture_spec" in rows.stats:  # a mixture: its sources and the token account
+        report["mixture"] = mixture_report(rows.stats, shards.success.get("sources") or [])
+        report["mixture"]["mode"] = cfg.mix_mode or "epochs"
+        report["policy"]["repeat_tokens"] = report["mixture"]["repeat_tokens"]
+        report["policy"]["subsampled_tokens"] = report["mixture"]["subsampled_tokens"]
     if "preference" in shards.success:
         # The plan places a pair as one piece; the output holds it as two segments, which is
         # what ``tiers.*.segments`` counts (and ``preference.kept_pairs``, the pairs written).

@@ -74,6 +74,8 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
     next_doc = 0
     lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
     units = []
+    n_sources = len(stage.get("sources") or [])
+    source_docs = [[None, 0, 0] for _ in range(n_sources)]  # first doc, docs, tokens
     for unit in stage["units"]:
         done = read_json(folder / "files" / unit["key"] / SUCCESS)
         if done.get("fingerprint") != unit["fingerprint"]:
@@ -92,8 +94,14 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
                     "file_index": unit["file_index"],  # in this run's input list
                     # The unit's first file index when tokenized (the column's base).
                     "tokenized_file_index": done.get("file_index"),
+                    **({"source": unit["source"]} if "source" in unit else {}),
                 }
             )
+        if "source" in unit:
+            own = source_docs[unit["source"]]
+            own[0] = next_doc if own[0] is None else own[0]
+            own[1] += done["num_docs"]
+            own[2] += done["num_tokens"]
         next_doc += done["num_docs"]
         totals.add(done)
     if missing:
@@ -124,10 +132,29 @@ def collect_tokens(cfg: RunConfig) -> TokenShards:
             "tokens": sum(m["num_tokens"] for m in shards),
             "tokenizer": stage["tokenizer"],
             "backend": read_json(folder / "backend.json"),
+            **_sources_index(stage, source_docs, next_doc),
         },
     )
     store.push(f"tokens/{SUCCESS}")
     return TokenShards(folder, store)
+
+
+def _sources_index(
+    stage: dict[str, Any], source_docs: list[list[Any]], n_docs: int
+) -> dict[str, Any]:
+    """A mixture's sources in the index: each one's doc ids (consecutive, from
+    ``first_doc``), documents and tokens; nothing without sources."""
+    if not stage.get("sources"):
+        return {}
+    out = []
+    for k, (src, (first, docs, tokens)) in enumerate(
+        zip(stage["sources"], source_docs, strict=True)
+    ):
+        if first is None:  # a source with no documents starts where the next one does
+            later = [d[0] for d in source_docs[k + 1 :] if d[0] is not None]
+            first = later[0] if later else n_docs
+        out.append({**src, "first_doc": first, "documents": docs, "tokens": tokens})
+    return {"sources": out}
 
 
 def _unit_name(unit: dict[str, Any]) -> str:

@@ -20,14 +20,16 @@ import numpy as np
 from packcli import __version__
 from packcli.atomic import atomic_write_json, atomic_writer
 from packcli.config import (
+    TOKENS_PER_STEP,
     ChatConfig,
     PlanConfig,
     ReadConfig,
     RunConfig,
+    SourceConfig,
     TokenizeConfig,
     WriteConfig,
 )
-from packcli.errors import InputError, PackcliError
+from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES
 from packcli.pack.groups import (
@@ -39,6 +41,13 @@ from packcli.pack.groups import (
     policy_counts,
     shard_groups,
 )
+from packcli.pack.mixture import (
+    MixSpec,
+    add_stats,
+    expand,
+    multipliers_from_shares,
+    order_plan,
+)
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
@@ -49,15 +58,52 @@ from packcli.write import file_ranges, files_wanted
 log = logging.getLogger(__name__)
 
 
-def plan_fingerprint(plan_cfg: PlanConfig, tokens_fingerprint: str) -> str:
-    return fingerprint(
-        {
-            "tokens": tokens_fingerprint,
-            "plan": dataclasses.asdict(plan_cfg),
-            "v": __version__,
-            "release": RELEASE_RULE,
-        }
-    )
+def plan_fingerprint(
+    plan_cfg: PlanConfig, tokens_fingerprint: str, mix: MixSpec | None = None
+) -> str:
+    values: dict[str, Any] = {
+        "tokens": tokens_fingerprint,
+        "plan": dataclasses.asdict(plan_cfg),
+        "v": __version__,
+        "release": RELEASE_RULE,
+    }
+    if mix is not None:  # a mixture's weights and policies change the plan: never mixed
+        values["mixture"] = {**mix.as_record(), "order": MIX_ORDER_RULE}
+    return fingerprint(values)
+
+
+# The row order's rule for a mixture, as a version (part of the plan's fingerprint).
+MIX_ORDER_RULE = 1
+
+
+def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
+    """The run's mixture as the planner needs it (share mode: multipliers from the counted
+    tokens of each source) and each source's first doc id; None without sources."""
+    index = shards.success.get("sources")
+    if not cfg.sources:
+        return None
+    if not index or [s["name"] for s in index] != [s.name for s in cfg.sources]:
+        raise PackcliError(
+            "the tokenized shards were made for other sources: run `packcli tokenize` again"
+        )
+    if cfg.mix_mode == "share":
+        tokens = np.array([s["tokens"] for s in index], np.float64)
+        if (tokens == 0).any():
+            empty = [s["name"] for s in index if not s["tokens"]]
+            raise InputError(f"source(s) {', '.join(empty)} have no tokens: no share possible")
+        multipliers = multipliers_from_shares([s.share or 0.0 for s in cfg.sources], tokens)
+    else:
+        multipliers = np.array([1.0 if s.weight is None else s.weight for s in cfg.sources])
+    try:
+        spec = MixSpec(
+            tuple(s.name for s in cfg.sources),
+            tuple(float(m) for m in multipliers),
+            tuple(cfg.source_settings(k)["overlong"] for k in range(len(cfg.sources))),
+            cfg.plan.seed,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"sources: {exc} (a share this large needs more of its tokens)") from exc
+    return spec, np.array([s["first_doc"] for s in index], np.int64)
 
 
 PLAN_DIR = "plan"  # the parts' arrays: plan/group-NNNNN.npz, plan/tail.npz
@@ -189,8 +235,12 @@ def _plan_groups(
     """Plan and save the groups in ``mine`` that have no current record, one at a time (a
     process holds one group's lengths and plan)."""
     # The files a group's rows are cut into are part of its record: their size too.
+    mix = mix_spec(cfg, shards)
     fp = fingerprint(
-        [plan_fingerprint(cfg.plan, shards.success["fingerprint"]), *_file_cut(cfg.write)]
+        [
+            plan_fingerprint(cfg.plan, shards.success["fingerprint"], mix and mix[0]),
+            *_file_cut(cfg.write),
+        ]
     )
     store = work_store(cfg)
     (cfg.work_path / PLAN_DIR).mkdir(parents=True, exist_ok=True)
@@ -202,7 +252,9 @@ def _plan_groups(
             continue
         members = groups[g]
         lengths = _group_lengths(shards, members)
-        if len(groups) == 1:  # one group: the global plan, nothing released
+        if mix is not None:
+            plan, tail = _plan_mixed(cfg, shards, members, lengths, mix, g, len(groups))
+        elif len(groups) == 1:  # one group: the global plan, nothing released
             plan, tail = plan_two_tier(lengths, cfg.plan), Pieces.concat([])
         else:
             grouped = plan_group(lengths, _group_docs(shards, members), cfg.plan, g)
@@ -251,6 +303,8 @@ def plan_stage(
             if len(groups) == 1
             else policy_counts([r["stats"] for r in records])
         )
+        if len(groups) > 1 and records and "mixture" in records[0]["stats"]:
+            stats.update(_mixture_stats(records))
         if len(groups) > 1:
             # Every released piece once, in one set of arrays (not a list and its concat).
             tails = Pieces.gather(
@@ -258,15 +312,80 @@ def plan_stage(
             )
             tail_plan = plan_tail([tails], cfg.plan)
             del tails
+            mix = mix_spec(cfg, shards)
+            if mix is not None:
+                tail_plan, _ = order_plan(tail_plan, mix[1], TOKENS_PER_STEP)
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
             bar.update(1)
+    if (mix := mix_spec(cfg, shards)) is not None:
+        stats["mixture_spec"] = {**mix[0].as_record(), "first_doc": mix[1].tolist()}
     planset = PlanSet(tuple(parts), cfg.plan, stats, cfg.write.shard_tokens, cfg.write.min_files)
     _save_plan(cfg, planset, shards.success["fingerprint"])
     work_store(cfg).push("plan.json")
     crash_point("plan")
     return planset, shards
+
+
+def _plan_mixed(
+    cfg: RunConfig,
+    shards: TokenShards,
+    members: np.ndarray,
+    lengths: np.ndarray,
+    mix: tuple[MixSpec, np.ndarray],
+    g: int,
+    n_groups: int,
+) -> tuple[Plan, Pieces]:
+    """A group of a mixture: its documents' copies (``packcli.pack.mixture.expand``) planned
+    as documents, keyed ``doc_id + repeat << 40``, then rows ordered for the mix."""
+    spec, first_doc = mix
+    docs = _group_docs(shards, members)
+    ex = expand(lengths, docs, first_doc, spec, cfg.plan.long_len)
+    plan_cfg = dataclasses.replace(cfg.plan, overlong="split")  # others applied by expand
+    if n_groups == 1:
+        plan = plan_two_tier(ex.lengths, plan_cfg)
+        plan, tail = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc]), None
+    else:
+        grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g)
+        plan, tail = grouped.plan, grouped.tail
+    plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP)
+    per = ex.stats.values()
+    stats = dict(plan.stats)
+    stats.update(
+        documents=int(lengths.size),
+        input_tokens=int(lengths.sum()),
+        empty_docs=int((lengths == 0).sum()),
+        split_docs=sum(s["split_docs"] for s in per),
+        split_pieces=sum(s["split_pieces"] for s in per),
+        split_tokens=sum(s["split_tokens"] for s in per),
+        truncated_docs=sum(s["truncated_docs"] for s in per),
+        truncated_tokens=sum(s["truncated_tokens"] for s in per),
+        dropped_docs=sum(s["policy_dropped_docs"] for s in per),
+        dropped_tokens=sum(s["policy_dropped_tokens"] for s in per),
+        mixture=ex.stats,
+        mixture_windows=spread,
+    )
+    return dataclasses.replace(plan, stats=stats), tail if tail is not None else Pieces.concat([])
+
+
+def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The groups' per-source counts summed, and per config the largest window deviation of
+    any group (each group's rows are consecutive in the output)."""
+    counts: dict[str, dict[str, int]] = {}
+    windows: dict[str, Any] = {}
+    for r in records:
+        counts = add_stats(counts, r["stats"]["mixture"])
+        for name, w in r["stats"]["mixture_windows"].items():
+            if name not in windows:
+                windows[name] = dict(w)
+                continue
+            mine = windows[name]
+            for key in ("max_deviation", "p99_deviation", "shuffled_max_deviation"):
+                mine[key] = [max(a, b) for a, b in zip(mine[key], w[key], strict=True)]
+            mine["tokens"] = [a + b for a, b in zip(mine["tokens"], w["tokens"], strict=True)]
+            mine["windows"] += w["windows"]
+    return {"mixture": counts, "mixture_windows": windows}
 
 
 def _reusable(store: LocalWork, record: dict[str, Any], fp: str) -> bool:
@@ -413,13 +532,18 @@ def _files(write: WriteConfig, layout: RowLayout, groups: int) -> list[tuple[int
     return file_ranges(layout, write.shard_tokens, wanted)
 
 
+def _recorded_spec(planset: PlanSet) -> MixSpec | None:
+    record = planset.stats.get("mixture_spec")
+    return MixSpec.from_record(record) if record else None
+
+
 def _save_plan(cfg: RunConfig, planset: PlanSet, tokens_fingerprint: str) -> None:
     digest = fingerprint([p.content_sha256 for p in planset.parts])
     atomic_write_json(
         cfg.work_path / "plan.json",
         {
             "content_sha256": digest,
-            "fingerprint": plan_fingerprint(cfg.plan, tokens_fingerprint),
+            "fingerprint": plan_fingerprint(cfg.plan, tokens_fingerprint, _recorded_spec(planset)),
             "tokens_fingerprint": tokens_fingerprint,
             "stats": planset.stats,
             "plan": dataclasses.asdict(cfg.plan),
@@ -516,4 +640,6 @@ def stored_config(cfg: RunConfig) -> RunConfig:
         plan=PlanConfig(**values["plan"]),
         write=WriteConfig(**values["write"]),
         chat=ChatConfig(**values["chat"]),
+        sources=tuple(SourceConfig(**s) for s in stage.get("config", {}).get("sources", []))
+        or cfg.sources,
     )

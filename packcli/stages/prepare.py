@@ -50,6 +50,16 @@ class Tokenizing:
     bos: int | None
     settings: dict[str, Any]  # fingerprinted
     chat: ChatEncoder | PreferenceEncoder | None = None  # --format chat / preference
+    # A mixture's sources: per source its (bos, eos) ids and what its units' shards depend
+    # on beyond ``settings`` (text field, separators); empty without sources.
+    sources: tuple[dict[str, Any], ...] = ()
+
+    def specials(self, unit: dict[str, Any]) -> tuple[int | None, int | None]:
+        """(bos, eos) of a unit's documents: its source's, else the run's."""
+        if "source" in unit and self.sources:
+            own = self.sources[unit["source"]]
+            return own["bos"], own["eos"]
+        return self.bos, self.eos
 
     @property
     def record(self) -> dict[str, Any]:
@@ -114,7 +124,16 @@ def resolve_tokenizing(cfg: RunConfig) -> Tokenizing:
             "long_len": cfg.plan.long_len,
             "overlong": cfg.plan.overlong,
         }
-    return Tokenizing(loaded, eos, bos, settings, chat)
+    sources = tuple(
+        {
+            "name": src.name,
+            "text_field": cfg.source_settings(k)["text_field"],
+            "bos": resolve_special(loaded, cfg.source_settings(k)["bos"], "bos"),
+            "eos": resolve_special(loaded, cfg.source_settings(k)["eos"], "eos"),
+        }
+        for k, src in enumerate(cfg.sources)
+    )
+    return Tokenizing(loaded, eos, bos, settings, chat, sources)
 
 
 def _preference_encoder(
@@ -171,6 +190,8 @@ class Prepared:
     tok: Tokenizing
     early: Any = None  # a fast backend already loading (backends.preload)
     input_bytes: int = 0  # the inputs' sizes, summed
+    # A mixture: the source of each path (paths are source after source); else None.
+    path_sources: list[int] | None = None
 
 
 def prepare_tokenize(cfg: RunConfig) -> Prepared:
@@ -187,12 +208,21 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
     fences: tuple[Path | str, ...] = (cfg.out_path, cfg.work_path)
     if cfg.remote_out:
         fences += (cfg.remote_out,)
-    paths = resolve_inputs(cfg.read.inputs, exclude=fences, input_format=cfg.read.input_format)
+    path_sources = None
+    if cfg.sources:
+        paths, path_sources = _source_paths(cfg, fences)
+    else:
+        paths = resolve_inputs(cfg.read.inputs, exclude=fences, input_format=cfg.read.input_format)
     formats = [file_format(p, cfg.read.input_format) or "jsonl" for p in paths]
     if any(f != "jsonl" for f in formats):  # a column missing from a file: refused up front
         from packcli.read.columnar import check_columns
 
-        check_columns(paths, formats, *input_column(cfg))
+        if path_sources is None:
+            check_columns(paths, formats, *input_column(cfg))
+        for k in range(len(cfg.sources)):
+            mine = [i for i, s in enumerate(path_sources or []) if s == k]
+            field = cfg.source_settings(k)["text_field"]
+            check_columns([paths[i] for i in mine], [formats[i] for i in mine], field, "text_field")
     early = None
     input_bytes = sum(input_size(p) for p in paths)
     if not (cfg.work_path / "tokens" / SUCCESS).is_file():
@@ -203,7 +233,26 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
             local_tokenizer_file(cfg.tokenize.tokenizer),
             input_bytes,
         )
-    return Prepared(paths, resolve_tokenizing(cfg), early, input_bytes)
+    return Prepared(paths, resolve_tokenizing(cfg), early, input_bytes, path_sources)
+
+
+def _source_paths(
+    cfg: RunConfig, fences: tuple[Path | str, ...]
+) -> tuple[list[Path | str], list[int]]:
+    """A mixture's input files, source after source (each source's sorted by path, as one
+    pool's are), and the source of each: a source's documents then hold consecutive doc ids.
+    A file in two sources is refused (to weight a file, give its source a weight)."""
+    paths: list[Path | str] = []
+    sources: list[int] = []
+    owner: dict[str, str] = {}
+    for k, src in enumerate(cfg.sources):
+        mine = resolve_inputs(src.inputs, exclude=fences, input_format=cfg.read.input_format)
+        for p in mine:
+            if (other := owner.setdefault(str(p), src.name)) != src.name:
+                raise ConfigError(f"{p} is an input of sources {other} and {src.name}")
+        paths += mine
+        sources += [k] * len(mine)
+    return paths, sources
 
 
 SAMPLE_DOCS = 256

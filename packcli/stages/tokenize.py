@@ -31,7 +31,7 @@ from packcli.faults import crash_point
 from packcli.read import DocBatch, ReadStats, RejectSink, count_newlines
 from packcli.stages.prepare import Prepared, Tokenizing, choose_backend, prepare_tokenize
 from packcli.stages.tasks import assign_by_size
-from packcli.stages.units import input_units, read_unit, unit_paths
+from packcli.stages.units import input_units, read_unit, source_units, unit_paths
 from packcli.stages.work import (
     REJECTED,
     claim_output,
@@ -91,9 +91,19 @@ def tokenize_task(
     prepared = prepared or prepare_tokenize(cfg)
     tok = prepared.tok
     stage_fp = fingerprint(tok.settings)
-    files, units = input_units(
-        prepared.paths, cfg.read.split_bytes, stage_fp, cfg.read.input_format
-    )
+    if prepared.path_sources is not None:
+        files, units = source_units(
+            prepared.paths,
+            prepared.path_sources,
+            tok.sources,
+            cfg.read.split_bytes,
+            stage_fp,
+            cfg.read.input_format,
+        )
+    else:
+        files, units = input_units(
+            prepared.paths, cfg.read.split_bytes, stage_fp, cfg.read.input_format
+        )
     claim_output(cfg)
     store = work_store(cfg)
     folder = cfg.work_path / "tokens"
@@ -164,9 +174,12 @@ def _write_stage_record(
                 "read": recorded_read(cfg.read),
                 "tokenize": cfg.to_dict()["tokenize"],
                 "chat": dataclasses.asdict(cfg.chat),
+                **({"sources": cfg.to_dict()["sources"]} if cfg.sources else {}),
             },
             "files": files,
             "units": units,
+            # A mixture's sources as tokenized (name, text field, BOS/EOS ids), by index.
+            **({"sources": list(tok.sources)} if tok.sources else {}),
         },
     )
 
@@ -269,7 +282,8 @@ def _tokenize_unit(
             _skip_documents(source, resume_doc, unit["file_index"]), times=counts.times
         )
         failed = _template_failed(cfg, unit, counts.read, sink)
-        for batch, record_batch in _encoded(cfg, batches, encoder, tok, counts, failed, renderers):
+        encoded = _encoded(cfg, batches, encoder, tok, counts, failed, renderers, unit)
+        for batch, record_batch in encoded:
             shards_before = len(writer.manifests)
             writer.add(record_batch)
             if len(writer.manifests) > shards_before:
@@ -329,6 +343,7 @@ def _encoded(
     counts: _UnitCounts,
     failed: Callable[[DocBatch, int, str], None],
     renderers: RenderPool | None,
+    unit: dict[str, Any],
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
     """(batch, its shard rows) for the run's format: chat records (dialogues or preference
     pairs), or text."""
@@ -336,11 +351,12 @@ def _encoded(
         stats = counts.preference if counts.preference is not None else counts.chat
         assert stats is not None  # set for chat and preference runs
         return tokenize_chat_batches(batches, encoder, stats, failed, counts.times, renderers)
+    bos, eos = tok.specials(unit)  # a mixture's unit: its source's separators
     return tokenize_batches(
         batches,
         encoder,
-        bos=tok.bos,
-        eos=tok.eos,
+        bos=bos,
+        eos=eos,
         times=counts.times,
         count_specials=(SpecialStringCounter.of(tok.loaded.tokenizer), counts.specials),
     )

@@ -136,6 +136,32 @@ def input_units(
     return files, units
 
 
+def source_units(
+    paths: list[Path | str],
+    path_sources: list[int],
+    sources: tuple[dict[str, Any], ...],
+    split_bytes: int,
+    stage_fp: str,
+    input_format: str = "auto",
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A mixture's files and units: ``input_units`` of each source's files (so no unit of
+    small files spans two sources), source after source, each unit naming its ``source``;
+    its fingerprint covers what its source changes in its shards (text field, BOS, EOS)."""
+    files: list[dict[str, Any]] = []
+    units: list[dict[str, Any]] = []
+    for k, settings in enumerate(sources):
+        mine = [p for p, s in zip(paths, path_sources, strict=True) if s == k]
+        f, u = input_units(mine, split_bytes, stage_fp, input_format)
+        for unit in u:
+            unit["file_index"] += len(files)
+            unit["source"] = k
+            own = {key: settings[key] for key in ("text_field", "bos", "eos")}
+            unit["fingerprint"] = fingerprint({"unit": unit["fingerprint"], "source": own})
+        files += f
+        units += u
+    return files, units
+
+
 def _identity(p: Path | str) -> Path | str:
     """The path recorded for an input: resolved (one file, one identity), unless resolving
     loses what its name says it is: a content-addressed store (the Hugging Face cache's
@@ -188,10 +214,13 @@ def unit_span(unit: dict[str, Any]) -> tuple[int, int] | None:
     return tuple(unit["span"]) if unit["span"] else None  # type: ignore[return-value]
 
 
-def input_column(cfg: RunConfig) -> tuple[str, str]:
-    """The field (Parquet/Arrow: column) documents are read from, and its option."""
+def input_column(cfg: RunConfig, unit: dict[str, Any] | None = None) -> tuple[str, str]:
+    """The field (Parquet/Arrow: column) documents are read from, and its option; a
+    mixture's unit reads its source's."""
     if cfg.chat.is_chat:
         return cfg.chat.messages_field, "--messages-field"
+    if unit is not None and "source" in unit and cfg.sources:
+        return cfg.source_settings(unit["source"])["text_field"], "text_field"
     return cfg.read.text_field, "--text-field"
 
 
@@ -215,14 +244,12 @@ def read_unit(
         rejects=rejects,
         validate=record_validator(cfg),  # chat: the sample is rendered dialogues
     )
+    column, option = input_column(cfg, unit)
     if fmt == "jsonl":
         span = unit_span(unit)
-        return iter_batches(
-            paths, cfg.read.text_field, options, stats, span=span, verify_streams=not sample
-        )
+        return iter_batches(paths, column, options, stats, span=span, verify_streams=not sample)
     from packcli.read.columnar import iter_columnar
 
-    column, option = input_column(cfg)
     groups = unit.get("row_groups")
     groups = tuple(groups) if groups else None
     return iter_columnar(paths, fmt, column, options, stats, groups=groups, option=option)

@@ -60,6 +60,7 @@ class _Writer:
         self.out = require_out(cfg)
         self.store = work_store(cfg)
         self.fingerprint = write_fingerprint(cfg, shards)
+        self.mixture = shards.success.get("sources")  # a mixture's sources, else None
         self.records = cfg.work_path / "write"
         self.records.mkdir(parents=True, exist_ok=True)
 
@@ -262,7 +263,11 @@ def _write_tail(writer: _Writer, planset: PlanSet, quiet: bool) -> None:
         first += p.tail_pieces
     store.pull(*part.arrays)
     plan, _ = load_part(cfg.work_path, planset, part)
-    source = TokenSource(loaded)  # its columns and first doc ids from the tail shards
+    mix = writer.mixture  # a mixture's rows say their sources, the tail's too
+    source = TokenSource(  # its columns and first doc ids from the tail shards
+        loaded,
+        source_first_doc=np.array([s["first_doc"] for s in mix], np.int64) if mix else None,
+    )
     with progress_bar(
         quiet, total=sum(part.tokens.values()), unit="tok", unit_scale=True, desc="write tail"
     ) as bar:
