@@ -202,6 +202,13 @@ class RunConfig:
                 "a preference pair is never split between rows: use --overlong drop (default "
                 "for preference) or --overlong truncate (cut both responses to one budget)"
             )
+        if self.chat.is_preference and self.plan.cp_size > 1:
+            # The planner places a pair as one piece, but each of its two sequences would
+            # need its own padding; not built yet.
+            raise ConfigError(
+                "--cp-size does not apply to preference pairs yet (each of a pair's two "
+                "sequences would need its own padding): leave --cp-size out"
+            )
         if self.chat.is_chat and self.plan.overlong == "split":
             raise ConfigError(
                 "a dialogue is never split between rows: use --overlong drop (default for "
