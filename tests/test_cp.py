@@ -331,3 +331,24 @@ def test_collator_boundaries_of_padded_rows() -> None:
         assert "cu_seqlens_padded" not in padded
     unpadded = PackedCollator(mode="flash")([{k: v for k, v in rows[0].items() if k != "seq_pad"}])
     assert "cu_seqlens_padded" not in unpadded  # rows without seq_pad: the batch as before
+
+
+def test_grouped_pack_with_a_tail_pads_and_verifies(
+    toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """Planned by groups of shards, the tail's rows (written from the groups' tail shards,
+    which hold real tokens) are padded like the groups' own."""
+    corpus = tmp_path / "c.jsonl"
+    write_corpus(corpus, mixed_lengths(400, seed=5), seed=5)
+    config = tmp_path / "grouped.yaml"
+    config.write_text(
+        "read:\n  batch_size: 16\ntokenize:\n  shard_tokens: 1024\n"
+        "plan:\n  short_len: 128\n  long_len: 1024\n  group_tokens: 4096\n  cp_size: 2\n"
+    )
+    out = tmp_path / "out"
+    invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", config, "-q")
+    meta = json.loads((out / "packcli.json").read_text())
+    assert [p["name"] for p in meta["parts"]][-1] == "tail" and len(meta["parts"]) > 2
+    assert meta["report"]["cp_padding"]["long"]["pad_tokens"] > 0
+    summary = json.loads(invoke_ok("verify", out, "--json"))
+    assert summary["checked_against_shards"] and summary["parts"] == len(meta["parts"])

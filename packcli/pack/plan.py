@@ -29,6 +29,10 @@ faster, not slower: 5.9 s against 6.6 s, interleaved on a loaded 2-core machine
 best-fit decreasing emits rows grouped by document size and training should not see all
 long documents first. Everything here is deterministic for given lengths and config.
 
+Context-parallel padding (``cp_size`` > 1) changes only what a piece takes of its row: its
+length rounded up to a multiple of ``2 * cp_size`` (``Plan.piece_size``); pieces, their
+lengths and the attention costs stay real, and the writer adds the padding.
+
 Memory is ~40 bytes per piece for the plan itself, so 100M documents plan in ~4 GB.
 """
 
