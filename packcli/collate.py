@@ -64,6 +64,23 @@ had from the model's loss once documents share a row; ``loss_normalization`` add
 gradient accumulation (``count_loss_items``, ``PackedLossMixin`` for ``Trainer``);
 ``tests/test_loss_norm.py`` proves both against unpacked computation.
 
+Context-parallel rows (``packcli pack --cp-size C``): every segment is its real tokens
+followed by padding (``seq_pad`` of them, label -100) up to a multiple of 2C, and
+``seq_lengths`` counts the padding, so each stored segment is a block of the row as
+Transformer Engine's THD layout lays sequences out. Real tokens come first in their segment,
+so under a causal mask no real token attends to padding: every mode above is exact for real
+tokens as it stands, and the collator only sets the padding's labels to -100 (in case a row
+lost its ``labels``). ``mode="flash"`` batches of such rows also carry TE's boundaries:
+``cu_seqlens`` (int32, cumulative *real* lengths), ``cu_seqlens_padded`` (the padded ones,
+the segments' offsets in the batch: equal to ``cu_seq_lens_q``, except that a batch's
+trailing padding is folded into its last segment, as Megatron's ``PackedSeqParams`` expects)
+and ``max_seqlen`` (the longest padded segment); ``te_thd_kwargs`` turns them into
+``DotProductAttention``'s keyword arguments and ``cp_rank_indices`` into the tokens of one
+context-parallel rank (TE's ``get_batch_on_this_cp_rank`` split: chunks ``r`` and
+``2C - 1 - r`` of every segment). ``tests/test_training_equivalence.py`` proves the logits
+of CP-padded rows equal every document run alone, in every mode and through a reference
+THD attention that reads only ``cu_seqlens`` and ``cu_seqlens_padded``.
+
 ``position_ids_from_lengths``, ``cu_seqlens_from_lengths`` and ``segment_ids_from_lengths``
 are the same conversions in numpy without torch, for other frameworks. torch is imported
 inside the functions that need it, so ``import packcli.collate`` works without it. Cost,
@@ -243,6 +260,17 @@ class PackedCollator:
             raise ValueError("PackedCollator got an empty batch")
         parsed = [_parse_row(row, i) for i, row in enumerate(rows)]
         batch = self._flatten(parsed) if self.mode == "flash" else self._pad(parsed)
+        if self.mode == "flash" and any(row.get("seq_pad") is not None for row in rows):
+            import torch
+
+            pads = [_parse_pad(row, i, parsed[i][2]) for i, row in enumerate(rows)]
+            real = np.concatenate([p[2] - pad for p, pad in zip(parsed, pads, strict=True)])
+            padded = np.concatenate([p[2] for p in parsed])
+            cu_padded = cu_seqlens_from_lengths(padded)
+            cu_padded[-1] = batch["input_ids"].shape[1]  # trailing padding: in the last segment
+            batch["cu_seqlens"] = torch.from_numpy(cu_seqlens_from_lengths(real))
+            batch["cu_seqlens_padded"] = torch.from_numpy(cu_padded)
+            batch["max_seqlen"] = int(np.diff(cu_padded).max())
         if any(row.get("seq_roles") is not None for row in rows):
             import torch
 
@@ -380,8 +408,22 @@ def _parse_roles(row: Mapping[str, Any], index: int, n_segments: int) -> np.ndar
     return roles
 
 
+def _parse_pad(row: Mapping[str, Any], index: int, lengths: np.ndarray) -> np.ndarray:
+    """The row's ``seq_pad`` as int64 (all 0 when it has none), checked against its segments."""
+    if row.get("seq_pad") is None:
+        return np.zeros(lengths.size, dtype=np.int64)
+    pad = np.asarray(row["seq_pad"], dtype=np.int64)
+    if pad.shape != lengths.shape or (pad < 0).any() or (pad >= lengths).any():
+        raise ValueError(
+            f"row {index}: seq_pad must hold one count per segment, each under its seq_lengths "
+            f"entry; got seq_pad {pad.tolist()} for seq_lengths {lengths.tolist()}"
+        )
+    return pad
+
+
 def _parse_row(row: Mapping[str, Any], index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(input_ids, labels, seq_lengths) of one row as int64 arrays, checked for agreement."""
+    """(input_ids, labels, seq_lengths) of one row as int64 arrays, checked for agreement;
+    context-parallel padding (``seq_pad``) gets label -100."""
     if "input_ids" not in row:
         raise ValueError(f"row {index} has no input_ids column")
     ids = np.asarray(row["input_ids"], dtype=np.int64)
@@ -412,7 +454,65 @@ def _parse_row(row: Mapping[str, Any], index: int) -> tuple[np.ndarray, np.ndarr
             )
     else:
         labels = ids.copy()
+    if row.get("seq_pad") is not None:
+        pad = _parse_pad(row, index, lengths)
+        ends = np.cumsum(lengths)
+        n = int(pad.sum())
+        if n:
+            first = np.repeat(ends - pad, pad)
+            labels[first + np.arange(n) - np.repeat(np.cumsum(pad) - pad, pad)] = IGNORE_INDEX
     return ids, labels, lengths
+
+
+def te_thd_kwargs(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """Transformer Engine ``DotProductAttention`` keyword arguments for a ``mode="flash"``
+    batch of context-parallel rows (THD layout, one causal block per segment, padding at
+    each segment's end): the real and padded boundaries for queries and keys alike, and the
+    longest padded segment. Megatron's ``PackedSeqParams`` takes the same names (without
+    ``attn_mask_type``)."""
+    if "cu_seqlens_padded" not in batch:
+        raise ValueError(
+            "the batch has no cu_seqlens_padded: collate rows packed with --cp-size using "
+            "PackedCollator(mode='flash')"
+        )
+    cu, cu_padded, longest = batch["cu_seqlens"], batch["cu_seqlens_padded"], batch["max_seqlen"]
+    return {
+        "qkv_format": "thd",
+        "attn_mask_type": "padding_causal",
+        "cu_seqlens_q": cu,
+        "cu_seqlens_kv": cu,
+        "cu_seqlens_q_padded": cu_padded,
+        "cu_seqlens_kv_padded": cu_padded,
+        "max_seqlen_q": longest,
+        "max_seqlen_kv": longest,
+    }
+
+
+def cp_rank_indices(cu_seqlens_padded: Any, cp_size: int, cp_rank: int) -> np.ndarray:
+    """The token indices context-parallel rank ``cp_rank`` of ``cp_size`` holds, in order:
+    of every segment (``cu_seqlens_padded``), cut into ``2 * cp_size`` equal chunks, chunks
+    ``cp_rank`` and ``2 * cp_size - 1 - cp_rank`` (TE's load-balanced split for causal
+    attention, as its ``get_batch_on_this_cp_rank`` takes them). Take ``input_ids``,
+    ``labels`` and ``position_ids`` of the batch at these indices on that rank."""
+    if not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank must be in [0, {cp_size}), got {cp_rank}")
+    cu = np.asarray(cu_seqlens_padded, dtype=np.int64)
+    lengths = np.diff(cu)
+    chunks = 2 * cp_size
+    if (lengths % chunks).any():
+        raise ValueError(
+            f"every segment must be a multiple of 2 * cp_size = {chunks} tokens (pack with "
+            f"--cp-size {cp_size}, collate with a pad_to_multiple_of that is a multiple of "
+            f"{chunks}); got lengths {lengths.tolist()}"
+        )
+    size = lengths // chunks
+    firsts = np.stack([cu[:-1] + cp_rank * size, cu[:-1] + (chunks - 1 - cp_rank) * size], 1)
+    starts = firsts.reshape(-1)
+    counts = np.repeat(size, 2)
+    total = int(counts.sum())
+    return (
+        np.repeat(starts, counts) + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    )
 
 
 # --- loss normalisation --------------------------------------------------------------------

@@ -309,6 +309,13 @@ class RunConfig:
                 "a preference pair is never split between rows: use --overlong drop (default "
                 "for preference) or --overlong truncate (cut both responses to one budget)"
             )
+        if self.chat.is_preference and self.plan.cp_size > 1:
+            # The planner places a pair as one piece, but each of its two sequences would
+            # need its own padding; not built yet.
+            raise ConfigError(
+                "--cp-size does not apply to preference pairs yet (each of a pair's two "
+                "sequences would need its own padding): leave --cp-size out"
+            )
         if self.chat.is_chat and self.plan.overlong == "split":
             raise ConfigError(
                 "a dialogue is never split between rows: use --overlong drop (default for "
@@ -325,6 +332,10 @@ class RunConfig:
             )
         if self.chat.format != "text":
             raise ConfigError("sources (mixtures) are for text pretraining: chat.format text")
+        if self.plan.cp_size > 1:  # rows would need both the padding and the source columns
+            raise ConfigError(
+                "--cp-size does not apply to mixtures (sources:) yet: leave --cp-size out"
+            )
         shares = [s.share is not None for s in self.sources]
         if any(shares) and not all(shares):
             raise ConfigError(

@@ -29,7 +29,7 @@ from packcli.config import AUTO_FILES, PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.pack.mixture import key_doc, key_repeat, source_of
-from packcli.pack.plan import Plan, RowLayout, plan_two_tier
+from packcli.pack.plan import Plan, RowLayout, padded_sizes, plan_two_tier
 from packcli.tokenize.shards import LazyShards, ShardTokens, TokenShards
 
 ROW_SCHEMA = pa.schema(
@@ -56,12 +56,29 @@ MIX_ROW_SCHEMA = ROW_SCHEMA.append(pa.field("source_ids", pa.list_(pa.int16())))
 )
 
 
-def row_schema(source: TokenSource) -> pa.Schema:
-    if source.source_first_doc is not None:
+# Rows padded for context parallelism (``--cp-size``) add ``seq_pad``, per segment: how many
+# of its ``seq_lengths`` tokens are padding, at its end (its real length is the difference).
+# They always have ``labels`` (-100 on padding), so any trainer that reads labels leaves the
+# padding out of the loss; text outputs get the column only when padded.
+SEQ_PAD_FIELD = pa.field("seq_pad", pa.list_(pa.int32()))
+
+
+def row_schema(source: TokenSource, padded: bool = False) -> pa.Schema:
+    if source.source_first_doc is not None:  # a mixture (never padded: config refuses it)
         return MIX_ROW_SCHEMA
     if source.has_pairs:
         return PREFERENCE_ROW_SCHEMA
+    if padded:
+        return CHAT_ROW_SCHEMA.append(SEQ_PAD_FIELD)
     return CHAT_ROW_SCHEMA if source.has_labels else ROW_SCHEMA
+
+
+def pad_token_id(tokenizer: dict[str, object]) -> int:
+    """The id context-parallel padding holds: the run's EOS, else 0. Any id would do (the
+    padding is never attended to by real tokens and carries no loss); EOS is what a reader
+    that ignores ``seq_pad`` would take for the end of a document."""
+    eos = tokenizer.get("eos_id")
+    return int(eos) if isinstance(eos, int) else 0
 
 
 # Threads for the gather: the kernels release the GIL, and on the 2-core VM two threads
@@ -181,15 +198,28 @@ class TokenSource:
         return out
 
     def gather(
-        self, docs: np.ndarray, starts: np.ndarray, lens: np.ndarray, *, labels: bool = False
+        self,
+        docs: np.ndarray,
+        starts: np.ndarray,
+        lens: np.ndarray,
+        *,
+        labels: bool = False,
+        pad: np.ndarray | None = None,
+        fill: int = 0,
     ) -> np.ndarray:
-        """Tokens (or labels) of the slices ``doc[start:start+len]``, in the given order
-        (``docs`` may be a mixture's copy keys: a copy's tokens are its document's)."""
+        """Tokens (or labels) of the slices ``doc[start:start+len]``, in the given order;
+        with ``pad``, each slice followed by ``pad[i]`` tokens of ``fill``. (``docs`` may be a
+        mixture's copy keys: a copy's tokens are its document's.)"""
         if self.source_first_doc is not None:
             docs = key_doc(docs)
-        total = int(lens.sum())
-        out = np.empty(total, dtype=np.int32)
-        dst = np.cumsum(lens) - lens
+        if pad is None:
+            total = int(lens.sum())
+            out = np.empty(total, dtype=np.int32)
+            dst = np.cumsum(lens) - lens
+        else:
+            sizes = lens + pad
+            out = np.full(int(sizes.sum()), fill, dtype=np.int32)
+            dst = np.cumsum(sizes) - sizes
         one = len(self.shards) == 1  # the common case: no masks, no copies
         shard_of = (
             np.zeros(1, np.int64) if one else np.searchsorted(self.first_doc, docs, "right") - 1
@@ -203,8 +233,18 @@ class TokenSource:
         return out
 
 
-def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: TokenSource) -> pa.Table:
-    """Rows ``r0..r1-1`` of a config as an Arrow table in the public row schema."""
+def rows_to_table(
+    plan: Plan,
+    layout: RowLayout,
+    r0: int,
+    r1: int,
+    source: TokenSource,
+    *,
+    pad_id: int = 0,
+) -> pa.Table:
+    """Rows ``r0..r1-1`` of a config as an Arrow table in the public row schema; a plan with
+    context-parallel padding puts ``pad_id`` tokens after each segment's own (label -100),
+    counted in the segment's ``seq_lengths`` and in ``seq_pad``."""
     p0, p1 = int(layout.row_offsets[r0]), int(layout.row_offsets[r1])
     pieces = layout.row_pieces[p0:p1]
     docs = plan.piece_doc[pieces]
@@ -223,9 +263,15 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
         src, src_starts, lens, seg_offsets, roles = pair_segments(
             src, src_starts, lens, seg_offsets, chosen
         )
-    tokens = source.gather(src, src_starts, lens)
+    pad = None
+    if plan.pad_multiple > 1:
+        if roles is not None:
+            raise ValueError("preference pairs are not padded for context parallelism")
+        pad = padded_sizes(lens, plan.pad_multiple) - lens
+    tokens = source.gather(src, src_starts, lens, pad=pad, fill=pad_id)
+    sizes = lens if pad is None else lens + pad  # what each segment takes of its row
 
-    segment_ids = _segment_ids(seg_offsets, lens)
+    segment_ids = _segment_ids(seg_offsets, sizes)
     row_tokens = layout.row_tokens[r0:r1]
     tok_offsets = np.zeros(r1 - r0 + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=tok_offsets[1:])
@@ -234,13 +280,17 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
     columns = [
         list_array(tok_offsets, tokens, pa.int32()),
         list_array(tok_offsets, segment_ids, pa.int32()),
-        list_array(seg_offsets, lens, pa.int32()),
+        list_array(seg_offsets, sizes, pa.int32()),
         list_array(seg_offsets, docs, pa.int64()),
         to_arrow(row_tokens, pa.int32()),
     ]
-    if source.has_labels:
-        labels = source.gather(src, src_starts, lens, labels=True)
-        labels[np.cumsum(lens) - lens] = IGNORE_INDEX  # no loss on a segment's first token
+    if source.has_labels or pad is not None:
+        if source.has_labels:
+            labels = source.gather(src, src_starts, lens, labels=True, pad=pad, fill=IGNORE_INDEX)
+        else:  # text: every real token is trained, padding never
+            labels = tokens.copy()
+            labels[_pad_mask(sizes, pad)] = IGNORE_INDEX  # type: ignore[arg-type]
+        labels[np.cumsum(sizes) - sizes] = IGNORE_INDEX  # no loss on a segment's first token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
     if roles is not None:
         columns.append(list_array(seg_offsets, roles, pa.int8()))
@@ -251,7 +301,20 @@ def rows_to_table(plan: Plan, layout: RowLayout, r0: int, r1: int, source: Token
         columns.append(list_array(seg_offsets, src_ids, pa.int16()))
         columns.append(list_array(seg_offsets, key_repeat(docs).astype(np.int32), pa.int32()))
         del keys
-    return pa.Table.from_arrays(columns, schema=row_schema(source))
+    if pad is not None:
+        columns.append(list_array(seg_offsets, pad, pa.int32()))
+    return pa.Table.from_arrays(columns, schema=row_schema(source, pad is not None))
+
+
+def _pad_mask(sizes: np.ndarray, pad: np.ndarray) -> np.ndarray:
+    """True at the padding tokens: the last ``pad[i]`` of each segment of ``sizes[i]``."""
+    ends = np.cumsum(sizes)
+    mask = np.zeros(int(ends[-1]) if ends.size else 0, dtype=bool)
+    n = int(pad.sum())
+    if n:
+        first = np.repeat(ends - pad, pad)
+        mask[first + np.arange(n) - np.repeat(np.cumsum(pad) - pad, pad)] = True
+    return mask
 
 
 def pair_segments(
@@ -328,6 +391,8 @@ def write_config_file(
     f0: int,
     f1: int,
     on_tokens: Callable[[int], None] | None = None,
+    *,
+    pad_id: int = 0,
 ) -> None:
     """Rows ``f0..f1-1`` of a config into one Parquet file: temp name, fsync, rename.
 
@@ -338,7 +403,7 @@ def write_config_file(
     rows_per_group = max(1, config.row_group_tokens // layout.capacity)
     compression = None if config.compression == "none" else config.compression
     level = config.compression_level if compression in ("zstd", "gzip") else None
-    schema = row_schema(source)
+    schema = row_schema(source, plan.pad_multiple > 1)
     with (
         atomic_path(final) as tmp,
         pq.ParquetWriter(
@@ -353,7 +418,8 @@ def write_config_file(
             writer.write_table(schema.empty_table())
         for g0 in range(f0, f1, rows_per_group):
             g1 = min(f1, g0 + rows_per_group)
-            writer.write_table(rows_to_table(plan, layout, g0, g1, source), row_group_size=g1 - g0)
+            table = rows_to_table(plan, layout, g0, g1, source, pad_id=pad_id)
+            writer.write_table(table, row_group_size=g1 - g0)
             if on_tokens is not None:
                 on_tokens(int(layout.row_tokens[g0:g1].sum()))
 

@@ -15,7 +15,7 @@ from clirun import invoke, invoke_ok
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli.config import SourceConfig
+from packcli.config import SourceConfig, build_config
 from packcli.errors import ConfigError
 from packcli.pack import mixture as mx
 from packcli.pack.plan import plan_two_tier
@@ -112,6 +112,12 @@ def test_source_flag_form() -> None:
     assert SourceConfig.parse("web:0.5=x").weight == 0.5
     with pytest.raises(ConfigError, match="NAME:WEIGHT=INPUT"):
         SourceConfig.parse("web:0.5")
+
+
+def test_mixtures_refuse_cp_padding() -> None:
+    sources = [{"name": "web", "inputs": ["a.jsonl"], "weight": 1.0}]
+    with pytest.raises(ConfigError, match="--cp-size does not apply to mixtures"):
+        build_config({"sources": sources, "plan": {"cp_size": 2}})
 
 
 def _write(path: Path, key: str, docs: list[str]) -> None:

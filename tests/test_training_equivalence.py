@@ -413,3 +413,157 @@ def _missing(module: str) -> bool:
     except ImportError:
         return True
     return False
+
+
+# --- context-parallel padding (--cp-size) ---------------------------------------------------
+
+CP_SIZE = 4  # segments padded to multiples of 8
+
+
+@pytest.fixture(scope="module")
+def cp_rows(
+    toy_tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, list[dict[str, Any]]]:
+    """The corpus of ``packed_dir`` packed by the CLI with ``--cp-size 4``."""
+    folder = tmp_path_factory.mktemp("equivalence-cp")
+    counts = [2 + (7 * i) % 29 for i in range(40)] + [40 + 13 * i for i in range(6)]
+    write_corpus(folder / "corpus.jsonl", counts, seed=3)
+    out = folder / "out"
+    args = ["pack", str(folder / "corpus.jsonl"), "-t", str(toy_tokenizer_path), "-o", str(out)]
+    args += ["--short-len", "64", "--long-len", "256", "--cp-size", str(CP_SIZE), "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    loaded = {c: list(datasets.load_dataset(str(out), c, split="train")) for c in ("long", "short")}
+    pads = [p for rows in loaded.values() for r in rows for p in r["seq_pad"]]
+    assert sum(pads) > 0 and max(pads) < 2 * CP_SIZE  # really padded, minimally
+    return loaded
+
+
+def cp_segments(
+    batch_rows: list[dict[str, Any]], mode: str
+) -> Iterator[tuple[tuple[int, int], Segment, Segment]]:
+    """Each document's (row, index), its real tokens as (row, start, end) in the rows, and
+    the same tokens in the collated batch's layout (padding left out)."""
+    offset = 0
+    for r, row in enumerate(batch_rows):
+        cu = cu_seqlens_from_lengths(row["seq_lengths"]).tolist()
+        for i, (a, b) in enumerate(itertools.pairwise(cu)):
+            end = b - row["seq_pad"][i]
+            where = (0, offset + a, offset + end) if mode == "flash" else (r, a, end)
+            yield (r, i), (r, a, end), where
+        offset += cu[-1]
+
+
+@pytest.fixture(scope="module")
+def cp_separate(
+    models: dict[str, LlamaForCausalLM], cp_rows: dict[str, list[dict[str, Any]]]
+) -> dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]]:
+    """Every document's real tokens run alone, with no padding anywhere."""
+    out: dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]] = {}
+    with torch.no_grad():
+        for impl, model in models.items():
+            for config, batch_rows in cp_rows.items():
+                found = {}
+                for _, (r, a, b), _ in cp_segments(batch_rows, "position_ids"):
+                    ids = torch.tensor(batch_rows[r]["input_ids"][a:b])[None]
+                    result = model(input_ids=ids, labels=ids, use_cache=False)
+                    found[(r, a, b)] = (result.logits[0], result.loss)
+                out[(impl, config)] = found
+    return out
+
+
+def cp_max_diff(
+    logits: torch.Tensor, batch_rows: list[dict[str, Any]], mode: str, reference: dict
+) -> float:
+    return max(
+        (logits[w[0], w[1] : w[2]] - reference[s][0]).abs().max().item()
+        for _, s, w in cp_segments(batch_rows, mode)
+    )
+
+
+@pytest.mark.parametrize("config", ["long", "short"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cp_padded_logits_and_loss_equal_separate(
+    impl: str, mode: str, config: str, models: dict, cp_rows: dict, cp_separate: dict
+) -> None:
+    """Rows padded for context parallelism: each document's logits are those of it alone,
+    and the loss over the batch (padding at label -100) is the separate documents' mean."""
+    batch_rows = cp_rows[config]
+    batch = PackedCollator(mode=mode, pad_token_id=0, pad_to_multiple_of=2 * CP_SIZE)(batch_rows)
+    with torch.no_grad():
+        result = models[impl](**batch, use_cache=False)
+    reference = cp_separate[(impl, config)]
+    assert cp_max_diff(result.logits, batch_rows, mode, reference) <= TOL
+    assert abs(result.loss.item() - token_weighted_loss(reference)) <= LOSS_TOL
+
+
+def test_cp_padding_trained_would_change_the_loss(models: dict, cp_rows: dict) -> None:
+    """Negative control: the same batch with the padding's labels restored to its tokens
+    (what a reader that ignores ``seq_pad`` and ``labels`` would train) has another loss."""
+    batch_rows = cp_rows["long"]
+    batch = PackedCollator(mode="position_ids")(batch_rows)
+    trained_pad = {**batch, "labels": batch["input_ids"].clone()}
+    starts = batch["position_ids"] == 0
+    trained_pad["labels"][starts] = -100
+    with torch.no_grad():
+        right = models["sdpa"](**batch, use_cache=False).loss.item()
+        wrong = models["sdpa"](**trained_pad, use_cache=False).loss.item()
+    assert abs(right - wrong) > 100 * LOSS_TOL
+
+
+def thd_reference_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    thd: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """What Transformer Engine's THD attention with padding computes, in plain torch, from
+    ``te_thd_kwargs`` only: sequence i is the tokens ``[padded[i], padded[i] + real_i)``,
+    causal within itself; every other position (the padding) gets a zero output."""
+    assert attention_mask is None and query.shape[0] == 1 and thd is not None
+    assert thd["qkv_format"] == "thd" and thd["attn_mask_type"] == "padding_causal"
+    real = thd["cu_seqlens_q"].diff().tolist()
+    starts = thd["cu_seqlens_q_padded"][:-1].tolist()
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = torch.zeros_like(query)
+    for a, n in zip(starts, real, strict=True):
+        out[:, :, a : a + n] = F.scaled_dot_product_attention(
+            query[:, :, a : a + n],
+            key[:, :, a : a + n],
+            value[:, :, a : a + n],
+            is_causal=True,
+            scale=scaling,
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def test_te_thd_boundaries_drive_padded_attention(
+    vocab_size: int, cp_rows: dict, cp_separate: dict
+) -> None:
+    """The collator's ``cu_seqlens`` / ``cu_seqlens_padded`` (as ``te_thd_kwargs`` hands them
+    to TE) give every document its own logits through an attention that reads nothing else;
+    swapping the two (real lengths taken as offsets) does not."""
+    from packcli.collate import te_thd_kwargs
+
+    AttentionInterface.register("packcli_thd_reference", thd_reference_attention)
+    model = build_model(vocab_size, "packcli_thd_reference")
+    batch_rows = cp_rows["long"]
+    batch = PackedCollator(mode="flash", pad_to_multiple_of=2 * CP_SIZE)(batch_rows)
+    thd = te_thd_kwargs(batch)
+    assert thd["max_seqlen_q"] == int(thd["cu_seqlens_q_padded"].diff().max())
+    assert not (thd["cu_seqlens_q_padded"].diff() % (2 * CP_SIZE)).any()  # TE's CP split
+    forward = {k: batch[k] for k in ("input_ids", "position_ids")}
+    reference = cp_separate[("sdpa", "long")]
+    with torch.no_grad():
+        logits = model(**forward, thd=thd, use_cache=False).logits
+        assert cp_max_diff(logits, batch_rows, "flash", reference) <= TOL
+        swapped = {**thd, "cu_seqlens_q_padded": thd["cu_seqlens_q"]}
+        logits = model(**forward, thd=swapped, use_cache=False).logits
+        assert cp_max_diff(logits, batch_rows, "flash", reference) > MARGIN

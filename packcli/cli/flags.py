@@ -197,6 +197,14 @@ class PlanFlags:
             f"task reads only its groups' shards) [{PlanConfig.group_tokens}]."
         ),
     ] = None
+    cp_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Context-parallel size C: pad every segment to a multiple of 2*C (masked from "
+            "loss and attention; Transformer Engine THD with CP needs it) "
+            f"[{PlanConfig.cp_size}: no padding]."
+        ),
+    ] = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -92,6 +92,14 @@ def pack_command(
         int | None, typer.Option(help="Tokenize/write tasks [1 local; Ray: cluster CPUs].")
     ] = None,
     tokens_per_step: TokensPerStep = TOKENS_PER_STEP,
+    dp_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Report: the simulated idle GPU share at this many data-parallel ranks, rows "
+            "in the output's order against PackedDistributedSampler's schedule (as packcli "
+            "stats computes it)."
+        ),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Read, tokenize, two-tier pack and write a Hugging Face dataset to OUT (all stages)."""
@@ -109,17 +117,32 @@ def pack_command(
         num_tasks=None if num_tasks is None else _positive(num_tasks, "--num-tasks"),
         tokens_per_step=_positive(tokens_per_step, "--tokens-per-step"),
     )
+    schedule = None
+    if dp_size is not None:
+        from packcli.publish.stats import schedule_report
+
+        # From the rows written, not stored in packcli.json: the schedule is the training
+        # job's choice, and every figure there is one verify derives again.
+        schedule = schedule_report(cfg.out_path, (_positive(dp_size, "--dp-size"),))
     if json_out:
-        typer.echo(json.dumps(result.report, indent=2))
+        report = result.report if schedule is None else {**result.report, "schedule": schedule}
+        typer.echo(json.dumps(report, indent=2))
         return
-    _echo_pack_result(cfg, result)
+    _echo_pack_result(cfg, result, schedule)
 
 
-def _echo_pack_result(cfg: RunConfig, result: RunResult) -> None:
-    """The report table, the time each stage took and how to load the output."""
+def _echo_pack_result(
+    cfg: RunConfig, result: RunResult, schedule: dict[str, Any] | None = None
+) -> None:
+    """The report table (with ``--dp-size``, the simulated idle share), the time each stage
+    took and how to load the output."""
     from packcli.publish.report import format_report
 
     typer.echo(format_report(result.report))
+    if schedule is not None:
+        from packcli.publish.stats import format_schedule
+
+        typer.echo("\n".join(format_schedule(schedule)))
     t = result.timings
     reused = " (reused tokenized shards)" if result.reused_tokens else ""
     typer.echo(

@@ -223,6 +223,7 @@ def merge_plans(plans: Sequence[Plan]) -> Plan:
         np.concatenate([p.piece_start for p in plans]),
         np.concatenate([p.piece_len for p in plans]),
         stats=stats,
+        pad_multiple=plans[0].pad_multiple,
         **layouts,
     )
 
@@ -376,7 +377,7 @@ def _moved_packs(plan: Plan, long_row: np.ndarray, pack_row: np.ndarray) -> RowL
     offsets = np.zeros(sizes.size + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     unit_row = np.concatenate([long_row[singles], pack_row])
-    unit_tokens = np.concatenate([plan.piece_len[singles], short.row_tokens])
+    unit_tokens = np.concatenate([plan.piece_size[singles], short.row_tokens])
     units = np.flatnonzero(sizes > 0)
     first = members[offsets[units]]
     order = units[np.lexsort((plan.piece_start[first], plan.piece_doc[first], unit_row[units]))]
@@ -415,5 +416,6 @@ def _keep(plan: Plan, keep: np.ndarray) -> Plan:
         plan.piece_start[keep],
         plan.piece_len[keep],
         stats=dict(plan.stats),
+        pad_multiple=plan.pad_multiple,
         **layouts,
     )

@@ -29,6 +29,10 @@ faster, not slower: 5.9 s against 6.6 s, interleaved on a loaded 2-core machine
 best-fit decreasing emits rows grouped by document size and training should not see all
 long documents first. Everything here is deterministic for given lengths and config.
 
+Context-parallel padding (``cp_size`` > 1) changes only what a piece takes of its row: its
+length rounded up to a multiple of ``2 * cp_size`` (``Plan.piece_size``); pieces, their
+lengths and the attention costs stay real, and the writer adds the padding.
+
 Memory is ~40 bytes per piece for the plan itself, so 100M documents plan in ~4 GB.
 """
 
@@ -85,6 +89,22 @@ class Plan:
     # the tail's pieces are read whole from the tail shards the group writes made, by their
     # index there (``packcli.pack.groups.plan_tail``). None: read by doc id and start.
     piece_source: np.ndarray | None = None
+    # Context-parallel padding (``PlanConfig.pad_multiple``): each piece takes
+    # ``piece_size`` tokens of its row, its length rounded up to a multiple of this; the
+    # writer fills the rest with padding. 1: a piece takes its length.
+    pad_multiple: int = 1
+
+    @property
+    def piece_size(self) -> np.ndarray:
+        """Tokens each piece takes in a row: its length plus its padding."""
+        return padded_sizes(self.piece_len, self.pad_multiple)
+
+
+def padded_sizes(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """``lengths`` rounded up to a multiple of ``multiple`` (as they are for 1)."""
+    if multiple == 1:
+        return lengths
+    return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
 
 
 def make_pieces(
@@ -305,11 +325,14 @@ def plan_two_tier(
     want_long, want_short = "long" in configs, "short" in configs
     S, L = config.short_len, config.long_len
     piece_doc, piece_start, piece_len, stats = make_pieces(lengths, L, config.overlong)
+    # With context-parallel padding every piece is placed by its padded size (tiers are
+    # multiples of the padding, so a piece is short exactly when its padded size is).
+    piece_size = padded_sizes(piece_len, config.pad_multiple)
     is_short = piece_len <= S
     short_idx = np.flatnonzero(is_short)
     long_idx = np.flatnonzero(~is_short)
 
-    short_sizes, long_sizes = piece_len[short_idx], piece_len[long_idx]
+    short_sizes, long_sizes = piece_size[short_idx], piece_size[long_idx]
     if config.algorithm == "bfd":
         pack_of_short, pack_sizes, row_of_unit, n_rows = _pack_two_tier_bfd(
             short_sizes, long_sizes, config, stats, fill_rows=want_long
@@ -337,6 +360,7 @@ def plan_two_tier(
             config,
             piece_doc,
             piece_len,
+            piece_size,
             long_idx,
             short_idx,
             pack_of_short,
@@ -352,13 +376,16 @@ def plan_two_tier(
         short_pieces=int(short_idx.size),
         long_pieces=int(long_idx.size),
     )
-    return Plan(piece_doc, piece_start, piece_len, short, long, stats)
+    return Plan(
+        piece_doc, piece_start, piece_len, short, long, stats, pad_multiple=config.pad_multiple
+    )
 
 
 def _long_layout(
     config: PlanConfig,
     piece_doc: np.ndarray,
     piece_len: np.ndarray,
+    piece_size: np.ndarray,
     long_idx: np.ndarray,
     short_idx: np.ndarray,
     pack_of_short: np.ndarray,
@@ -370,9 +397,10 @@ def _long_layout(
 ) -> RowLayout:
     """The long config: units (long pieces 0..nl-1, then packs) in rows (placed here unless
     ``row_of_unit`` is given), attention balance, rows in shuffled order, and within a row
-    units by first document."""
+    units by first document. Units take their pieces' padded sizes (``piece_size``); the
+    attention cost counts real tokens, as the report and ``verify`` do."""
     L = config.long_len
-    unit_sizes = np.concatenate([piece_len[long_idx], pack_sizes])
+    unit_sizes = np.concatenate([piece_size[long_idx], pack_sizes])
     n_units = unit_sizes.size
     unit_of_piece = np.empty(piece_len.size, dtype=np.int64)
     unit_of_piece[long_idx] = np.arange(long_idx.size)

@@ -17,6 +17,9 @@ from packcli.names import BALANCE_MODES, OVERLONG_POLICIES, PLAN_ALGORITHMS, one
 # 1 GB; 2**31 - 1 took 101 s for 300 documents.
 MAX_LONG_LEN = 1 << 24
 MAX_SEED = 2**63 - 1
+# Context-parallel degrees beyond this are no training setup we know of (a 2**24-token row
+# split 2 * 1024 ways is 8k tokens a rank); the bound keeps a typo from padding every row away.
+MAX_CP_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,15 @@ class PlanConfig:
     balance: str = "none"  # none | attention (see packcli/pack/balance.py)
     # Tokens per group of token shards planned (and written) on its own (packcli/pack/groups.py)
     group_tokens: int = 1 << 28
+    # Context-parallel degree the rows are made for: every segment is padded to a multiple
+    # of 2 * cp_size (Transformer Engine's THD layout splits each sequence into 2 * cp
+    # chunks); 1 = no padding, the rows of every earlier version.
+    cp_size: int = 1
+
+    @property
+    def pad_multiple(self) -> int:
+        """Every segment's stored length is a multiple of this (1: segments as they are)."""
+        return 2 * self.cp_size if self.cp_size > 1 else 1
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCE_MODES:
@@ -49,5 +61,17 @@ class PlanConfig:
             raise ConfigError(f"plan.seed must be in 0..{MAX_SEED}, got {self.seed}")
         if self.group_tokens < 1:
             raise ConfigError(f"plan.group_tokens must be >= 1, got {self.group_tokens}")
+        if not 1 <= self.cp_size <= MAX_CP_SIZE:
+            raise ConfigError(
+                f"plan.cp_size must be in 1..{MAX_CP_SIZE} (1 = no context-parallel padding), "
+                f"got {self.cp_size}"
+            )
+        m = self.pad_multiple
+        if self.short_len % m or self.long_len % m:
+            raise ConfigError(
+                f"plan.cp_size {self.cp_size} pads every segment to a multiple of {m}, so "
+                f"short_len and long_len must be multiples of {m} too (a padded row must still "
+                f"fit), got short_len={self.short_len}, long_len={self.long_len}"
+            )
         require_one_of("plan.overlong", self.overlong, OVERLONG_POLICIES)
         require_one_of("plan.algorithm", self.algorithm, PLAN_ALGORITHMS)

@@ -36,14 +36,20 @@ _PLOT_TITLES = {
 }
 
 
-def _arrow_bytes(tier: dict[str, Any], chat: bool, preference: bool = False) -> int:
-    """In-memory Arrow size of a config (what ``datasets`` calls ``num_bytes``)."""
+def _arrow_bytes(
+    tier: dict[str, Any], chat: bool, preference: bool = False, pad_tokens: int | None = None
+) -> int:
+    """In-memory Arrow size of a config (what ``datasets`` calls ``num_bytes``);
+    ``pad_tokens``: its context-parallel padding, when padded (labels and ``seq_pad`` too)."""
     rows, tokens, segments = tier["rows"], tier["tokens"], tier["segments"]
+    padded = pad_tokens is not None
+    chat = chat or padded
+    tokens += pad_tokens or 0
     # input_ids + segment_ids (+ labels): 4 B/token each; seq_lengths 4 + doc_ids 8 B/segment
-    # (+ seq_roles 1); one list offset buffer per list column (4 B/row each) and num_tokens
-    # (4 B/row).
-    lists = 4 + chat + preference
-    per_segment = 12 + preference
+    # (+ seq_roles 1, + seq_pad 4); one list offset buffer per list column (4 B/row each) and
+    # num_tokens (4 B/row).
+    lists = 4 + chat + preference + padded
+    per_segment = 12 + preference + 4 * padded
     return (12 if chat else 8) * tokens + per_segment * segments + 4 * lists * (rows + 1) + 4 * rows
 
 
@@ -81,13 +87,17 @@ def dataset_info(
     local folders, so repacking into the same folder never serves a stale cached copy, and
     ``load_dataset`` checks the row counts against them.
     """
-    from packcli.write import CHAT_ROW_SCHEMA, PREFERENCE_ROW_SCHEMA, ROW_SCHEMA
+    from packcli.write import CHAT_ROW_SCHEMA, PREFERENCE_ROW_SCHEMA, ROW_SCHEMA, SEQ_PAD_FIELD
 
     schema = PREFERENCE_ROW_SCHEMA if preference else CHAT_ROW_SCHEMA if chat else ROW_SCHEMA
+    cp = report.get("cp_padding")
+    if cp:
+        schema = CHAT_ROW_SCHEMA.append(SEQ_PAD_FIELD)
     infos = []
     for name in CONFIG_NAMES:
         tier = report["tiers"][name]
-        num_bytes = _arrow_bytes(tier, chat or preference, preference)
+        pad = cp[name]["pad_tokens"] if cp else None
+        num_bytes = _arrow_bytes(tier, chat or preference, preference, pad)
         infos.append(
             {
                 "config_name": name,
@@ -129,12 +139,29 @@ def render_card(
     chat = run.get("format") == "chat" or preference
     infos = dataset_info(report, files, chat, preference)
     front = yaml.safe_dump(card_front_matter(infos), sort_keys=False)
+    cp = report.get("cp_padding")
     labels_row = (
         "| `labels` | list<int32> | token id where loss is taken, -100 elsewhere (unshifted; "
         "-100 at every segment start) |\n"
-        if chat
+        if chat or cp
         else ""
     )
+    cp_text = ""
+    if cp:
+        labels_row += (
+            "| `seq_pad` | list<int32> | per segment: how many of its `seq_lengths` tokens are "
+            "context-parallel padding, at its end (label -100) |\n"
+        )
+        cp_text = (
+            f"\nContext-parallel padding (`--cp-size {cp['cp_size']}`): every segment is padded "
+            f"to a multiple of {cp['multiple']} tokens with id {cp['pad_id']} (label -100), as "
+            "Transformer Engine's THD layout with context parallelism needs; real tokens never "
+            "attend to the padding (it follows them in their own segment). Padding: short "
+            f"{cp['short']['pad_tokens']:,} tokens ({cp['short']['share']:.3%}), long "
+            f"{cp['long']['pad_tokens']:,} ({cp['long']['share']:.3%}); the tokens and "
+            "efficiency above count real tokens. `PackedCollator` emits `cu_seqlens` and "
+            "`cu_seqlens_padded` for it.\n"
+        )
     if preference:
         labels_row += (
             "| `seq_roles` | list<int8> | per segment: 0 a document, 1 a pair's prompt+chosen, "
@@ -185,7 +212,7 @@ Split: {pol["split_docs"]:,} documents ({pol["split_pieces"]:,} pieces, all toke
 Truncated: {pol["truncated_docs"]:,} documents ({pol["truncated_tokens"]:,} tokens removed).
 Dropped: {pol["dropped_docs"]:,} documents ({pol["dropped_tokens"]:,} tokens);
 {pol["empty_docs"]:,} empty documents.
-{mixture}
+{mixture}{cp_text}
 ## Columns
 
 | column | type | meaning |

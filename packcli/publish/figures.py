@@ -44,7 +44,7 @@ import numpy as np
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER
 from packcli.pack.plan import RowTotals
-from packcli.publish.report import encoder_policy, larger, step_totals
+from packcli.publish.report import cp_padding_report, encoder_policy, larger, step_totals
 
 # Figures of packcli.json no data determines (glob patterns over the dotted keys).
 UNCHECKED = (
@@ -82,12 +82,14 @@ class ConfigScan:
     totals: RowTotals
     files: list[dict[str, Any]] = field(default_factory=list)  # each with its ``index``
     segments: int = 0
+    pad_tokens: int = 0  # context-parallel padding (not in ``totals``, which are real tokens)
 
     def __add__(self, other: ConfigScan) -> ConfigScan:
         return ConfigScan(
             self.totals + other.totals,
             sorted([*self.files, *other.files], key=lambda f: f["index"]),
             self.segments + other.segments,
+            self.pad_tokens + other.pad_tokens,
         )
 
 
@@ -263,6 +265,17 @@ def derive(
             got["report.documents_by_length.overlong"] = docs.overlong
             got["report.largest_document.doc_id"] = docs.largest
             got["report.largest_document.tokens"] = docs.largest_tokens
+    cp = int(plan.get("cp_size", 1))
+    if cp > 1:
+        from packcli.write import pad_token_id
+
+        got["report.cp_padding"] = cp_padding_report(
+            cp,
+            2 * cp,
+            pad_token_id(meta["run"]["tokenizer"]),
+            {n: scans[n].totals.tokens for n in CONFIG_NAMES},
+            {n: scans[n].pad_tokens for n in CONFIG_NAMES},
+        )
     if "preference" in report:
         got["report.preference.kept_pairs"] = long.segments - long.totals.units
     if rejected is not None:

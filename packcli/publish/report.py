@@ -112,9 +112,11 @@ def build_report(
     tokenizer: dict[str, Any] | None = None,
     preference: dict[str, Any] | None = None,
     tokens_per_step: int = TOKENS_PER_STEP,
+    cp_padding: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``preference``: the preference path's counts (``PreferenceStats``); the report gets a
-    ``preference`` section only then, so other reports keep their bytes.
+    ``preference`` section only then, so other reports keep their bytes. ``cp_padding``
+    (``cp_padding_report``): likewise, only for rows padded for context parallelism.
     ``tokens_per_step``: the target of the ``training`` section's step plan. ``tiers``:
     each config's rows summed (``RowTotals``); ``stats``: the plan's counts."""
     encoded = encoder_policy(preference if preference is not None else chat)
@@ -171,7 +173,22 @@ def build_report(
     if preference is not None:
         # Each pair is one document of the plan (two segments in the output).
         report["preference"] = preference
+    if cp_padding is not None:
+        report["cp_padding"] = cp_padding
     return report
+
+
+def cp_padding_report(
+    cp_size: int, multiple: int, pad_id: int, tokens: dict[str, int], padding: dict[str, int]
+) -> dict[str, Any]:
+    """The context-parallel padding of each config: its pad tokens and their share of the
+    tokens its rows hold (real + padding). ``tiers.*.tokens`` and ``efficiency`` count real
+    tokens only, so padding shows there as room. The report's and ``verify``'s."""
+    out: dict[str, Any] = {"cp_size": cp_size, "multiple": multiple, "pad_id": pad_id}
+    for name in ("short", "long"):
+        held = tokens[name] + padding[name]
+        out[name] = {"pad_tokens": padding[name], "share": padding[name] / held if held else 0.0}
+    return out
 
 
 def encoder_policy(counts: dict[str, Any] | None) -> dict[str, int]:
@@ -245,6 +262,16 @@ def _corpus_lines(report: dict[str, Any]) -> list[str]:
         f"dropped   {_n(pol['dropped_docs'])} documents ({_n(pol['dropped_tokens'])} tokens), "
         f"{_n(pol['empty_docs'])} empty",
     ]
+    cp = report.get("cp_padding")
+    if cp:
+        per = ", ".join(
+            f"{name} {_n(cp[name]['pad_tokens'])} tokens ({cp[name]['share']:.3%})"
+            for name in ("short", "long")
+        )
+        lines.append(
+            f"cp pad    --cp-size {cp['cp_size']}: every segment padded to a multiple of "
+            f"{cp['multiple']} with id {cp['pad_id']} (label -100): {per}"
+        )
     for name, hint in (report.get("training") or {}).items():
         if hint:
             lines.append(

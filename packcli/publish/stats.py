@@ -201,23 +201,51 @@ SCHEDULE_RANKS = (8, 64)
 SCHEDULE_MODEL = "llama-8b"
 
 
-def schedule_numbers(tier: TierData) -> dict[str, Any]:
-    """Simulated idle share of GPU time at each of ``SCHEDULE_RANKS`` data-parallel ranks
+def schedule_numbers(tier: TierData, dp_sizes: tuple[int, ...] = SCHEDULE_RANKS) -> dict[str, Any]:
+    """Simulated idle share of GPU time at each of ``dp_sizes`` data-parallel ranks
     (one row per rank per step; every rank waits for the slowest), rows dealt in the
     output's order (shuffled by the pack's seed) against ``PackedDistributedSampler``'s
     schedule (``packcli.pack.schedule``). A size with fewer than two full steps is left out:
-    the rows, not the order, decide it."""
+    the rows, not the order, decide it. Rows are costed as written (context-parallel
+    padding included: the kernels compute it)."""
     from packcli.pack.schedule import idle_share, preset, schedule
 
     cost = preset(SCHEDULE_MODEL).row_cost(tier.num_tokens, tier.cost)
     ranks = {}
-    for dp in SCHEDULE_RANKS:
+    for dp in dp_sizes:
         if cost.size >= 2 * dp:
             ranks[str(dp)] = {
                 "shuffled": idle_share(cost, dp),
                 "scheduled": idle_share(cost[schedule(cost, dp)], dp),
             }
     return {"model": SCHEDULE_MODEL, "idle_share": ranks}
+
+
+def schedule_report(out: Path, dp_sizes: tuple[int, ...]) -> dict[str, Any]:
+    """``schedule_numbers`` of each config of the output folder ``out`` (what ``packcli
+    pack --dp-size`` adds to its report): reads only ``num_tokens`` and ``seq_lengths``."""
+    meta = read_meta(out)
+    return {
+        name: schedule_numbers(read_tier(out, meta, name, keep_segments=False), dp_sizes)
+        for name in CONFIG_NAMES
+    }
+
+
+def format_schedule(schedule: dict[str, Any]) -> list[str]:
+    """The report's lines for ``schedule_report``: idle share in the output's order and as
+    ``PackedDistributedSampler`` deals the rows, per config and data-parallel size."""
+    lines = []
+    for name, numbers in schedule.items():
+        idle = numbers["idle_share"]
+        cells = [
+            f"DP={dp} {v['shuffled']:.1%} shuffled / {v['scheduled']:.1%} scheduled"
+            for dp, v in idle.items()
+        ]
+        lines.append(
+            f"idle      {name}: {'; '.join(cells) or 'too few rows for two steps'} "
+            f"({numbers['model']} costs, one row a rank a step)"
+        )
+    return lines
 
 
 def compute_stats(out: Path) -> tuple[dict[str, Any], dict[str, TierData]]:

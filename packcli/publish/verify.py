@@ -14,7 +14,11 @@ is read file by file. What is proved:
   equals ``input_ids`` wherever it is not -100; for preference outputs, ``seq_roles`` pairs
   every prompt+chosen (1) with the prompt+rejected (2) right after it in its row, with the
   same doc id and the same leading untrained (prompt) tokens, and the pair is then compared
-  as one document;
+  as one document; for context-parallel outputs (``config.plan.cp_size`` > 1), every
+  segment is its real tokens then the fewest pad tokens (``seq_pad``, all the run's EOS, all
+  label -100) that make its length a multiple of ``2 * cp_size``, and the padding is left
+  out of everything below (conservation holds for the real tokens; ``report.cp_padding``
+  counts the padding);
 * conservation: each segment is summarised as (doc id, length, 64-bit polynomial hash of its
   tokens in order). Against the tokenized shards, the multiset of segments of each config
   must equal the expected pieces of every document (whole documents; for ``split`` the

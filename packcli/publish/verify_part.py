@@ -33,13 +33,14 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES
 from packcli.pack.mixture import MixSpec, copies, copy_key, source_of
 from packcli.pack.plan import RowTotals
 from packcli.publish.expected import expected_pieces, segment_hashes
 from packcli.publish.figures import ConfigScan, DocFigures, ShardFigures
-from packcli.publish.verify_rows import Segments, check_rows, concat, fail
+from packcli.publish.verify_rows import Padding, Segments, check_rows, concat, fail
 from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
 
 log = logging.getLogger(__name__)
@@ -232,12 +233,13 @@ def check_part(
     short_len, long_len = int(plan["short_len"]), int(plan["long_len"])
     vocab = int(meta["run"]["tokenizer"]["vocab_size"])
     caps = {"short": short_len, "long": long_len}
+    padding = padding_of(meta)
     segments: dict[str, Segments] = {}
     scans: dict[str, ConfigScan] = {}
     for name in CONFIG_NAMES:
         first_row = sum(f["rows"] for f in meta["files"][name][: part.files[name][0]])
         segments[name], scans[name] = _scan_files(
-            meta, name, part, first_row, caps[name], short_len, vocab, files
+            meta, name, part, first_row, caps[name], short_len, vocab, files, padding
         )
     where = f" ({part.name})" if meta.get("parts") else ""
     check_nesting(segments["short"], segments["long"], short_len, where)
@@ -281,6 +283,14 @@ def check_part(
     )
 
 
+def padding_of(meta: dict[str, Any]) -> Padding | None:
+    """The context-parallel padding ``packcli.json`` says the rows have (None: none)."""
+    from packcli.write import pad_token_id
+
+    cp = int(meta["config"]["plan"].get("cp_size", 1))
+    return Padding(2 * cp, pad_token_id(meta["run"]["tokenizer"])) if cp > 1 else None
+
+
 def _scan_files(
     meta: dict[str, Any],
     name: str,
@@ -290,6 +300,7 @@ def _scan_files(
     short_len: int,
     vocab: int,
     files: OutputFiles,
+    padding: Padding | None = None,
 ) -> tuple[Segments, ConfigScan]:
     """Every row of the part's files of config ``name`` checked; their units and figures."""
     parts: list[Segments] = []
@@ -310,18 +321,20 @@ def _scan_files(
                 )
             file_rows = file_tokens = 0
             for batch in pq.ParquetFile(path).iter_batches(batch_size=rows_per_batch):
-                segs = check_rows(batch, rel, row, capacity, vocab)
+                segs = check_rows(batch, rel, row, capacity, vocab, padding)
                 if (mix := meta["report"].get("mixture")) is not None:
                     segs = _mixture_segments(batch, segs, mix, rel)
                 parts.append(segs)
                 offsets = batch.column("seq_lengths").offsets
                 scan.segments += int(offsets[-1].as_py() - offsets[0].as_py())
+                pad = _pad_tokens(batch) if padding is not None else 0
+                scan.pad_tokens += pad
                 scan.totals = scan.totals + RowTotals.of_rows(
                     capacity, segs.length, segs.row - row, batch.num_rows, short_len
                 )
                 row += batch.num_rows
                 file_rows += batch.num_rows
-                file_tokens += int(segs.length.sum())
+                file_tokens += int(segs.length.sum()) + pad  # a file's tokens hold padding
             size = path.stat().st_size
         finally:
             files.release(path)
@@ -387,6 +400,13 @@ def _expected_copies(
     over = doc_lens > long_len
     n[(over & (policy == "drop")) | (doc_lens == 0)] = 0
     return n, policy, over
+
+
+def _pad_tokens(batch: Any) -> int:
+    """The padding tokens of a batch (its ``seq_pad`` entries, checked by ``check_rows``)."""
+    col = batch.column("seq_pad")
+    o = to_numpy(col.offsets)
+    return int(to_numpy(col.values)[o[0] : o[-1]].astype(np.int64).sum())
 
 
 def _expected(

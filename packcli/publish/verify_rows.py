@@ -44,7 +44,21 @@ def fail(where: str, msg: str) -> None:
     raise VerifyError(f"{where}: {msg}")
 
 
-def check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) -> Segments:
+@dataclass(frozen=True)
+class Padding:
+    """The context-parallel padding policy an output states (``config.plan.cp_size`` > 1):
+    every segment's stored length is a multiple of ``multiple``, made of its real tokens
+    then the fewest ``pad_id`` tokens that get there (``seq_pad`` of them, label -100)."""
+
+    multiple: int
+    pad_id: int
+
+
+def check_rows(
+    batch: Any, where: str, row0: int, capacity: int, vocab: int, padding: Padding | None = None
+) -> Segments:
+    """The row checks of one batch; its segments as units, their padding (if any) left out
+    so that conservation compares real tokens only."""
     ids = batch.column("input_ids")
     seg = batch.column("segment_ids")
     lens_col = batch.column("seq_lengths")
@@ -106,6 +120,8 @@ def check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) -> 
         fail(where, f"token id outside the vocabulary 0..{vocab - 1}")
     if "labels" in batch.schema.names:
         _check_labels(batch.column("labels"), n_ids, tokens, seq_lens, where, row0)
+    if padding is not None or "seq_pad" in batch.schema.names:
+        tokens, seq_lens = _strip_padding(batch, padding, seq_count, tokens, seq_lens, where, row0)
     if "seq_roles" in batch.schema.names:
         # A pair is one document in the tokenized shards: check it, then compare it whole.
         unit = _check_pairs(batch, seq_count, tokens, seq_lens, doc_ids, where, row0)
@@ -120,6 +136,63 @@ def check_rows(batch: Any, where: str, row0: int, capacity: int, vocab: int) -> 
         row=row0 + row_of_seg.astype(np.int64),
         index=seg_index.astype(np.int64),
     )
+
+
+def _strip_padding(
+    batch: Any,
+    padding: Padding | None,
+    seq_count: np.ndarray,
+    tokens: np.ndarray,
+    seq_lens: np.ndarray,
+    where: str,
+    row0: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Context-parallel padding checked against the stated policy: ``seq_pad`` one entry per
+    segment, each segment's length a multiple of ``padding.multiple`` with fewer pad tokens
+    than that and at least one real token, the pad tokens at its end all ``pad_id`` with
+    label -100. Returns the real tokens and the segments' real lengths."""
+    names = batch.schema.names
+    if padding is None:
+        fail(where, "a seq_pad column, but packcli.json's config.plan.cp_size is 1 (no padding)")
+    assert padding is not None
+    if "seq_pad" not in names:
+        fail(where, f"no seq_pad column, but config.plan.cp_size pads to {padding.multiple}")
+    if "labels" not in names:
+        fail(where, "seq_pad without labels (padded rows mask their padding with labels)")
+    col = batch.column("seq_pad")
+    if col.null_count or col.values.null_count:
+        fail(where, "column seq_pad has nulls")
+    if (bad := np.diff(to_numpy(col.offsets)) != seq_count).any():
+        fail(where, f"row {row0 + int(np.argmax(bad))}: len(seq_pad) != len(seq_lengths)")
+    o = to_numpy(col.offsets)
+    pad = to_numpy(col.values)[o[0] : o[-1]].astype(np.int64)
+    row_of_seg = np.repeat(np.arange(seq_count.size), seq_count)
+    m = padding.multiple
+    bad = (pad < 0) | (pad >= seq_lens) | (pad >= m) | (seq_lens % m != 0)
+    if bad.any():
+        k = int(np.argmax(bad))
+        fail(
+            where,
+            f"row {row0 + int(row_of_seg[k])}: a segment of {int(seq_lens[k])} tokens with "
+            f"{int(pad[k])} padding is not its real tokens padded to the next multiple of {m}",
+        )
+    ends = np.cumsum(seq_lens)
+    is_pad = np.zeros(tokens.size, dtype=bool)
+    n = int(pad.sum())
+    if n:
+        is_pad[np.repeat(ends - pad, pad) + np.arange(n) - np.repeat(np.cumsum(pad) - pad, pad)] = (
+            True
+        )
+        lo = to_numpy(batch.column("labels").offsets)
+        labels = to_numpy(batch.column("labels").values)[lo[0] : lo[-1]]
+        row_of_token = np.repeat(row_of_seg, seq_lens)
+        if (wrong := is_pad & (tokens != padding.pad_id)).any():
+            r = row0 + int(row_of_token[np.argmax(wrong)])
+            fail(where, f"row {r}: a padding token is not the pad id {padding.pad_id}")
+        if (wrong := is_pad & (labels != IGNORE_INDEX)).any():
+            r = row0 + int(row_of_token[np.argmax(wrong)])
+            fail(where, f"row {r}: a padding token has a label (loss on padding)")
+    return tokens[~is_pad], seq_lens - pad
 
 
 def _check_pairs(

@@ -18,13 +18,20 @@ from packcli.fs import redact
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.pack.plan import RowLayout, RowTotals
 from packcli.publish.card import render_card
-from packcli.publish.report import TOKENS_PER_STEP, LengthStats, build_report, mixture_report
+from packcli.publish.report import (
+    TOKENS_PER_STEP,
+    LengthStats,
+    build_report,
+    cp_padding_report,
+    mixture_report,
+)
 from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
 from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write import write_fingerprint, write_tail
 from packcli.tokenize.shards import TokenShards
+from packcli.write import pad_token_id
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +122,7 @@ class PlanRows:
     tiers: dict[str, RowTotals]
     stats: dict[str, Any]
     pairs: dict[str, int]
+    padding: dict[str, int]  # context-parallel pad tokens per config
 
 
 def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRows:
@@ -122,13 +130,16 @@ def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRo
     capacity = {"short": planset.config.short_len, "long": planset.config.long_len}
     tiers = {name: RowTotals(capacity[name]) for name in CONFIG_NAMES}
     pairs = dict.fromkeys(CONFIG_NAMES, 0)
+    padding = dict.fromkeys(CONFIG_NAMES, 0)
     preference = "preference" in shards.success
     for part in planset.parts:
         work_store(cfg).pull(*part.arrays)
         plan, _ = load_part(cfg.work_path, planset, part)
         for name in CONFIG_NAMES:
             layout: RowLayout = getattr(plan, name)
-            tiers[name] = tiers[name] + RowTotals.of(layout, plan.piece_len)
+            totals = RowTotals.of(layout, plan.piece_len)
+            tiers[name] = tiers[name] + totals
+            padding[name] += int(layout.row_tokens.sum()) - totals.tokens
             if preference:
                 docs = plan.piece_doc[layout.row_pieces]
                 pairs[name] += int((shards.column_at("chosen_len", docs) > 0).sum())
@@ -136,7 +147,7 @@ def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRo
     stats = dict(planset.stats)
     if len(planset.parts) > 1:  # one part: its own figure (the balancer's, when it ran)
         stats["long_attention_balance"] = {"ratio": tiers["long"].balance}
-    return PlanRows(tiers, stats, pairs)
+    return PlanRows(tiers, stats, pairs, padding)
 
 
 def length_stats(cfg: RunConfig, shards: TokenShards) -> LengthStats:
@@ -229,6 +240,15 @@ def _report(
         },
         preference=shards.success.get("preference"),
         tokens_per_step=tokens_per_step,
+        cp_padding=cp_padding_report(
+            cfg.plan.cp_size,
+            cfg.plan.pad_multiple,
+            pad_token_id(shards.success["tokenizer"]),
+            {name: rows.tiers[name].tokens for name in CONFIG_NAMES},
+            rows.padding,
+        )
+        if cfg.plan.cp_size > 1
+        else None,
     )
     if "mixture_spec" in rows.stats:  # a mixture: its sources and the token account
         report["mixture"] = mixture_report(rows.stats, shards.success.get("sources") or [])

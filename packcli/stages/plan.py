@@ -601,6 +601,7 @@ def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Piece
             arrays["piece_len"],
             stats={},
             piece_source=arrays.get("piece_source"),
+            pad_multiple=cfg.pad_multiple,
             **layouts,
         )
         tail = Pieces.concat([])

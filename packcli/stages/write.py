@@ -27,7 +27,7 @@ from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.tokenize.shards import TokenShards, sha256_file, shard_tokens
-from packcli.write import TokenSource, write_config_file
+from packcli.write import TokenSource, pad_token_id, write_config_file
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class _Writer:
         self.mixture = shards.success.get("sources")  # a mixture's sources, else None
         self.records = cfg.work_path / "write"
         self.records.mkdir(parents=True, exist_ok=True)
+        self.pad_id = pad_token_id(shards.success["tokenizer"])  # context-parallel padding
 
     def written(self, job: FileJob) -> bool:
         record = read_json(self.records / f"{job.config}-{job.index:05d}.json")
@@ -107,7 +108,15 @@ class _Writer:
                 return
             self.claim_file(job, record_path)
             write_config_file(
-                plan, layout, source, final, self.cfg.write, job.r0, job.r1, on_tokens
+                plan,
+                layout,
+                source,
+                final,
+                self.cfg.write,
+                job.r0,
+                job.r1,
+                on_tokens,
+                pad_id=self.pad_id,
             )
             record = {
                 "fingerprint": self.fingerprint,
