@@ -6,6 +6,8 @@ import gzip
 import json
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -516,3 +518,20 @@ def test_report_states_the_step_plan_of_the_rows_written(
         *SMALL, "--tokens-per-step", 0,
     )  # fmt: skip
     assert code == 1 and "--tokens-per-step must be >= 1" in output
+
+
+def test_the_console_script_keeps_exit_codes_and_messages(tmp_path: Path) -> None:
+    """``main`` ends the process without the interpreter's teardown: the status and what
+    was printed must be those of a normal exit."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "packcli", *args], capture_output=True, text=True, timeout=120
+        )
+
+    ok = run("--help")
+    assert ok.returncode == 0 and "pack" in ok.stdout
+    missing = run("verify", str(tmp_path / "nothing"))
+    assert missing.returncode == 1 and "no packcli.json" in missing.stderr
+    usage = run("pack")
+    assert usage.returncode == 2 and "Missing" in usage.stderr

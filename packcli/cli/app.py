@@ -8,10 +8,14 @@ convention, raised by click before a command runs).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import os
+import sys
+import threading
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -87,4 +91,30 @@ for _name, _func, _epilog in COMMANDS:
 
 
 def main() -> None:
-    app()
+    """The console script: the command, then a fast exit (``_exit``)."""
+    try:
+        app()
+    except SystemExit as done:
+        code = done.code
+    else:
+        code = 0
+    _exit(0 if code is None else code if isinstance(code, int) else 1, code)
+
+
+def _exit(status: int, code: object) -> NoReturn:
+    """End the process without the interpreter's teardown, which frees every module's objects
+    one by one: ~0.09 s of a 1.1 s ``packcli pack`` of 100 documents (measured), for nothing
+    once the command's files are closed. What a normal exit does that matters is done first:
+    other threads finish (as the interpreter waits for non-daemon ones), exit handlers run
+    (temporary folders, multiprocessing's children, Ray), logs and streams are flushed."""
+    if isinstance(code, str):  # a message passed to sys.exit: printed as Python would
+        print(code, file=sys.stderr)
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
