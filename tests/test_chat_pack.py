@@ -330,10 +330,19 @@ def test_rendering_on_worker_processes_gives_the_same_bytes(
     )  # fmt: skip
     assert code == 0, output
     assert started == [2]
+    # And with the fast backend: its tokens of the next batch on a thread while this one is
+    # masked (packcli.chat.batches).
+    code, output = invoke(
+        "pack", path, "-t", chat_tok, "-o", tmp_path / "fast", *ARGS, "--num-proc", "2",
+        "--batch-size", "16", "--tokenizer-backend", "fastokens",
+    )  # fmt: skip
+    assert code == 0, output
+    assert started == [2, 2]
     parquet = sorted((tmp_path / "one").rglob("*.parquet"))
     assert parquet and all(
-        p.read_bytes() == (tmp_path / "pool" / p.relative_to(tmp_path / "one")).read_bytes()
+        p.read_bytes() == (tmp_path / run / p.relative_to(tmp_path / "one")).read_bytes()
         for p in parquet
+        for run in ("pool", "fast")
     )
     one = json.loads((tmp_path / "one" / "packcli.json").read_text())["report"]
     pool = json.loads((tmp_path / "pool" / "packcli.json").read_text())["report"]

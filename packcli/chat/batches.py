@@ -39,31 +39,41 @@ def tokenize_chat_batches(
     Rendering and tokenizing run in the caller's thread (``encode`` in ``times``), the fast
     backend's tokens of a batch on a thread while the next batch renders (``tokens_ahead``),
     or, given ``renderers`` (dialogues), batches render on its worker processes, a few
-    ahead, while this thread tokenizes and masks the batches before them (same results,
-    same order)."""
+    ahead, while this thread masks the batches before them, the fast backend tokenizing the
+    next one on the thread meanwhile (same results, same order)."""
     times = times if times is not None else StageTimes()
     pool = None
-    if renderers is None and encoder.tokens_ahead:
+    if encoder.tokens_ahead:
         pool = ThreadPoolExecutor(1, "packcli-chat")
     # Every worker busy while this thread finishes one batch.
     ahead = 2 * renderers.workers if renderers is not None else 1
-    pending: deque[tuple[DocBatch, Any, Any]] = deque()  # batch, rendering, tokens
+    pending: deque[list[Any]] = deque()  # batch, rendering, tokens, rendering back
 
     def start(batch: DocBatch) -> None:
         if renderers is not None:  # tokenized when its rendering comes back
-            pending.append((batch, renderers.submit(batch.texts), None))
+            pending.append([batch, renderers.submit(batch.texts), None, False])
             return
         t0 = time.perf_counter()
         rendering = encoder.render(batch.texts)
         tokens = pool.submit(encoder.tokens, rendering[0]) if pool is not None else None
-        pending.append((batch, rendering, tokens))
+        pending.append([batch, rendering, tokens, True])
         times.encode += time.perf_counter() - t0
 
+    def arrived(entry: list[Any]) -> list[Any]:
+        """``entry`` (batch, rendering, tokens, back) with its rendering back from the
+        workers and, with a fast backend, its tokens started on the thread."""
+        if renderers is not None and not entry[3]:
+            entry[1] = renderers.result(entry[1])
+            entry[3] = True
+            if pool is not None:
+                entry[2] = pool.submit(encoder.tokens, entry[1][0])
+        return entry
+
     def finish() -> tuple[DocBatch, pa.RecordBatch]:
-        batch, rendering, tokens = pending.popleft()
         t0 = time.perf_counter()
-        if renderers is not None:
-            rendering = renderers.result(rendering)
+        batch, rendering, tokens, _ = arrived(pending.popleft())
+        if pending:  # the next batch's tokens on the thread while this one is masked here
+            arrived(pending[0])
         rendered, failures = rendering
         tokens = tokens.result() if tokens is not None else encoder.tokens(rendered)
         encoded = encoder.finish(batch.texts, rendered, tokens, failures)
