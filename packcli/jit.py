@@ -102,10 +102,11 @@ def warm(modules: Sequence[str]) -> threading.Thread:
         try:
             for name in modules:
                 module = importlib.import_module(name)
+                kernels = [f for f in _options if f.__module__ == name]
                 with _lock:
-                    if any(f not in _compiled for f in _options if f.__module__ == name):
+                    if any(f not in _compiled for f in kernels):
                         _compile_module(module)
-                for f in [f for f in _options if f.__module__ == name]:
+                for f in kernels:
                     _load_cached(_compiled[f])
         except Exception:  # only a head start: the kernel's first call compiles and raises
             log.debug("warming %s failed", modules, exc_info=True)

@@ -160,12 +160,7 @@ def _strip_padding(
     if "labels" not in names:
         fail(where, "seq_pad without labels (padded rows mask their padding with labels)")
     col = batch.column("seq_pad")
-    if col.null_count or col.values.null_count:
-        fail(where, "column seq_pad has nulls")
-    if (bad := np.diff(to_numpy(col.offsets)) != seq_count).any():
-        fail(where, f"row {row0 + int(np.argmax(bad))}: len(seq_pad) != len(seq_lengths)")
-    o = to_numpy(col.offsets)
-    pad = to_numpy(col.values)[o[0] : o[-1]].astype(np.int64)
+    pad = _aligned(col, "seq_pad", seq_count, "seq_lengths", where, row0).astype(np.int64)
     row_of_seg = np.repeat(np.arange(seq_count.size), seq_count)
     m = padding.multiple
     bad = (pad < 0) | (pad >= seq_lens) | (pad >= m) | (seq_lens % m != 0)
@@ -212,12 +207,7 @@ def _check_pairs(
     col = batch.column("seq_roles")
     if "labels" not in batch.schema.names:
         fail(where, "seq_roles without labels (a preference output has both)")
-    if col.null_count or col.values.null_count:
-        fail(where, "column seq_roles has nulls")
-    if (bad := np.diff(to_numpy(col.offsets)) != seq_count).any():
-        fail(where, f"row {row0 + int(np.argmax(bad))}: len(seq_roles) != len(seq_lengths)")
-    o = to_numpy(col.offsets)
-    roles = to_numpy(col.values)[o[0] : o[-1]].astype(np.int64)
+    roles = _aligned(col, "seq_roles", seq_count, "seq_lengths", where, row0).astype(np.int64)
     row_of_seg = np.repeat(np.arange(seq_count.size), seq_count)
     if (bad := (roles < 0) | (roles > 2)).any():
         r = row0 + int(row_of_seg[np.argmax(bad)])
@@ -267,12 +257,7 @@ def _check_labels(
     col: Any, n_ids: np.ndarray, tokens: np.ndarray, seq_lens: np.ndarray, where: str, row0: int
 ) -> None:
     """Chat labels: one per token, -100 at every segment start, else equal to the token."""
-    if col.null_count or col.values.null_count:
-        fail(where, "column labels has nulls")
-    if (bad := np.diff(to_numpy(col.offsets)) != n_ids).any():
-        fail(where, f"row {row0 + int(np.argmax(bad))}: len(labels) != len(input_ids)")
-    o = to_numpy(col.offsets)
-    labels = to_numpy(col.values)[o[0] : o[-1]]
+    labels = _aligned(col, "labels", n_ids, "input_ids", where, row0)
     row_of_token = np.repeat(np.arange(n_ids.size), n_ids)
     starts = np.cumsum(seq_lens) - seq_lens
     if (bad := labels[starts] != IGNORE_INDEX).any():
@@ -282,3 +267,16 @@ def _check_labels(
     if (bad := trained & (labels != tokens)).any():
         r = row0 + int(row_of_token[np.argmax(bad)])
         fail(where, f"row {r}: a label differs from its token (labels are unshifted)")
+
+
+def _aligned(
+    col: Any, name: str, counts: np.ndarray, along: str, where: str, row0: int
+) -> np.ndarray:
+    """The values of list column ``name``, flat, once it has no nulls and each row holds as
+    many entries as ``along`` (``counts`` per row): one entry per token or per segment."""
+    if col.null_count or col.values.null_count:
+        fail(where, f"column {name} has nulls")
+    if (bad := np.diff(to_numpy(col.offsets)) != counts).any():
+        fail(where, f"row {row0 + int(np.argmax(bad))}: len({name}) != len({along})")
+    o = to_numpy(col.offsets)
+    return to_numpy(col.values)[o[0] : o[-1]]
