@@ -1,5 +1,5 @@
 """``python -m packcli`` runs the CLI (same as the ``packcli`` console script)."""
 
-from packcli.cli import main
+from packcli.cli import console
 
-main()
+console()

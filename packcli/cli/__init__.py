@@ -1,4 +1,5 @@
-"""The ``packcli`` command line (``packcli.cli:main`` is the console entry point).
+"""The ``packcli`` command line (``packcli.cli:console`` is the console entry point;
+``main`` the same command line as a function that gives control back).
 
 - ``app.py``: the typer app, the command table, the one error -> exit-code map, ``main``;
 - ``options.py``: the options several commands share, declared once;
@@ -8,6 +9,6 @@
 - ``export.py``: ``export`` (other training stacks' formats).
 """
 
-from packcli.cli.app import app, main
+from packcli.cli.app import app, console, main
 
-__all__ = ["app", "main"]
+__all__ = ["app", "console", "main"]

@@ -91,9 +91,16 @@ for _name, _func, _epilog in COMMANDS:
 
 
 def main() -> None:
-    """The console script: the command, then a fast exit (``_exit``)."""
+    """The command line as a function: runs the command and raises ``SystemExit`` as click
+    does, so a caller (a test, a script) gets control back."""
+    app()
+
+
+def console() -> NoReturn:
+    """The ``packcli`` console script and ``python -m packcli``: ``main``, then a fast exit
+    (``_exit``): nothing runs after it in the process."""
     try:
-        app()
+        main()
     except SystemExit as done:
         code = done.code
     else:
