@@ -21,6 +21,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from packcli.errors import ConfigError
+from packcli.tokenize import tokenizer_cache
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,8 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
     if path is not None:
         try:
             raw = path.read_bytes()
-            tok = Tokenizer.from_str(raw.decode("utf-8"))
+            file_sha = hashlib.sha256(raw).hexdigest()
+            tok = tokenizer_cache.load(raw, file_sha)
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
             raise ConfigError(f"cannot load tokenizer {path}: {exc}") from exc
         config = _config_beside(path)
@@ -177,13 +179,15 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
     # The file's bytes when there is a file (hashing them costs ms; serializing a 128k
     # tokenizer to hash it cost 0.2 s of every run).
     content = raw if raw is not None else tok.to_str().encode("utf-8")
+    if raw is None:
+        file_sha = hashlib.sha256(content).hexdigest()
     disabled = disable_length_settings(tok)
     return LoadedTokenizer(
         tokenizer=tok,
         source=source,
         config=config,
         fingerprint=_fingerprint(content, disabled),
-        file_fingerprint=hashlib.sha256(content).hexdigest(),
+        file_fingerprint=file_sha,
         disabled=disabled,
     )
 

@@ -1,0 +1,131 @@
+"""The cached copy of a tokenizer file: the same tokenizer, made once, never used when damaged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from packcli.tokenize import tokenizer_cache
+from packcli.tokenize.tokenizer import load_tokenizer
+
+DEMO = Path(__file__).resolve().parent.parent / "packcli" / "assets" / "demo_tokenizer.json"
+
+
+def pair_merges_file(folder: Path, *, space_in: bool = False) -> Path:
+    """The demo tokenizer with its merges as pairs (what recent tokenizers save), optionally
+    with one merge whose token holds a space (a form the string rewrite cannot express)."""
+    data = json.loads(DEMO.read_text(encoding="utf-8"))
+    merges = data["model"]["merges"]
+    data["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in merges]
+    if space_in:
+        data["added_tokens"] = data.get("added_tokens", [])
+        data["model"]["vocab"]["a b"] = len(data["model"]["vocab"])
+        data["model"]["vocab"]["a bc"] = len(data["model"]["vocab"])
+        data["model"]["merges"].append(["a b", "c"])
+    path = folder / "tokenizer.json"
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(folder))
+    monkeypatch.setattr(tokenizer_cache, "MIN_BYTES", 0)  # the demo file is small
+    return folder / "tokenizers"
+
+
+def load(path: Path) -> Tokenizer:
+    raw = path.read_bytes()
+    return tokenizer_cache.load(raw, hashlib.sha256(raw).hexdigest())
+
+
+def test_copy_made_once_then_used(tmp_path: Path, cache: Path, monkeypatch) -> None:
+    path = pair_merges_file(tmp_path)
+    want = Tokenizer.from_file(str(path)).to_str()
+    assert load(path).to_str() == want
+    copies = list(cache.glob("*.json"))
+    assert len(copies) == 1
+    assert b'"merges":[["' not in copies[0].read_bytes()  # merges now written as strings
+    # The second load reads the copy: the original's bytes are not parsed again.
+    seen: list[str] = []
+    real = Tokenizer.from_str
+
+    def spy(text: str) -> Tokenizer:
+        seen.append(text)
+        return real(text)
+
+    monkeypatch.setattr(tokenizer_cache.Tokenizer, "from_str", staticmethod(spy))
+    monkeypatch.setattr(tokenizer_cache, "rewritten", lambda raw: pytest.fail("rewrote again"))
+    assert load(path).to_str() == want
+    assert seen == [copies[0].read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_damaged_copy_removed_and_original_loaded(
+    tmp_path: Path, cache: Path, damage: str, caplog
+) -> None:
+    path = pair_merges_file(tmp_path)
+    want = Tokenizer.from_file(str(path)).to_str()
+    load(path)
+    (copy,) = cache.glob("*.json")
+    data = copy.read_bytes()
+    bad = {"truncate": data[: len(data) // 2], "flip": data.replace(b"\xc4\xa0", b"x", 1)}
+    copy.write_bytes(bad.get(damage, b""))
+    with caplog.at_level(logging.WARNING, logger=tokenizer_cache.__name__):
+        assert load(path).to_str() == want
+    assert "damaged" in caplog.text
+    (again,) = cache.glob("*.json")  # remade, sound
+    assert again.read_bytes() == data
+
+
+def test_no_copy_when_the_rewrite_cannot_express_it(tmp_path: Path, cache: Path) -> None:
+    path = pair_merges_file(tmp_path, space_in=True)
+    want = Tokenizer.from_file(str(path)).to_str()
+    assert tokenizer_cache.rewritten(path.read_bytes()) is None
+    assert load(path).to_str() == want
+    assert list(cache.glob("*.json")) == []
+    assert len(list(cache.glob("*.none"))) == 1
+    assert load(path).to_str() == want  # the mark is read, the original loaded
+
+
+def test_strings_already(tmp_path: Path, cache: Path) -> None:
+    assert tokenizer_cache.rewritten(DEMO.read_bytes()) is None  # the demo's merges are strings
+    assert load(DEMO).to_str() == Tokenizer.from_file(str(DEMO)).to_str()
+
+
+def test_unwritable_cache_still_loads(tmp_path: Path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(tokenizer_cache, "MIN_BYTES", 0)
+    path = pair_merges_file(tmp_path)
+    assert load(path).to_str() == Tokenizer.from_file(str(path)).to_str()
+
+
+def test_load_tokenizer_fingerprints_the_original(tmp_path: Path, cache: Path) -> None:
+    path = pair_merges_file(tmp_path)
+    first, second = load_tokenizer(str(path)), load_tokenizer(str(path))  # miss, then copy
+    assert list(cache.glob("*.json"))
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert first.file_fingerprint == second.file_fingerprint == sha
+    assert first.fingerprint == second.fingerprint
+    assert first.tokenizer.to_str() == second.tokenizer.to_str()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=200))
+def test_copy_encodes_like_the_original(text: str) -> None:
+    original = Tokenizer.from_file(str(DEMO))
+    data = json.loads(original.to_str())  # pair merges
+    copy = tokenizer_cache.rewritten(json.dumps(data).encode("utf-8"))
+    assert copy is not None
+    rewritten = Tokenizer.from_str(copy.decode("utf-8"))
+    assert rewritten.encode(text).ids == original.encode(text).ids
