@@ -15,6 +15,8 @@ import pytest
 from clirun import invoke
 from corpora import CHAT_WORDS as WORDS
 from corpora import IM_END, chatml_tokenizer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from packcli.tokenize.shards import sha256_file
@@ -367,3 +369,53 @@ def test_rendering_on_worker_processes_gives_the_same_bytes(
     args[args.index(picky)] = hostile
     code, output = invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "h", *args)
     assert code == 1 and "chat template" in output
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    shapes=st.lists(
+        st.lists(st.sampled_from(["user", "assistant", "system", "bogus"]), max_size=4),
+        max_size=12,
+    ),
+    seed=st.integers(0, 2**16),
+    train_on=st.sampled_from(["assistant", "last", "all"]),
+    fast=st.booleans(),
+)
+def test_batch_finish_equals_the_per_dialogue_loop(
+    chat_tok: Path, shapes: list[list[str]], seed: int, train_on: str, fast: bool
+) -> None:
+    """Without separators or truncation a batch is finished by whole-batch array operations;
+    they give the per-dialogue loop's ids, labels, lengths and counts exactly: dialogues with
+    nothing to train (dropped as empty documents), ones the template refuses, empty ones."""
+    from packcli.chat import encoder as chat_encoder
+    from packcli.chat import load_chat_template
+    from packcli.chat.encoder import ChatEncoder
+    from packcli.chat.offsets import ByteOffsets, FastOffsets
+    from packcli.tokenize.backends import FastokensEncoder
+
+    rng = random.Random(seed)
+    dialogues = [
+        [{"role": r, "content": " ".join(rng.choices(WORDS, k=rng.randint(0, 6)))} for r in roles]
+        for roles in shapes
+    ]
+    tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
+    chatml = load_chat_template(None, "chatml")
+    encoder = ChatEncoder(
+        tok, chatml, train_on=train_on, special_tokens={}, long_len=1 << 17, overlong="drop",
+        bos=None, eos=None,
+    )  # fmt: skip
+    if fast:
+        encoder.fast = FastOffsets(FastokensEncoder(tok, tok.to_str()), ByteOffsets.of(tok))
+    batch = encoder(dialogues)
+    real = chat_encoder._kept_flat
+    try:
+        chat_encoder._kept_flat = lambda *args: None  # the per-dialogue loop
+        loop = encoder(dialogues)
+    finally:
+        chat_encoder._kept_flat = real
+    for name in ("ids", "labels", "lengths"):
+        got, want = getattr(batch, name), getattr(loop, name)
+        assert got.dtype == want.dtype and np.array_equal(got, want), name
+    assert batch.stats == loop.stats and batch.failures == loop.failures

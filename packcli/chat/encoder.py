@@ -11,6 +11,7 @@ the pipeline imports this module on every run, text runs included.
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import KW_ONLY, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
@@ -221,6 +222,10 @@ class ChatEncoder(FastTokens):
         stats = ChatStats(dialogues=len(dialogues))
         if tokens is not None:
             stats.hf_offsets = sum(t is None for t in tokens)
+        if self.bos is None and self.eos is None and self.overlong != "truncate":
+            flat = _kept_flat(len(dialogues), [i for i, _ in rendered], results, stats)
+            if flat is not None:
+                return EncodedRecords(*flat, stats, failures)
         ids, labels = [], []
         for messages, e in zip(dialogues, encoded, strict=True):
             ends_with_answer = bool(messages) and messages[-1].get("role") == "assistant"
@@ -302,6 +307,31 @@ class ChatEncoder(FastTokens):
 RENDER_DATE = datetime(2025, 1, 1, tzinfo=UTC)
 _EMPTY = np.zeros(0, dtype=np.int32)
 Rendering = list[tuple[int, "Rendered"]]  # (index in the batch, rendered dialogue)
+
+
+def _kept_flat(
+    n: int, order: list[int], results: list[EncodedDialogue], stats: ChatStats
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``finish`` without separators or truncation, as whole-batch array operations: each
+    dialogue's ids and labels, or nothing when it has no trained token (counted), in input
+    order. Same arrays as the per-dialogue loop; None when the rendered dialogues are not in
+    input order (the loop handles that)."""
+    if any(b <= a for a, b in itertools.pairwise(order)):
+        return None
+    rendered = np.fromiter((len(e.ids) for e in results), np.int64, count=len(results))
+    ids = np.concatenate([e.ids for e in results]) if results else _EMPTY
+    mask = np.concatenate([e.mask for e in results]) if results else np.zeros(0, np.bool_)
+    running = np.zeros(len(mask) + 1, dtype=np.int64)
+    np.cumsum(mask, out=running[1:])
+    ends = np.cumsum(rendered)
+    kept = running[ends] - running[ends - rendered] > 0
+    stats.no_trainable += int(len(kept) - kept.sum())
+    stats.no_trainable_tokens += int(rendered[~kept].sum())
+    tokens = np.repeat(kept, rendered)
+    labels = np.where(mask, ids, IGNORE_INDEX).astype(np.int32)[tokens]
+    lengths = np.zeros(n, dtype=np.int64)
+    lengths[order] = np.where(kept, rendered, 0)
+    return ids[tokens].astype(np.int32), labels, lengths
 
 
 def flat_documents(

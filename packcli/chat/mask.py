@@ -21,7 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from packcli.chat.budget import DEFAULT_LIMITS, RenderLimits
-from packcli.chat.offsets import token_turns
+from packcli.chat.offsets import pieces, token_turns
 from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
 from packcli.errors import require_one_of
@@ -81,7 +81,7 @@ def _masks(lengths: list[int], turns: list[np.ndarray], train_on: str) -> list[n
         np.add.at(delta, ranges[:, 0] + base, 1)
         np.add.at(delta, ranges[:, 1] + base, -1)
         flat = np.cumsum(delta[:-1]) > 0
-    return np.split(flat, bounds[1:-1])
+    return pieces(flat, np.asarray(lengths, dtype=np.int64))
 
 
 def _check_train_on(train_on: str) -> None:
