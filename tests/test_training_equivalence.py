@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from corpora import packed_string_pairs, write_corpus
-from tiny_models import tiny_llama
+from tiny_models import IMPLS, LOSS_TOL, MARGIN, MODES, TOL, tiny_llama
 from tokenizers import Tokenizer
 from transformers import AttentionInterface, LlamaForCausalLM
 from typer.testing import CliRunner
@@ -45,11 +45,6 @@ from packcli.collate import (
     segment_ids_from_lengths,
 )
 
-TOL = 1e-4
-LOSS_TOL = 1e-5  # a float32 mean of ~1000 losses near 6 is good to ~1e-6
-MARGIN = 1e-2  # a negative control must differ by at least this (100x the tolerance)
-IMPLS = ["sdpa", "eager"]
-MODES = ["position_ids", "mask4d", "flash"]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "training.md"
 
 Segment = tuple[int, int, int]  # (row, start, end) within the row
@@ -100,21 +95,24 @@ def models(vocab_size: int) -> dict[str, LlamaForCausalLM]:
 
 
 def segments(batch_rows: list[dict[str, Any]], mode: str) -> Iterator[tuple[Segment, Segment]]:
-    """Each document as (row, start, end) in the rows and in the collated batch's layout."""
+    """Each document's real tokens as (row, start, end) in the rows and in the collated
+    batch's layout (CP padding, ``seq_pad``, left out)."""
     offset = 0
     for r, row in enumerate(batch_rows):
         cu = cu_seqlens_from_lengths(row["seq_lengths"]).tolist()
-        for a, b in itertools.pairwise(cu):
-            where = (0, offset + a, offset + b) if mode == "flash" else (r, a, b)
-            yield (r, a, b), where
+        pads = row.get("seq_pad") or [0] * (len(cu) - 1)
+        for (a, b), pad in zip(itertools.pairwise(cu), pads, strict=True):
+            end = b - pad
+            where = (0, offset + a, offset + end) if mode == "flash" else (r, a, end)
+            yield (r, a, end), where
         offset += cu[-1]
 
 
-@pytest.fixture(scope="module")
-def separate(
+def run_alone(
     models: dict[str, LlamaForCausalLM], rows: dict[str, list[dict[str, Any]]]
 ) -> dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]]:
-    """Every document run alone: (logits, loss) by (impl, config) and (row, start, end)."""
+    """Every document's real tokens run alone: (logits, loss) by (impl, config) and (row,
+    start, end)."""
     out: dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]] = {}
     with torch.no_grad():
         for impl, model in models.items():
@@ -126,6 +124,13 @@ def separate(
                     found[(r, a, b)] = (result.logits[0], result.loss)
                 out[(impl, config)] = found
     return out
+
+
+@pytest.fixture(scope="module")
+def separate(
+    models: dict[str, LlamaForCausalLM], rows: dict[str, list[dict[str, Any]]]
+) -> dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]]:
+    return run_alone(models, rows)
 
 
 def max_segment_diff(
@@ -439,46 +444,12 @@ def cp_rows(
     return loaded
 
 
-def cp_segments(
-    batch_rows: list[dict[str, Any]], mode: str
-) -> Iterator[tuple[tuple[int, int], Segment, Segment]]:
-    """Each document's (row, index), its real tokens as (row, start, end) in the rows, and
-    the same tokens in the collated batch's layout (padding left out)."""
-    offset = 0
-    for r, row in enumerate(batch_rows):
-        cu = cu_seqlens_from_lengths(row["seq_lengths"]).tolist()
-        for i, (a, b) in enumerate(itertools.pairwise(cu)):
-            end = b - row["seq_pad"][i]
-            where = (0, offset + a, offset + end) if mode == "flash" else (r, a, end)
-            yield (r, i), (r, a, end), where
-        offset += cu[-1]
-
-
 @pytest.fixture(scope="module")
 def cp_separate(
     models: dict[str, LlamaForCausalLM], cp_rows: dict[str, list[dict[str, Any]]]
 ) -> dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]]:
     """Every document's real tokens run alone, with no padding anywhere."""
-    out: dict[tuple[str, str], dict[Segment, tuple[torch.Tensor, torch.Tensor]]] = {}
-    with torch.no_grad():
-        for impl, model in models.items():
-            for config, batch_rows in cp_rows.items():
-                found = {}
-                for _, (r, a, b), _ in cp_segments(batch_rows, "position_ids"):
-                    ids = torch.tensor(batch_rows[r]["input_ids"][a:b])[None]
-                    result = model(input_ids=ids, labels=ids, use_cache=False)
-                    found[(r, a, b)] = (result.logits[0], result.loss)
-                out[(impl, config)] = found
-    return out
-
-
-def cp_max_diff(
-    logits: torch.Tensor, batch_rows: list[dict[str, Any]], mode: str, reference: dict
-) -> float:
-    return max(
-        (logits[w[0], w[1] : w[2]] - reference[s][0]).abs().max().item()
-        for _, s, w in cp_segments(batch_rows, mode)
-    )
+    return run_alone(models, cp_rows)
 
 
 @pytest.mark.parametrize("config", ["long", "short"])
@@ -494,7 +465,7 @@ def test_cp_padded_logits_and_loss_equal_separate(
     with torch.no_grad():
         result = models[impl](**batch, use_cache=False)
     reference = cp_separate[(impl, config)]
-    assert cp_max_diff(result.logits, batch_rows, mode, reference) <= TOL
+    assert max_segment_diff(result.logits, batch_rows, mode, reference) <= TOL
     assert abs(result.loss.item() - token_weighted_loss(reference)) <= LOSS_TOL
 
 
@@ -563,7 +534,7 @@ def test_te_thd_boundaries_drive_padded_attention(
     reference = cp_separate[("sdpa", "long")]
     with torch.no_grad():
         logits = model(**forward, thd=thd, use_cache=False).logits
-        assert cp_max_diff(logits, batch_rows, "flash", reference) <= TOL
+        assert max_segment_diff(logits, batch_rows, "flash", reference) <= TOL
         swapped = {**thd, "cu_seqlens_q_padded": thd["cu_seqlens_q"]}
         logits = model(**forward, thd=swapped, use_cache=False).logits
-        assert cp_max_diff(logits, batch_rows, "flash", reference) > MARGIN
+        assert max_segment_diff(logits, batch_rows, "flash", reference) > MARGIN
