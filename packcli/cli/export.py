@@ -13,13 +13,14 @@ EXPORT_EPILOG = (
     "  packcli export out/ --to megatron\n\n"
     "  packcli export out/ --to olmo --dest /data/olmo/my-corpus\n\n"
     "  packcli export out/ --to megatron-bridge --config long\n\n"
-    "  packcli export s3://bucket/out --to olmo   # to s3://bucket/out/export/olmo\n\n"
+    "  packcli export s3://bucket/out --to olmo\n\n"
     "  packcli export s3://bucket/out --to megatron-bridge --dest /data/bridge\n\n"
     "megatron and olmo take whole documents from the pack's tokenized shards (its work "
     "folder must be there); megatron-bridge takes the packed rows of data/long and "
     "data/short. OUT and --dest may be URLs (s3://, gs://, ...): a pack on the store is "
     "read one file at a time, an export to the store is made part by part in a local "
-    "staging folder and put. A rerun skips the files already complete."
+    "staging folder and put (a URL OUT's export goes to OUT/export/TO on the store unless "
+    "--dest says otherwise). A rerun skips the files already complete."
 )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,6 +45,7 @@ from packcli.faults import crash_point
 from packcli.publish.marker import read_json_object
 
 T = TypeVar("T")
+_READ_THREADS = 8
 
 
 def foreign(
@@ -183,11 +185,9 @@ class StoreDest:
         planned = planned | {EXPORT_MARKER}
         check_writable(self.url, "export folder")
         there = self._call("list it", lambda: listing(self.fs, self.prefix))
-        records = {
-            rel: self._read_json(rel)
-            for rel in sorted(there)
-            if rel.startswith(f"{PARTS_DIR}/") and rel.endswith(".json")
-        }
+        rels = sorted(r for r in there if r.startswith(f"{PARTS_DIR}/") and r.endswith(".json"))
+        with ThreadPoolExecutor(_READ_THREADS) as pool:  # small GETs: latency, not bytes
+            records = dict(zip(rels, pool.map(self._read_json, rels), strict=True))
         marker = self._read_json(EXPORT_MARKER) if EXPORT_MARKER in there else {}
         logged = {"files": sorted(uploaded_files(self.stage, self.url))}
         found = foreign(planned, there, [*records.values(), logged], marker)
