@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from clirun import invoke, invoke_ok
 from export_cases import chat_pack
+from hypothesis import given
+from hypothesis import strategies as st
 from s3count import Request, RequestLog
 from s3local import cfg
 
@@ -222,7 +224,7 @@ def test_a_chat_pack_exports_its_label_masks_to_the_store(store: str, tmp_path: 
 # --------------------------------------------------------------------------- store -> store
 
 
-@pytest.mark.parametrize("to", ["olmo", "megatron-bridge"])
+@pytest.mark.parametrize("to", FORMATS)
 def test_a_pack_on_the_store_exports_beside_itself(
     to: str,
     packs: dict[str, str],
@@ -293,6 +295,27 @@ def test_an_export_killed_mid_upload_resumes_putting_each_file_once(
     assert not first & set(second)  # put once in all
     assert remote_data(url) == reference[to]
     assert invoke_ok(*args).count("0 part(s) written") == 1
+
+
+def test_an_exported_file_replaced_on_the_store_at_its_size_is_put_again(
+    packs: dict[str, str], reference: dict[str, dict[str, str]], store: str, s3_log: RequestLog
+) -> None:
+    """Its size still matches its record, its store version does not: the part is written
+    and put again (never judged by size alone)."""
+    prefix = f"replaced-{uuid.uuid4().hex[:6]}"
+    url = f"s3://{store}/{prefix}"
+    args = ["export", packs["local"], "--to", "megatron-bridge", "--dest", url, "-q"]
+    invoke_ok(*args)
+    fs, _ = packfs.locate(url)
+    victim = sorted(r for r in reference["megatron-bridge"] if r.endswith(".idx.parquet"))[0]
+    data = bytearray(fs.cat_file(f"{store}/{prefix}/{victim}"))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(f"{store}/{prefix}/{victim}", bytes(data))
+    s3_log.take()
+    assert "1 part(s) written" in invoke_ok(*args)
+    puts = _count(s3_log.take(), "PUT", f"{prefix}/")
+    assert [k for k in puts if k.endswith(".idx.parquet")] == [f"{prefix}/{victim}"]
+    assert remote_data(url) == reference["megatron-bridge"]
 
 
 def test_an_export_resumed_on_another_machine_knows_its_files(
@@ -372,6 +395,22 @@ def test_files_of_others_in_the_destination_are_refused(
     assert (local / "tokens" / "part-00000.npy").read_bytes() == b"theirs"
     (local / "tokens" / "part-00000.npy").unlink()
     invoke_ok("export", packs["local"], "--to", "olmo", "--dest", local, "-q")
+
+
+@given(
+    planned=st.sets(st.sampled_from("abcdef")),
+    present=st.sets(st.sampled_from("abcdefgh")),
+    named=st.lists(st.sets(st.sampled_from("abcdefgh")), max_size=3),
+)
+def test_foreign_files_are_the_present_planned_files_no_record_names(
+    planned: set[str], present: set[str], named: list[set[str]]
+) -> None:
+    from packcli.export.place import foreign
+
+    records = [{"files": sorted(n)} for n in named]
+    owned = set().union(*named) if named else set()
+    got = foreign(planned, present, records, {})
+    assert set(got) == (planned & present) - owned and got == sorted(got)
 
 
 def test_a_destination_in_a_missing_bucket_fails_before_any_work(
