@@ -175,8 +175,8 @@ def test_refusals_say_what_to_do(chat, tmp_path: Path) -> None:
     out, _ = chat
     code, output = invoke("export", out, "--to", "megatron", "-q")
     assert code == 1 and "--to megatron-bridge" in output
-    code, output = invoke("export", out, "--to", "olmo", "--dest", "s3://bucket/x", "-q")
-    assert code == 1 and "local folders only" in output
+    code, output = invoke("export", out, "--to", "olmo", "--work-dir", tmp_path, "-q")
+    assert code == 1 and "--work-dir is for a URL OUT only" in output
     code, output = invoke("export", out, "--to", "nemo", "-q")
     assert code == 1 and "--to must be one of" in output
 

@@ -10,6 +10,11 @@ recorded sha256, written under temp names and renamed, read back and compared, t
 (``record.py``); memory is one part at a time (a shard is ``tokenize.shard_tokens`` tokens,
 64M by default; a Parquet file is read one row group at a time). A rerun skips parts whose
 record and files are intact; ``packcli-export.json`` is written last.
+
+Either end may be on object storage: a URL pack is read one file at a time (``source.py``),
+a URL destination is made part by part in a staging folder and put (``place.py``), so the
+bytes moved are about the parts' bytes once each way. The path lists written for the
+frameworks name the files where they are: local paths, or the URLs.
 """
 
 from __future__ import annotations
@@ -25,22 +30,20 @@ from tqdm import tqdm
 
 from packcli.atomic import atomic_write_bytes
 from packcli.export import bridge, megatron, olmo
+from packcli.export.place import Dest, LocalDest, StoreDest, destination
 from packcli.export.record import (
-    EXPORT_MARKER,
     ExportedFile,
     ExportMarker,
     PartRecord,
-    done_part,
     fingerprint,
-    write_part,
 )
 from packcli.export.source import (
     ExportError,
     Pack,
     ShardDocuments,
-    check_parquet,
     configs_of,
-    open_pack,
+    opened_pack,
+    parquet_file,
     shard_documents,
     trained,
 )
@@ -52,9 +55,10 @@ FORMATS: tuple[str, ...] = ("megatron", "olmo", "megatron-bridge")
 
 @dataclass(frozen=True)
 class ExportResult:
-    """Where the export is, its marker, and how many parts were written or kept."""
+    """Where the export is (a folder, or a URL), its marker, and how many parts were
+    written or kept."""
 
-    dest: Path
+    dest: str
     marker: dict[str, Any]
     written: int
     reused: int
@@ -66,46 +70,57 @@ def export_pack(
     dest: str | Path | None = None,
     *,
     config: str = "both",
+    work_dir: str | None = None,
     quiet: bool = False,
 ) -> ExportResult:
-    """Export the pack at ``out`` as ``to`` into ``dest`` [OUT/export/TO]."""
-    from packcli.fs import is_url
-
+    """Export the pack at ``out`` (a folder or a URL) as ``to`` into ``dest`` [OUT/export/TO,
+    on the store for a URL OUT]. ``work_dir``: for a URL OUT made with a local
+    ``--work-dir``, that folder (``source.opened_pack``)."""
     if to not in FORMATS:
         raise ExportError(f"--to must be one of {', '.join(FORMATS)}, got {to!r}")
-    for where in (out, dest):
-        if where is not None and is_url(str(where)):
+    with opened_pack(out, work_dir) as pack:
+        if pack.data_format == "preference":
             raise ExportError(
-                f"{where}: export reads and writes local folders only (for now); run it where "
-                "the pack and its work folder are, then copy the export folder to the store"
+                f"{pack.shown} is a preference pack: none of megatron, olmo or megatron-bridge "
+                "reads chosen/rejected pairs; export a text or chat pack"
             )
-    pack = open_pack(Path(out))
-    if pack.data_format == "preference":
-        raise ExportError(
-            f"{pack.out} is a preference pack: none of megatron, olmo or megatron-bridge reads "
-            "chosen/rejected pairs; export a text or chat pack"
-        )
-    if to == "megatron" and pack.data_format == "chat":
-        raise ExportError(
-            f"{pack.out} is a chat pack and Megatron's .bin/.idx has no loss mask (GPTDataset "
-            "would train on every token): use --to megatron-bridge (packed rows, loss on "
-            "assistant tokens) or --to olmo (label mask)"
-        )
-    target = Path(dest) if dest is not None else pack.out / "export" / to
-    target.mkdir(parents=True, exist_ok=True)
-    (target / EXPORT_MARKER).unlink(missing_ok=True)  # complete again only when all is
-    settings: dict[str, Any] = {
-        "format": to,
-        "pack_fingerprint": pack.meta["run"].get("fingerprint"),
-        "tokens_fingerprint": pack.meta["run"].get("tokens_fingerprint"),
-    }
-    if to == "megatron-bridge":
-        return _export_rows(pack, target, settings, configs_of(config), quiet)
-    return _export_documents(pack, target, settings, to, quiet)
+        if to == "megatron" and pack.data_format == "chat":
+            raise ExportError(
+                f"{pack.shown} is a chat pack and Megatron's .bin/.idx has no loss mask "
+                "(GPTDataset would train on every token): use --to megatron-bridge (packed "
+                "rows, loss on assistant tokens) or --to olmo (label mask)"
+            )
+        place = _destination(pack, to, dest)
+        settings: dict[str, Any] = {
+            "format": to,
+            "pack_fingerprint": pack.meta["run"].get("fingerprint"),
+            "tokens_fingerprint": pack.meta["run"].get("tokens_fingerprint"),
+        }
+        if to == "megatron-bridge":
+            return _export_rows(pack, place, settings, configs_of(config), quiet)
+        return _export_documents(pack, place, settings, to, quiet)
+
+
+def _destination(pack: Pack, to: str, dest: str | Path | None) -> Dest:
+    """``--dest``, else ``OUT/export/TO`` beside the pack (on the store for a URL pack)."""
+    if dest is not None:
+        return destination(str(dest))
+    if pack.url is not None:
+        return StoreDest(f"{pack.url}/export/{to}")
+    return LocalDest(pack.out / "export" / to)
+
+
+def _document_files(to: str, name: str, chat: bool) -> list[str]:
+    """The files one part of a document-level export is (relative to the export)."""
+    if to == "megatron":
+        return [f"{name}.bin", f"{name}.idx"]
+    return [f"tokens/{name}.npy", f"tokens/{name}.csv.gz"] + (
+        [f"label_mask/{name}.npy"] if chat else []
+    )
 
 
 def _export_documents(
-    pack: Pack, dest: Path, settings: dict[str, Any], to: str, quiet: bool
+    pack: Pack, place: Dest, settings: dict[str, Any], to: str, quiet: bool
 ) -> ExportResult:
     shards = pack.shards()
     if to == "megatron":
@@ -120,48 +135,52 @@ def _export_documents(
         "long_len": pack.long_len,
         "label_mask": chat,
     }
+    names = [f"part-{i:05d}" for i in range(len(shards.manifests))]
+    list_name = "data-args.txt" if to == "megatron" else "paths.json"
+    place.begin({list_name, *(f for n in names for f in _document_files(to, n, chat))})
     parts: list[PartRecord] = []
     written = reused = 0
     total = sum(int(m["num_tokens"]) for m in shards.manifests)
     with tqdm(total=total, unit="tok", unit_scale=True, desc=f"export {to}", disable=quiet) as bar:
-        for i, manifest in enumerate(shards.manifests):
-            name = f"part-{i:05d}"
+        for i, (name, manifest) in enumerate(zip(names, shards.manifests, strict=True)):
             fp = fingerprint({**settings, "part": name, "source": manifest.get("sha256")})
-            record = done_part(dest, name, fp)
+            record = place.done_part(name, fp)
             if record is None:
                 docs = shard_documents(pack, shards, i)
                 if to == "megatron":
-                    files = _megatron_part(dest, name, docs, dtype)
+                    files = _megatron_part(place.folder, name, docs, dtype)
                 else:
-                    files = _olmo_part(dest, name, docs, dtype, chat)
+                    files = _olmo_part(place.folder, name, docs, dtype, chat)
                 stats = {"shard": i}
                 if chat and docs.labels is not None:
                     stats["trained"] = int(trained(docs.labels, docs.starts).sum())
                 record = PartRecord(
                     name=name,
                     fingerprint=fp,
-                    files=tuple(ExportedFile.of(dest, p) for p in files),
+                    files=tuple(ExportedFile.of(place.folder, p) for p in files),
                     documents=int(docs.lengths.size),
                     tokens=int(docs.tokens.size),
                     stats=stats,
                 )
-                write_part(dest, record)
+                del docs
+                pack.release_shard(shards, i)
+                record = place.finish_part(record)
                 written += 1
             else:
                 reused += 1
             parts.append(record)
             bar.update(int(manifest["num_tokens"]))
-    extra = [_list_file(dest, to, parts)]
-    return _finish(pack, dest, to, settings, parts, extra, written, reused)
+    extra = [_list_file(place, to, parts)]
+    return _finish(pack, place, to, settings, parts, extra, written, reused)
 
 
 def _finish(
     pack: Pack,
-    dest: Path,
+    place: Dest,
     to: str,
     settings: dict[str, Any],
     parts: list[PartRecord],
-    extra: list[Path],
+    extra: list[str],
     written: int,
     reused: int,
 ) -> ExportResult:
@@ -169,14 +188,14 @@ def _finish(
     marker = ExportMarker(
         format=to,
         fingerprint=fingerprint(settings),
-        source=str(pack.out.resolve()),
+        source=pack.source,
         pack_fingerprint=str(settings["pack_fingerprint"]),
         settings=settings,
         parts=tuple(parts),
-        extra_files=tuple(ExportedFile.of(dest, p) for p in extra),
+        extra_files=tuple(place.finish_file(rel) for rel in extra),
     )
-    marker.write(dest)
-    return ExportResult(dest, marker.to_json(), written, reused)
+    place.finish(marker)
+    return ExportResult(place.where, marker.to_json(), written, reused)
 
 
 def _megatron_part(dest: Path, name: str, docs: ShardDocuments, dtype: np.dtype) -> list[Path]:
@@ -221,70 +240,73 @@ def _olmo_part(
     return files
 
 
-def _list_file(dest: Path, to: str, parts: list[PartRecord]) -> Path:
+def _list_file(place: Dest, to: str, parts: list[PartRecord]) -> str:
     """What the framework's config takes, ready to paste: Megatron's ``--data-args-path``
     file (``weight prefix ...``, weights = tokens, so sampling matches one concatenated
-    corpus), or OLMo-core's path lists."""
+    corpus), or OLMo-core's path lists; each file where the export is (a path, a URL)."""
     if to == "megatron":
-        path = dest / "data-args.txt"
-        text = " ".join(f"{p.tokens} {(dest / p.name).resolve()}" for p in parts if p.tokens)
-        atomic_write_bytes(path, (text + "\n").encode())
-        return path
-    path = dest / "paths.json"
-    listing: dict[str, list[str]] = {
-        "paths": [str((dest / "tokens" / f"{p.name}.npy").resolve()) for p in parts]
-    }
+        rel = "data-args.txt"
+        text = " ".join(f"{p.tokens} {place.shown(p.name)}" for p in parts if p.tokens)
+        atomic_write_bytes(place.folder / rel, (text + "\n").encode())
+        return rel
+    rel = "paths.json"
+    listing: dict[str, list[str]] = {"paths": [place.shown(f"tokens/{p.name}.npy") for p in parts]}
     if any(f.path.startswith("label_mask/") for p in parts for f in p.files):
-        listing["label_mask_paths"] = [
-            str((dest / "label_mask" / f"{p.name}.npy").resolve()) for p in parts
-        ]
-    atomic_write_bytes(path, (json.dumps(listing, indent=2) + "\n").encode())
-    return path
+        listing["label_mask_paths"] = [place.shown(f"label_mask/{p.name}.npy") for p in parts]
+    atomic_write_bytes(place.folder / rel, (json.dumps(listing, indent=2) + "\n").encode())
+    return rel
 
 
 def _export_rows(
-    pack: Pack, dest: Path, settings: dict[str, Any], configs: tuple[str, ...], quiet: bool
+    pack: Pack, place: Dest, settings: dict[str, Any], configs: tuple[str, ...], quiet: bool
 ) -> ExportResult:
     settings = {**settings, "configs": list(configs)}
     parts: list[PartRecord] = []
-    extra: list[Path] = []
+    extra: list[str] = []
     written = reused = 0
+    planned = {f"{c}/metadata.jsonl" for c in configs}
+    planned |= {
+        f"{c}/{bridge.bridge_name(e['file'])}" for c in configs for e in pack.parquet_files(c)
+    }
+    place.begin(planned)
     total = sum(int(f.get("tokens", 0)) for c in configs for f in pack.parquet_files(c))
     with tqdm(
         total=total, unit="tok", unit_scale=True, desc="export megatron-bridge", disable=quiet
     ) as bar:
         for config in configs:
-            (dest / config).mkdir(exist_ok=True)
+            (place.folder / config).mkdir(exist_ok=True)
             ours: list[PartRecord] = []
             for entry in pack.parquet_files(config):
                 name = f"{config}-{entry['file'].removesuffix('.parquet')}"
                 fp = fingerprint({**settings, "part": name, "source": entry["sha256"]})
-                record = done_part(dest, name, fp)
+                record = place.done_part(name, fp)
                 if record is None:
-                    src = check_parquet(pack, config, entry)
-                    final = dest / config / bridge.bridge_name(entry["file"])
-                    stats = bridge.write_bridge_file(src, final)
+                    final = place.folder / config / bridge.bridge_name(entry["file"])
+                    with parquet_file(pack, config, entry) as src:
+                        stats = bridge.write_bridge_file(src, final)
                     record = PartRecord(
                         name=name,
                         fingerprint=fp,
-                        files=(ExportedFile.of(dest, final),),
+                        files=(ExportedFile.of(place.folder, final),),
                         documents=stats.segments,
                         tokens=stats.tokens,
                         stats=stats.as_dict(),
                     )
-                    write_part(dest, record)
+                    record = place.finish_part(record)
                     written += 1
                 else:
                     reused += 1
                 ours.append(record)
                 bar.update(int(entry.get("tokens", record.tokens)))
             merged = _merge([r.stats for r in ours])
-            meta_path = dest / config / "metadata.jsonl"
+            meta_rel = f"{config}/metadata.jsonl"
             rows = bridge.metadata(merged, pack.capacity(config))
-            atomic_write_bytes(meta_path, (json.dumps(rows, indent=2) + "\n").encode())
-            extra.append(meta_path)
+            atomic_write_bytes(
+                place.folder / meta_rel, (json.dumps(rows, indent=2) + "\n").encode()
+            )
+            extra.append(meta_rel)
             parts += ours
-    return _finish(pack, dest, "megatron-bridge", settings, parts, extra, written, reused)
+    return _finish(pack, place, "megatron-bridge", settings, parts, extra, written, reused)
 
 
 def _merge(stats: list[dict[str, int]]) -> bridge.BridgeStats:

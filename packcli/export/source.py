@@ -6,11 +6,22 @@ it: whole (a document ``split`` across rows is one document here, since Megatron
 OLMo-core cut their own training windows), its kept prefix under ``truncate``, absent under
 ``drop`` or when empty: the rule ``publish.expected.expected_pieces`` writes down for verify,
 applied per document as lengths so a shard is never copied token by token.
+
+A pack on object storage (a URL ``OUT``) is read the same way, one file at a time: its
+``packcli.json`` is fetched into a scratch folder under packcli's cache, each Parquet file
+(``fs.fetch_output_file``) or tokenized shard (its work folder's ``WorkStore.fetch``, when
+the work folder is on the store) is fetched whole once, checked against its sha256, used,
+and deleted. A URL ``OUT`` made with a local work folder keeps its shards on the machine
+that made it (its staging folder, or the ``--work-dir`` it was given). Messages name the
+URLs, never the local copies.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packcli.errors import PackcliError
-from packcli.names import CONFIG_NAMES, IGNORE_INDEX
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER
 from packcli.publish.marker import read_json_object, read_marker
 from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
 
@@ -31,11 +42,33 @@ class ExportError(PackcliError):
 
 @dataclass(frozen=True)
 class Pack:
-    """A finished pack as an export sees it: where it is, its marker, and its settings."""
+    """A finished pack as an export sees it: where it is, its marker, and its settings.
+    ``out`` holds its ``packcli.json``: the pack itself, or for a URL (``url``) a local copy
+    in ``scratch``, where its files are fetched one at a time; ``store``: its work folder on
+    the store (``stages.workstore.WorkStore``) whose mirror is ``tokens_dir``'s parent."""
 
     out: Path
     meta: dict[str, Any]
     tokens_dir: Path
+    url: str | None = None
+    store: Any = None
+    scratch: Path | None = None
+    names: tuple[tuple[str, str], ...] = ()  # local copy -> the URL messages name instead
+
+    @property
+    def shown(self) -> str:
+        """The pack as messages name it."""
+        return self.reword(str(self.out))
+
+    @property
+    def source(self) -> str:
+        """The pack as the export's marker records it."""
+        return self.shown if self.url else str(self.out.resolve())
+
+    def reword(self, text: str) -> str:
+        for local, url in self.names:
+            text = text.replace(local, url)
+        return text
 
     @property
     def data_format(self) -> str:
@@ -65,18 +98,30 @@ class Pack:
         """The pack's own tokenized shards; an error naming the folder when they are gone or
         belong to another run (a rerun of ``pack`` with other inputs reuses the folder)."""
         index = read_json_object(self.tokens_dir / "_SUCCESS.json")
+        where = self.reword(str(self.tokens_dir))
         if not index:
+            hint = (
+                " (a URL OUT made with a local work folder keeps its shards on the machine "
+                "that made it: export there, with the --work-dir given to pack, if any)"
+                if self.url and self.store is None
+                else ""
+            )
             raise ExportError(
-                f"{self.tokens_dir}: no completed tokenize stage, so the whole documents of "
-                f"{self.out} are not there (the work folder was removed or moved); rerun the "
-                "same packcli pack to rebuild it"
+                f"{where}: no completed tokenize stage, so the whole documents of "
+                f"{self.shown} are not there (the work folder was removed or moved{hint}); "
+                "rerun the same packcli pack to rebuild it"
             )
         if index.get("fingerprint") != self.meta["run"].get("tokens_fingerprint"):
             raise ExportError(
-                f"{self.tokens_dir}: tokenized shards belong to another run than "
-                f"{self.out / 'packcli.json'}; rerun the same packcli pack"
+                f"{where}: tokenized shards belong to another run than "
+                f"{self.reword(str(self.out / MARKER))}; rerun the same packcli pack"
             )
-        return TokenShards(self.tokens_dir)
+        return TokenShards(self.tokens_dir, self.store)
+
+    def release_shard(self, shards: TokenShards, index: int) -> None:
+        """Delete the local copy of a shard fetched from the store (one at a time)."""
+        if self.store is not None:
+            (self.tokens_dir / shards.manifests[index]["file"]).unlink(missing_ok=True)
 
     def parquet_files(self, config: str) -> list[dict[str, Any]]:
         """The config's Parquet files as ``packcli.json`` lists them (file, rows, sha256)."""
@@ -92,6 +137,72 @@ def open_pack(out: Path) -> Pack:
     recorded = Path(meta["run"].get("work_dir") or ".packcli")
     work = recorded if recorded.is_absolute() else out / recorded
     return Pack(out=out, meta=meta, tokens_dir=work / "tokens")
+
+
+@contextmanager
+def opened_pack(out: str | Path, work_dir: str | None = None) -> Iterator[Pack]:
+    """The pack at ``out``, a local folder or a URL (then read through a scratch folder,
+    removed after). ``work_dir``: for a URL ``OUT`` made with a local ``--work-dir``, that
+    folder (the shards are in its ``.packcli``), else the cache folder ``pack`` staged in."""
+    from packcli.fs import cache_root, is_url, local_path
+
+    if not is_url(str(out)):
+        if work_dir is not None:
+            raise ExportError(
+                "--work-dir is for a URL OUT only: a local pack's packcli.json names its work "
+                "folder"
+            )
+        yield open_pack(Path(local_path(str(out))))
+        return
+    root = cache_root() / "exports" / "reads"
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="pack-", dir=root))
+    try:
+        yield _open_remote(str(out).rstrip("/"), work_dir, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _open_remote(url: str, work_dir: str | None, scratch: Path) -> Pack:
+    """A URL ``OUT``: its ``packcli.json`` fetched (one GET) and checked, and where its
+    tokenized shards are: on the store (the work folder it names; only the stage's index is
+    fetched now) or on this disk."""
+    from packcli.fs import fetch_output_file, info, is_url, redact, staging_root
+
+    shown = redact(url)
+    local = scratch / "pack"
+    try:
+        info(f"{url}/{MARKER}", fresh=True)  # "not found" apart from a failed read
+        fetch_output_file(url, MARKER, local)
+    except PackcliError as exc:
+        raise ExportError(
+            f"{shown}: no {MARKER} to read, so the pack is missing or incomplete ({exc})"
+        ) from None
+    except Exception as exc:  # a backend error that is not an OSError (credentials)
+        raise ExportError(f"{shown}/{MARKER}: cannot be read ({type(exc).__name__})") from exc
+    names: tuple[tuple[str, str], ...] = ((str(local), shown),)
+    try:
+        meta = read_marker(local)
+    except PackcliError as exc:
+        raise ExportError(str(exc).replace(str(local), shown)) from None
+    recorded = str(meta["run"].get("work_dir") or ".packcli")
+    if not is_url(recorded):
+        folder = Path(recorded)
+        if not folder.is_absolute():
+            folder = staging_root(url, work_dir or "") / folder
+        return Pack(local, meta, folder / "tokens", url=url, scratch=scratch, names=names)
+    if work_dir is not None:
+        raise ExportError(
+            f"--work-dir: {shown}/{MARKER} names its work folder on the store "
+            f"({redact(recorded)}); leave --work-dir out"
+        )
+    from packcli.stages.workstore import WorkStore
+
+    mirror = scratch / "work"
+    store = WorkStore(recorded, mirror, url, scratch / "mirror-out")
+    store.pull("tokens/_SUCCESS.json")  # the stage's index; the shards come one at a time
+    names = ((str(mirror), redact(recorded).rstrip("/")), *names)
+    return Pack(local, meta, mirror / "tokens", url=url, store=store, scratch=scratch, names=names)
 
 
 def kept_lengths(lengths: np.ndarray, long_len: int, policy: str) -> np.ndarray:
@@ -128,7 +239,7 @@ def shard_documents(pack: Pack, shards: TokenShards, index: int) -> ShardDocumen
         shards.check_content(index)
         shard = shards.shard(index)
     except ShardError as exc:
-        raise ExportError(str(exc)) from None
+        raise ExportError(pack.reword(str(exc))) from None
     offsets = shard.offsets
     lengths = np.diff(offsets)
     keep = kept_lengths(lengths, pack.long_len, pack.overlong)
@@ -159,12 +270,40 @@ def check_parquet(pack: Pack, config: str, entry: dict[str, Any]) -> Path:
     path = pack.out / "data" / config / entry["file"]
     if not path.is_file():
         raise ExportError(f"{path}: missing, but {pack.out / 'packcli.json'} lists it")
+    _check_sha(path, str(path), entry)
+    return path
+
+
+def _check_sha(path: Path, shown: str, entry: dict[str, Any]) -> None:
     if sha256_file(path) != entry["sha256"]:
         raise ExportError(
-            f"{path}: changed since packcli wrote it (its sha256 differs from packcli.json); "
+            f"{shown}: changed since packcli wrote it (its sha256 differs from packcli.json); "
             "rerun packcli write/finalize or the same packcli pack"
         )
-    return path
+
+
+@contextmanager
+def parquet_file(pack: Pack, config: str, entry: dict[str, Any]) -> Iterator[Path]:
+    """A listed Parquet file, checked (``check_parquet``); of a URL pack, fetched whole
+    once into the scratch folder and deleted after."""
+    if pack.url is None:
+        yield check_parquet(pack, config, entry)
+        return
+    from packcli.fs import fetch_output_file
+
+    assert pack.scratch is not None
+    rel = f"data/{config}/{entry['file']}"
+    try:
+        path = fetch_output_file(pack.url, rel, pack.scratch / "rows")
+    except PackcliError as exc:
+        raise ExportError(str(exc)) from None
+    except Exception as exc:  # a backend error that is not an OSError (credentials)
+        raise ExportError(f"{pack.shown}/{rel}: cannot be read ({type(exc).__name__})") from exc
+    try:
+        _check_sha(path, f"{pack.shown}/{rel}", entry)
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
