@@ -37,9 +37,11 @@ with the number of ranks or workers (an error then, not a skipped or repeated ro
 
 ``PackedDataLoader`` (needs torchtitan) is the ``Trainer.Config.dataloader`` to use:
 ``PackedDataLoader.Config(dataset_path="out/", pack_config="long")``, with
-``training.seq_len`` the config's capacity. Cost: a row becomes a sample in ~50 us plus the
-Parquet read (one row group, ~16M tokens, at a time); tests/test_torchtitan.py checks all of
-it with torchtitan's own mask builders on real packs.
+``training.seq_len`` the config's capacity. Cost, one worker on one core of the loaded 2-core
+development machine, Parquet read included (one row group, at most ~16M tokens, in memory at
+a time): 0.24 ms a 4096-token row, 0.57 ms a 16384-token row (every row of a 20,000-document
+pack, best of 3), far below a training step's time for the same tokens. tests/test_torchtitan.py
+checks all of it with torchtitan's own loader, mask builders and model on real packs.
 """
 
 from __future__ import annotations
@@ -229,6 +231,9 @@ class PackedTitanDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Sample]:
         start, stop = self.worker_bounds()
+        if stop > start and start + self._yielded >= stop:  # a finished pass: the next epoch
+            self._epoch += 1
+            self._yielded = 0
         while True:
             for tokens, positions, labels in self._samples(start + self._yielded, stop):
                 self._yielded += 1  # before the yield: a state taken after it counts this row
