@@ -328,7 +328,8 @@ def test_cp_padding_is_inside_its_segment_and_never_a_target(cp_pack: Path) -> N
 @pytest.mark.frameworks
 def test_torchtitan_dataloader_resumes_from_its_checkpoint_state(text) -> None:
     """torchtitan's ``state_dict``/``load_state_dict`` (pickled ``StatefulDataLoader`` state
-    per dp rank) with 2 workers: the resumed loader yields exactly the batches not yet seen."""
+    per dp rank) with 2 workers: the resumed loader yields exactly the batches not yet seen;
+    with another worker count the state is refused, not read from the wrong rows."""
     _need_torchtitan()
     out, _ = text
 
@@ -345,6 +346,10 @@ def test_torchtitan_dataloader_resumes_from_its_checkpoint_state(text) -> None:
     resumed.load_state_dict(state)
     assert head + batches(resumed) == whole
     assert len(whole) > 4
+    fewer_workers = titan_loader(out, 1, 2, num_workers=1, batch=2)
+    fewer_workers.load_state_dict(state)
+    with pytest.raises(TitanDataError, match="same data-parallel size and num_workers"):
+        batches(fewer_workers)
 
 
 def docs_config_function() -> Any:
@@ -387,9 +392,12 @@ def test_torchtitan_llama_computes_every_packed_document_as_if_alone(
 ) -> None:
     """torchtitan's llama3 debug model (flex attention, block_causal from our positions, the
     masks built by its own ``get_attention_masks``): each document's logits in a packed batch
-    equal its logits run alone, and the same batch with plain positions differs (the negative
+    equal its logits run alone, torchtitan's loss on the packed batch is the sum of the
+    documents' own losses, and the same batch with plain positions differs (the negative
     control)."""
     _need_torchtitan()
+    import torch.nn.functional as F
+    from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.models.llama3 import model_registry
 
     out, _ = text
@@ -410,19 +418,23 @@ def test_torchtitan_llama_computes_every_packed_document_as_if_alone(
 
     samples = sorted(PackedTitanDataset(out), key=documents_in)[-2:]  # the most documents
     inputs = {k: torch.stack([x[0][k] for x in samples]) for k in ("input", "positions")}
+    labels = torch.stack([x[1] for x in samples])
     packed = logits(inputs["input"], inputs["positions"])
     plain = logits(inputs["input"], torch.arange(LONG).expand(2, LONG).contiguous())
-    worst, control, n_docs = 0.0, 0.0, 0
+    worst, control, alone_loss, n_docs = 0.0, 0.0, 0.0, 0
     for r, spans in enumerate(titan_documents(inputs["positions"])):
         real = len(by_input[tuple(inputs["input"][r].tolist())]["seq_lengths"])
-        # The first document starts the row, so it is alone under any mask: take the next
-        # ones (at most 3 a row: every new length compiles flex attention once more).
-        for s, e in spans[1 : min(real, 4)]:
-            alone = logits(inputs["input"][r : r + 1, s:e], torch.arange(e - s)[None])[0]
+        for s, e in spans[:real]:
+            doc = inputs["input"][r : r + 1, s:e]
+            alone = logits(doc, torch.arange(e - s)[None])[0]
             worst = max(worst, float((packed[r, s:e] - alone).abs().max()))
-            control = max(control, float((plain[r, s:e] - alone).abs().max()))
+            if s > 0:  # a row's first document is alone under any mask
+                control = max(control, float((plain[r, s:e] - alone).abs().max()))
+            # the document's own next-token loss, shifted here from its tokens alone
+            alone_loss += float(F.cross_entropy(alone[:-1], doc[0, 1:], reduction="sum"))
             n_docs += 1
     assert n_docs >= 4
-    print("LOGITS", worst, control, n_docs)
     assert worst < 1e-4
     assert control > 1e-2
+    # torchtitan's loss (a sum over labels != IGNORE_INDEX) on the packed batch
+    assert float(cross_entropy_loss(packed, labels)) == pytest.approx(alone_loss, rel=1e-5)
