@@ -25,15 +25,16 @@ Unlike torchtitan's text dataset, which drops each document's last token from th
 token is lost: a document's last token is an input with no target (under causal attention it
 changes no other token). Preference packs are refused (their rows need a pairwise loss).
 
-Sharding: the config's rows, in file order, are cut into ``dp_world_size`` contiguous, equal
-(±1 row) ranges, and each range into one per dataloader worker, so every row is read by one
-worker of one rank, once an epoch, and a worker reads only the row groups of its range (a
-pack's rows are shuffled, and a mixture's rows dealt so every window holds each source near
-its share, when packed, so a contiguous range is as good a sample as a strided one, and total
-reads stay one pass over the files instead of one per worker). torchtitan's
-``StatefulDataLoader`` interleaves the workers' batches. ``state_dict`` holds the epoch and the
-rows of its range a worker has yielded, checked on resume against the range, which changes
-with the number of ranks or workers (an error then, not a skipped or repeated row).
+Sharding: the config's rows, in file order, are cut into ``dp_world_size`` contiguous ranges
+of equal size (±1 row), and each range into one part per dataloader worker. Every row is read
+by one worker of one rank, once an epoch, and a worker reads only the row groups of its part,
+so the workers together read the files once (dealt strided, rank r taking rows r, r + W, ...,
+every worker would decode every row group). A contiguous range is as good a sample: packcli
+shuffles the rows, and deals a mixture's rows so that every window holds each source near its
+share. torchtitan's ``StatefulDataLoader`` interleaves the workers' batches. ``state_dict``
+holds the epoch and the rows of its part a worker has yielded, checked on resume against the
+part, which changes with the number of ranks or workers (an error then, not a skipped or
+repeated row).
 
 ``PackedDataLoader`` (needs torchtitan) is the ``Trainer.Config.dataloader`` to use:
 ``PackedDataLoader.Config(dataset_path="out/", pack_config="long")``, with
@@ -46,7 +47,6 @@ checks all of it with torchtitan's own loader, mask builders and model on real p
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,8 +61,6 @@ from packcli.collate import cu_seqlens_from_lengths, position_ids_from_lengths
 from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.publish.marker import read_marker
-
-logger = logging.getLogger(__name__)
 
 TESTED_TORCHTITAN = "0.3.0"
 Sample = tuple[dict[str, torch.Tensor], torch.Tensor]
@@ -195,6 +193,11 @@ class PackedTitanDataset(IterableDataset):  # type: ignore[type-arg]
             for entry in meta["files"][config]
         ]
         self.num_rows = sum(rows for _, rows in self.files)
+        if self.num_rows < dp_world_size:
+            raise TitanDataError(
+                f"the {config} config of {self.pack_dir} has {self.num_rows} rows, fewer than the "
+                f"{dp_world_size} data-parallel ranks: some would get none"
+            )
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.infinite = infinite

@@ -196,6 +196,9 @@ def test_settings_that_cannot_train_are_refused(
         PackedTitanDataset(out, seq_len=256)
     with pytest.raises(TitanDataError, match="config must be one of"):
         PackedTitanDataset(out, config="medium")
+    rows = PackedTitanDataset(out).num_rows
+    with pytest.raises(TitanDataError, match=f"has {rows} rows, fewer than the {rows + 1} data"):
+        PackedTitanDataset(out, dp_world_size=rows + 1)
     pairs = packed_string_pairs(tmp_path, toy_tokenizer_path, 10, seed=1)
     with pytest.raises(TitanDataError, match="preference pairs"):
         PackedTitanDataset(pairs)
