@@ -36,8 +36,9 @@ test: $(DEV_STAMP)
 	$(BIN)/ruff format --check packcli tests scripts
 	$(BIN)/python -m pytest -q
 
-# The training frameworks' own readers on `packcli export` output, in a venv of their own
-# (ai2-olmo-core's dependencies stay out of .venv); runs only the tests marked `frameworks`.
+# The training frameworks' own readers on `packcli export` output, and torchtitan on packs, in a
+# venv of their own (ai2-olmo-core's and torchtitan's dependencies stay out of .venv); runs only
+# the tests marked `frameworks`.
 FW_VENV := .venv-frameworks
 FW_STAMP := $(FW_VENV)/.stamp
 
