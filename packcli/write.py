@@ -89,9 +89,10 @@ SEQ_PAD_FIELD = pa.field("seq_pad", pa.list_(pa.int32()))
 # Asked for (``write.cost_model``, ``--cost-model``), rows add ``cost``: the row's training
 # compute by the cost model (``packcli.pack.schedule.CostModel``: per token plus per squared
 # segment length, over its ``seq_lengths`` as stored), what ``PackedDistributedSampler``
-# balances. float64, not int64: the model's coefficients are estimates in FLOPs (a row of an
-# 8B model is ~6e15, past where int64 rounding would mean anything), and float64 is what
-# ``row_costs`` and the sampler compute in. Off by default: other rows' bytes do not change.
+# balances. float64, not int64: the coefficients are real-valued estimates (FLOPs from an
+# estimated parameter count), which an integer would only round; float64 holds a 70B model's
+# 131k-token row (~6e16) to 1 part in 1e16, and it is what ``row_costs`` and the sampler
+# compute in. Off by default: without it the rows' bytes are what they were.
 COST_FIELD = pa.field("cost", pa.float64())
 
 
