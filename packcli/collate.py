@@ -98,6 +98,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from packcli.names import IGNORE_INDEX as IGNORE_INDEX  # public here: trainers import it
+from packcli.pack.padding import pad_positions, padded_length
 
 if TYPE_CHECKING:
     import torch
@@ -298,8 +299,7 @@ class PackedCollator:
         return np.concatenate(spans).reshape(-1, 3)
 
     def _padded_length(self, n: int) -> int:
-        m = self.pad_to_multiple_of
-        return n if m is None else -(-n // m) * m
+        return padded_length(n, self.pad_to_multiple_of)
 
     def _flatten(self, parsed: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, Any]:
         import torch
@@ -455,12 +455,7 @@ def _parse_row(row: Mapping[str, Any], index: int) -> tuple[np.ndarray, np.ndarr
     else:
         labels = ids.copy()
     if row.get("seq_pad") is not None:
-        pad = _parse_pad(row, index, lengths)
-        ends = np.cumsum(lengths)
-        n = int(pad.sum())
-        if n:
-            first = np.repeat(ends - pad, pad)
-            labels[first + np.arange(n) - np.repeat(np.cumsum(pad) - pad, pad)] = IGNORE_INDEX
+        labels[pad_positions(lengths, _parse_pad(row, index, lengths))] = IGNORE_INDEX
     return ids, labels, lengths
 
 

@@ -142,8 +142,18 @@ class WriteConfig:
     # None cuts a config into up to AUTO_FILES files, one per row group of tokens; a number
     # asks for that many (at most one per row).
     min_files: int | None = None
+    # Rows add a ``cost`` column by this cost model (``packcli.pack.schedule``): a preset's
+    # name (llama-1b, llama-8b, llama-70b) or a transformers config.json. None: no column.
+    cost_model: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cost_model is not None:
+            from packcli.pack.schedule import resolve_cost_model  # numpy: only when asked
+
+            try:
+                resolve_cost_model(self.cost_model)
+            except ValueError as exc:
+                raise ConfigError(f"write.cost_model: {exc}") from None
         if self.shard_tokens < 1:
             raise ConfigError(f"write.shard_tokens must be >= 1, got {self.shard_tokens}")
         if self.min_files is not None and self.min_files < 1:

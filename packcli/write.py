@@ -17,6 +17,7 @@ import itertools
 import os
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,15 +30,39 @@ from packcli.config import AUTO_FILES, PlanConfig, WriteConfig
 from packcli.jit import kernel, pick
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.pack.mixture import key_doc, key_repeat, source_of
-from packcli.pack.plan import Plan, RowLayout, padded_sizes, plan_two_tier
+from packcli.pack.padding import pad_mask, padded_sizes
+from packcli.pack.plan import Plan, RowLayout, piece_numbers, plan_two_tier
+from packcli.pack.schedule import CostModel
 from packcli.tokenize.shards import LazyShards, ShardTokens, TokenShards
 
+# The rows' layout, as a version: bumped when the same plan writes other bytes (2: the
+# per-segment ``seq_pieces`` and ``seq_last`` columns), so a resumed run rewrites older files
+# (part of the write fingerprint, ``packcli.stages.write``).
+ROWS_VERSION = 2
+
+# Per segment, which piece of its document it is and whether the document ends with it.
+# ``seq_pieces``: 0-based index of the piece within its document (a document longer than
+# ``long_len`` is split into consecutive pieces, ``--overlong split``; a whole document is
+# piece 0). ``seq_last``: 1 when the segment is its document's last piece in the output (the
+# document ends here, or was truncated to it), 0 when the document continues in a later
+# piece, in another row. Why a flag column and not the piece count or an encoded value: a
+# reader placing EOD (Megatron-style ``end_document``) or reassembling documents decides per
+# segment with one lookup, without the other rows (which are shuffled) or a document table,
+# and ``seq_pieces`` stays a plain index. int8 and not bool: Arrow bools are bit-packed and
+# convert through pyarrow's slow path, and int8 matches ``seq_roles``. Chat and preference
+# documents are never split (the config refuses ``split`` for them), so their segments are
+# all piece 0, last 1: written anyway, so every output has the same segment columns.
+PIECE_FIELDS = (
+    pa.field("seq_pieces", pa.list_(pa.int32())),
+    pa.field("seq_last", pa.list_(pa.int8())),
+)
 ROW_SCHEMA = pa.schema(
     [
         pa.field("input_ids", pa.list_(pa.int32())),
         pa.field("segment_ids", pa.list_(pa.int32())),
         pa.field("seq_lengths", pa.list_(pa.int32())),
         pa.field("doc_ids", pa.list_(pa.int64())),
+        *PIECE_FIELDS,
         pa.field("num_tokens", pa.int32()),
     ]
 )
@@ -61,16 +86,63 @@ MIX_ROW_SCHEMA = ROW_SCHEMA.append(pa.field("source_ids", pa.list_(pa.int16())))
 # They always have ``labels`` (-100 on padding), so any trainer that reads labels leaves the
 # padding out of the loss; text outputs get the column only when padded.
 SEQ_PAD_FIELD = pa.field("seq_pad", pa.list_(pa.int32()))
+# Asked for (``write.cost_model``, ``--cost-model``), rows add ``cost``: the row's training
+# compute by the cost model (``packcli.pack.schedule.CostModel``: per token plus per squared
+# segment length, over its ``seq_lengths`` as stored), what ``PackedDistributedSampler``
+# balances. float64, not int64: the coefficients are real-valued estimates (FLOPs from an
+# estimated parameter count), which an integer would only round; float64 holds a 70B model's
+# 131k-token row (~6e16) to 1 part in 1e16, and it is what ``row_costs`` and the sampler
+# compute in. Off by default: without it the rows' bytes are what they were.
+COST_FIELD = pa.field("cost", pa.float64())
 
 
-def row_schema(source: TokenSource, padded: bool = False) -> pa.Schema:
-    if source.source_first_doc is not None:  # a mixture (never padded: config refuses it)
-        return MIX_ROW_SCHEMA
-    if source.has_pairs:
-        return PREFERENCE_ROW_SCHEMA
-    if padded:
-        return CHAT_ROW_SCHEMA.append(SEQ_PAD_FIELD)
-    return CHAT_ROW_SCHEMA if source.has_labels else ROW_SCHEMA
+def schema_for(
+    *,
+    labels: bool = False,
+    pairs: bool = False,
+    mixture: bool = False,
+    padded: bool = False,
+    cost: bool = False,
+) -> pa.Schema:
+    """The row schema of an output: the base columns, then those its format and settings
+    add (the one place the card and the writer take it from)."""
+    if mixture:  # never padded, never chat: the config refuses both
+        schema = MIX_ROW_SCHEMA
+    elif pairs:
+        schema = PREFERENCE_ROW_SCHEMA
+    elif padded:
+        schema = CHAT_ROW_SCHEMA.append(SEQ_PAD_FIELD)
+    else:
+        schema = CHAT_ROW_SCHEMA if labels else ROW_SCHEMA
+    return schema.append(COST_FIELD) if cost else schema
+
+
+def row_schema(source: TokenSource, padded: bool = False, cost: bool = False) -> pa.Schema:
+    return schema_for(
+        labels=source.has_labels,
+        pairs=source.has_pairs,
+        mixture=source.source_first_doc is not None,
+        padded=padded,
+        cost=cost,
+    )
+
+
+@dataclass(frozen=True)
+class PieceRule:
+    """How the writer numbers segments as pieces of their documents (``seq_pieces``,
+    ``seq_last``): the plan cut documents longer than ``long_len`` into consecutive slices of
+    it, and ``truncate`` says per source (one entry when the output is no mixture) whether
+    the overlong policy truncated them instead (then a document's one piece is its last)."""
+
+    long_len: int
+    truncate: tuple[bool, ...] = (False,)
+
+    @classmethod
+    def of_plan(cls, plan: Plan) -> PieceRule:
+        """The rule for a plan with a long config and no truncation (tests, small callers)."""
+        if plan.long is None:
+            raise ValueError("a plan without a long config: give write a PieceRule")
+        return cls(plan.long.capacity)
 
 
 def pad_token_id(tokenizer: dict[str, object]) -> int:
@@ -187,6 +259,23 @@ class TokenSource:
             source_first_doc=np.array([s["first_doc"] for s in mix], np.int64) if mix else None,
         )
 
+    def doc_lengths(self, docs: np.ndarray) -> np.ndarray:
+        """Per entry read (a doc id or copy key; in a tail shard, a piece's index there):
+        the length of its document, of which it may be a piece."""
+        if self.source_first_doc is not None:
+            docs = key_doc(docs)
+        out = np.zeros(docs.size, dtype=np.int64)
+        shard_of = np.searchsorted(self.first_doc, docs, "right") - 1
+        for s in np.unique(shard_of):
+            shard = self.shards[int(s)]
+            m = shard_of == s
+            at = docs[m] - shard.first_doc_id
+            if shard.doc_len is not None:
+                out[m] = shard.doc_len[at]
+            else:
+                out[m] = shard.offsets[at + 1] - shard.offsets[at]
+        return out
+
     def chosen_len(self, docs: np.ndarray) -> np.ndarray:
         """Per document, the length of a pair's first sequence (0: not a pair)."""
         out = np.zeros(docs.size, dtype=np.int64)
@@ -241,10 +330,15 @@ def rows_to_table(
     source: TokenSource,
     *,
     pad_id: int = 0,
+    pieces: PieceRule | None = None,
+    cost_model: CostModel | None = None,
 ) -> pa.Table:
     """Rows ``r0..r1-1`` of a config as an Arrow table in the public row schema; a plan with
     context-parallel padding puts ``pad_id`` tokens after each segment's own (label -100),
-    counted in the segment's ``seq_lengths`` and in ``seq_pad``."""
+    counted in the segment's ``seq_lengths`` and in ``seq_pad``. ``pieces``: how segments are
+    numbered as pieces of their documents (default ``PieceRule.of_plan``); ``cost_model``:
+    add each row's ``cost``."""
+    rule = pieces if pieces is not None else PieceRule.of_plan(plan)
     p0, p1 = int(layout.row_offsets[r0]), int(layout.row_offsets[r1])
     pieces = layout.row_pieces[p0:p1]
     docs = plan.piece_doc[pieces]
@@ -256,10 +350,16 @@ def rows_to_table(
         src, src_starts = docs, starts
     else:
         src, src_starts = plan.piece_source[pieces], np.zeros_like(starts)
+    truncated: np.ndarray | bool = rule.truncate[0]
+    if source.source_first_doc is not None and len(rule.truncate) > 1:
+        truncated = np.asarray(rule.truncate)[source_of(docs, source.source_first_doc)]
+    piece, last = piece_numbers(starts, lens, source.doc_lengths(src), rule.long_len, truncated)
     roles = None
     if source.has_pairs:
         chosen = source.chosen_len(src)
-        docs = np.repeat(docs, 1 + (chosen > 0))  # a pair's two sequences keep its doc id
+        n_seg = 1 + (chosen > 0)
+        docs = np.repeat(docs, n_seg)  # a pair's two sequences keep its doc id
+        piece, last = np.repeat(piece, n_seg), np.repeat(last, n_seg)  # and its one piece
         src, src_starts, lens, seg_offsets, roles = pair_segments(
             src, src_starts, lens, seg_offsets, chosen
         )
@@ -282,6 +382,8 @@ def rows_to_table(
         list_array(tok_offsets, segment_ids, pa.int32()),
         list_array(seg_offsets, sizes, pa.int32()),
         list_array(seg_offsets, docs, pa.int64()),
+        list_array(seg_offsets, piece, pa.int32()),
+        list_array(seg_offsets, last, pa.int8()),
         to_arrow(row_tokens, pa.int32()),
     ]
     if source.has_labels or pad is not None:
@@ -289,7 +391,7 @@ def rows_to_table(
             labels = source.gather(src, src_starts, lens, labels=True, pad=pad, fill=IGNORE_INDEX)
         else:  # text: every real token is trained, padding never
             labels = tokens.copy()
-            labels[_pad_mask(sizes, pad)] = IGNORE_INDEX  # type: ignore[arg-type]
+            labels[pad_mask(sizes, pad)] = IGNORE_INDEX  # type: ignore[arg-type]
         labels[np.cumsum(sizes) - sizes] = IGNORE_INDEX  # no loss on a segment's first token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
     if roles is not None:
@@ -303,18 +405,24 @@ def rows_to_table(
         del keys
     if pad is not None:
         columns.append(list_array(seg_offsets, pad, pa.int32()))
-    return pa.Table.from_arrays(columns, schema=row_schema(source, pad is not None))
+    if cost_model is not None:
+        columns.append(to_arrow(row_costs(seg_offsets, sizes, cost_model), pa.float64()))
+    schema = row_schema(source, pad is not None, cost_model is not None)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _pad_mask(sizes: np.ndarray, pad: np.ndarray) -> np.ndarray:
-    """True at the padding tokens: the last ``pad[i]`` of each segment of ``sizes[i]``."""
-    ends = np.cumsum(sizes)
-    mask = np.zeros(int(ends[-1]) if ends.size else 0, dtype=bool)
-    n = int(pad.sum())
-    if n:
-        first = np.repeat(ends - pad, pad)
-        mask[first + np.arange(n) - np.repeat(np.cumsum(pad) - pad, pad)] = True
-    return mask
+def row_costs(seg_offsets: np.ndarray, sizes: np.ndarray, model: CostModel) -> np.ndarray:
+    """The ``cost`` column: each row's cost by ``model`` over its stored segments (rows'
+    segments are ``seg_offsets[r]:seg_offsets[r+1]`` of ``sizes``). Tokens and squares are
+    summed exactly in int64 before the model's float arithmetic, so ``verify`` gets the
+    same float64 from ``seq_lengths``."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    sq = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes * sizes, out=sq[1:])
+    tok = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=tok[1:])
+    lo, hi = seg_offsets[:-1], seg_offsets[1:]
+    return model.row_cost(tok[hi] - tok[lo], sq[hi] - sq[lo])
 
 
 def pair_segments(
@@ -393,6 +501,8 @@ def write_config_file(
     on_tokens: Callable[[int], None] | None = None,
     *,
     pad_id: int = 0,
+    pieces: PieceRule | None = None,
+    cost_model: CostModel | None = None,
 ) -> None:
     """Rows ``f0..f1-1`` of a config into one Parquet file: temp name, fsync, rename.
 
@@ -403,7 +513,7 @@ def write_config_file(
     rows_per_group = max(1, config.row_group_tokens // layout.capacity)
     compression = None if config.compression == "none" else config.compression
     level = config.compression_level if compression in ("zstd", "gzip") else None
-    schema = row_schema(source, plan.pad_multiple > 1)
+    schema = row_schema(source, plan.pad_multiple > 1, cost_model is not None)
     with (
         atomic_path(final) as tmp,
         pq.ParquetWriter(
@@ -418,7 +528,9 @@ def write_config_file(
             writer.write_table(schema.empty_table())
         for g0 in range(f0, f1, rows_per_group):
             g1 = min(f1, g0 + rows_per_group)
-            table = rows_to_table(plan, layout, g0, g1, source, pad_id=pad_id)
+            table = rows_to_table(
+                plan, layout, g0, g1, source, pad_id=pad_id, pieces=pieces, cost_model=cost_model
+            )
             writer.write_table(table, row_group_size=g1 - g0)
             if on_tokens is not None:
                 on_tokens(int(layout.row_tokens[g0:g1].sum()))
@@ -452,8 +564,11 @@ def pack_table(
     values = to_numpy(ids.values).astype(np.int32, copy=False)
     plan = plan_two_tier(np.diff(offsets), config, configs=tuple(configs))
     source = TokenSource([ShardTokens(values=values, offsets=offsets, first_doc_id=0)])
+    rule = PieceRule(config.long_len, (config.overlong == "truncate",))
     tables = {
-        name: rows_to_table(plan, getattr(plan, name), 0, getattr(plan, name).num_rows, source)
+        name: rows_to_table(
+            plan, getattr(plan, name), 0, getattr(plan, name).num_rows, source, pieces=rule
+        )
         if name in configs
         else None
         for name in CONFIG_NAMES

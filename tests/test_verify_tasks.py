@@ -55,37 +55,49 @@ def _part_files(out: Path, name: str, config: str) -> list[int]:
     return list(range(*part["files"][config]))
 
 
-def _rows(out: Path, config: str, index: int) -> list[list[tuple[int, list[int]]]]:
+Segment = tuple[int, list[int], int, int]  # doc id, tokens, seq_pieces, seq_last
+
+
+def _rows(out: Path, config: str, index: int) -> list[list[Segment]]:
     """A file's rows, each as its segments (doc id, tokens)."""
     meta = _meta(out)
     table = pq.read_table(out / "data" / config / meta["files"][config][index]["file"])
     rows = []
-    for ids, lens, docs in zip(
+    for ids, lens, docs, pieces, last in zip(
         table["input_ids"].to_pylist(),
         table["seq_lengths"].to_pylist(),
         table["doc_ids"].to_pylist(),
+        table["seq_pieces"].to_pylist(),
+        table["seq_last"].to_pylist(),
         strict=True,
     ):
         ends = np.cumsum(lens)
-        rows.append([(d, ids[e - n : e]) for d, n, e in zip(docs, lens, ends, strict=True)])
+        rows.append(
+            [
+                (d, ids[e - n : e], p, t)
+                for d, n, e, p, t in zip(docs, lens, ends, pieces, last, strict=True)
+            ]
+        )
     return rows
 
 
-def _rewrite(out: Path, config: str, index: int, rows: list[list[tuple[int, list[int]]]]) -> None:
+def _rewrite(out: Path, config: str, index: int, rows: list[list[Segment]]) -> None:
     """Write a file's rows back (valid rows, new bytes) and make packcli.json's file entry
     agree with them, so only the checks across rows, files and shards can catch a change."""
     meta = _meta(out)
     entry = meta["files"][config][index]
     path = out / "data" / config / entry["file"]
     schema = pq.read_schema(path)
-    ids = [[t for _, toks in r for t in toks] for r in rows]
-    lens = [[len(toks) for _, toks in r] for r in rows]
+    ids = [[t for s in r for t in s[1]] for r in rows]
+    lens = [[len(s[1]) for s in r] for r in rows]
     table = pa.table(
         {
             "input_ids": ids,
             "segment_ids": [[k + 1 for k, n in enumerate(ls) for _ in range(n)] for ls in lens],
             "seq_lengths": lens,
-            "doc_ids": [[d for d, _ in r] for r in rows],
+            "doc_ids": [[s[0] for s in r] for r in rows],
+            "seq_pieces": [[s[2] for s in r] for r in rows],
+            "seq_last": [[s[3] for s in r] for r in rows],
             "num_tokens": [len(x) for x in ids],
         },
         schema=schema,
@@ -168,10 +180,10 @@ def _flip_a_token(out: Path, part: str, at: int) -> int:
     r, k = next(
         (r, k) for r, row in enumerate(rows) for k, s in enumerate(row) if len(s[1]) > SHORT_LEN
     )
-    doc, toks = rows[r][k]
+    doc, toks, piece, last = rows[r][k]
     toks = list(toks)
     toks[at] ^= 1
-    rows[r][k] = (doc, toks)
+    rows[r][k] = (doc, toks, piece, last)
     _rewrite(out, "long", index, rows)
     return int(doc)
 
@@ -195,7 +207,7 @@ def test_a_missing_document_is_named(out: Path) -> None:
         for k, s in enumerate(row)
         if len(s[1]) > SHORT_LEN and len(row) > 1
     )
-    doc, _ = rows[r].pop(k)
+    doc = rows[r].pop(k)[0]
     _rewrite(out, "long", index, rows)
     _fails(out, f"tokens of document {doc} differ from the tokenized shards")
 
@@ -203,10 +215,11 @@ def test_a_missing_document_is_named(out: Path) -> None:
 def test_a_duplicated_document_is_named(out: Path) -> None:
     """A long document of one group copied as a new row into another group's file."""
     source = _rows(out, "long", _part_files(out, "group-00000", "long")[0])
-    doc, toks = next(s for row in source for s in row if len(s[1]) > SHORT_LEN)
+    seg = next(s for row in source for s in row if len(s[1]) > SHORT_LEN)
+    doc = seg[0]
     index = _part_files(out, "group-00002", "long")[0]
     rows = _rows(out, "long", index)
-    _rewrite(out, "long", index, [*rows, [(doc, toks)]])
+    _rewrite(out, "long", index, [*rows, [seg]])
     _fails(out, f"tokens of document {doc} differ from the tokenized shards", "group-00002")
 
 
@@ -224,7 +237,7 @@ def _break_a_pack(out: Path, *, with_shards: bool = True) -> str:
     for index in range(*part["files"]["long"]):
         rows = _rows(out, "long", index)
         for row in rows:
-            docs = [d for d, _ in row]
+            docs = [s[0] for s in row]
             if pack[0][0] in docs:
                 k = docs.index(pack[0][0])
                 row[k], row[k + 1] = row[k + 1], row[k]

@@ -218,6 +218,14 @@ class WriteFlags:
             f"{AUTO_FILES}, one per {WriteConfig.row_group_tokens:,} tokens]."
         ),
     ] = None
+    cost_model: Annotated[
+        str | None,
+        typer.Option(
+            help="Add a per-row `cost` column (training compute: per token plus per squared "
+            "segment length, causal flash) by this model: llama-1b, llama-8b, llama-70b or a "
+            "transformers config.json [none: no column]."
+        ),
+    ] = None
 
 
 @dataclass(frozen=True)

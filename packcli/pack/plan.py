@@ -53,6 +53,7 @@ from packcli.pack.binpack import (
     pack_into_open_bins,
     pack_lengths,
 )
+from packcli.pack.padding import padded_sizes
 from packcli.pack.plan_config import PlanConfig
 
 
@@ -100,13 +101,6 @@ class Plan:
         return padded_sizes(self.piece_len, self.pad_multiple)
 
 
-def padded_sizes(lengths: np.ndarray, multiple: int) -> np.ndarray:
-    """``lengths`` rounded up to a multiple of ``multiple`` (as they are for 1)."""
-    if multiple == 1:
-        return lengths
-    return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
-
-
 def make_pieces(
     lengths: np.ndarray, long_len: int, overlong: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -146,6 +140,24 @@ def make_pieces(
     piece_start = (np.arange(piece_doc.size, dtype=np.int64) - first) * long_len
     piece_len = np.minimum(lengths[piece_doc] - piece_start, long_len)
     return piece_doc, piece_start, piece_len, stats
+
+
+def piece_numbers(
+    starts: np.ndarray,
+    lens: np.ndarray,
+    doc_lens: np.ndarray,
+    long_len: int,
+    truncated: np.ndarray | bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Of each piece ``doc[start:start + len]`` (``doc_lens``: its document's tokens), as
+    ``make_pieces`` cuts documents: its 0-based index within its document (the pieces of a
+    split document are consecutive slices of ``long_len``) and whether it is the last piece
+    of its document in the output: it reaches the document's end, or its document was
+    ``truncated`` to it (the rest is not in the output). Int32 and int8 (0/1) arrays."""
+    starts = np.asarray(starts, dtype=np.int64)
+    index = (starts // long_len).astype(np.int32)
+    last = (starts + np.asarray(lens, dtype=np.int64) >= np.asarray(doc_lens)) | truncated
+    return index, np.asarray(last, dtype=np.int8)
 
 
 def _group_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:

@@ -86,6 +86,27 @@ def preset(name: str, *, causal: bool = True) -> CostModel:
     return CostModel.of_shape(params, layers, hidden, causal=causal)
 
 
+def resolve_cost_model(spec: str, *, causal: bool = True) -> CostModel:
+    """``--cost-model``: a preset's name (``PRESETS``), else a transformers ``config.json``
+    or a folder holding one (``CostModel.of_config``); causal flash attention by default."""
+    if spec in PRESETS:
+        return preset(spec, causal=causal)
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(
+            f"cost model {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a "
+            "transformers config.json (or a folder holding one)"
+        )
+    try:
+        return CostModel.of_config(path, causal=causal)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{path}: not a transformers model config (hidden_size, num_hidden_layers): {exc}"
+        ) from exc
+
+
 def row_squares(seq_lengths: list[np.ndarray] | np.ndarray) -> np.ndarray:
     """Sum of squared segment lengths of each row, from its ``seq_lengths`` list."""
     return np.array(

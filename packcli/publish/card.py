@@ -36,21 +36,40 @@ _PLOT_TITLES = {
 }
 
 
+# The list columns with one entry per token; every other list column has one per segment.
+_PER_TOKEN = frozenset({"input_ids", "segment_ids", "labels"})
+
+
 def _arrow_bytes(
-    tier: dict[str, Any], chat: bool, preference: bool = False, pad_tokens: int | None = None
+    tier: dict[str, Any],
+    chat: bool,
+    preference: bool = False,
+    pad_tokens: int | None = None,
+    *,
+    mixture: bool = False,
+    cost: bool = False,
 ) -> int:
-    """In-memory Arrow size of a config (what ``datasets`` calls ``num_bytes``);
-    ``pad_tokens``: its context-parallel padding, when padded (labels and ``seq_pad`` too)."""
+    """In-memory Arrow size of a config (what ``datasets`` calls ``num_bytes``), from its
+    schema (``_schema``): per list column one offset per row plus one value per token or
+    per segment, per scalar column one value per row; ``pad_tokens``: its context-parallel
+    padding, when padded (the padding's tokens are stored too)."""
     rows, tokens, segments = tier["rows"], tier["tokens"], tier["segments"]
-    padded = pad_tokens is not None
-    chat = chat or padded
     tokens += pad_tokens or 0
-    # input_ids + segment_ids (+ labels): 4 B/token each; seq_lengths 4 + doc_ids 8 B/segment
-    # (+ seq_roles 1, + seq_pad 4); one list offset buffer per list column (4 B/row each) and
-    # num_tokens (4 B/row).
-    lists = 4 + chat + preference + padded
-    per_segment = 12 + preference + 4 * padded
-    return (12 if chat else 8) * tokens + per_segment * segments + 4 * lists * (rows + 1) + 4 * rows
+    total = 0
+    for field in _schema(chat, preference, pad_tokens is not None, mixture, cost):
+        t = field.type
+        if hasattr(t, "value_type"):  # a list column: offsets, then its values
+            per = tokens if field.name in _PER_TOKEN else segments
+            total += 4 * (rows + 1) + t.value_type.bit_width // 8 * per
+        else:
+            total += t.bit_width // 8 * rows
+    return total
+
+
+def _schema(chat: bool, preference: bool, padded: bool, mixture: bool, cost: bool) -> pa.Schema:
+    from packcli.write import schema_for
+
+    return schema_for(labels=chat, pairs=preference, mixture=mixture, padded=padded, cost=cost)
 
 
 def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
@@ -66,8 +85,8 @@ def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
     features = []
     for field in schema:
         t = field.type
-        if pa.types.is_integer(t):
-            features.append({"name": field.name, "dtype": str(t)})
+        if pa.types.is_integer(t) or pa.types.is_float64(t):
+            features.append({"name": field.name, "dtype": str(t).replace("double", "float64")})
         elif pa.types.is_list(t) and pa.types.is_integer(t.value_type):
             features.append({"name": field.name, "list": str(t.value_type)})
         else:
@@ -80,24 +99,24 @@ def dataset_info(
     files: dict[str, list[dict[str, Any]]],
     chat: bool = False,
     preference: bool = False,
+    cost: bool = False,
 ) -> list[dict]:
-    """``dataset_info`` YAML: features, split sizes and byte counts per config.
+    """``dataset_info`` YAML: features, split sizes and byte counts per config (``cost``:
+    the rows have the ``cost`` column).
 
     Besides documenting the data for the Hub, these numbers feed ``datasets``' cache key for
     local folders, so repacking into the same folder never serves a stale cached copy, and
     ``load_dataset`` checks the row counts against them.
     """
-    from packcli.write import CHAT_ROW_SCHEMA, PREFERENCE_ROW_SCHEMA, ROW_SCHEMA, SEQ_PAD_FIELD
-
-    schema = PREFERENCE_ROW_SCHEMA if preference else CHAT_ROW_SCHEMA if chat else ROW_SCHEMA
     cp = report.get("cp_padding")
-    if cp:
-        schema = CHAT_ROW_SCHEMA.append(SEQ_PAD_FIELD)
+    mixture = report.get("mixture") is not None
+    chat = chat or preference
+    schema = _schema(chat, preference, bool(cp), mixture, cost)
     infos = []
     for name in CONFIG_NAMES:
         tier = report["tiers"][name]
         pad = cp[name]["pad_tokens"] if cp else None
-        num_bytes = _arrow_bytes(tier, chat or preference, preference, pad)
+        num_bytes = _arrow_bytes(tier, chat, preference, pad, mixture=mixture, cost=cost)
         infos.append(
             {
                 "config_name": name,
@@ -137,7 +156,8 @@ def render_card(
     """The card's markdown; ``out`` (when given) lets it embed plots from ``packcli stats``."""
     preference = run.get("format") == "preference"
     chat = run.get("format") == "chat" or preference
-    infos = dataset_info(report, files, chat, preference)
+    cost_model = run.get("cost_model")
+    infos = dataset_info(report, files, chat, preference, cost=cost_model is not None)
     front = yaml.safe_dump(card_front_matter(infos), sort_keys=False)
     cp = report.get("cp_padding")
     labels_row = (
@@ -180,6 +200,13 @@ def render_card(
             "each config's tokens; largest deviation over windows of "
             f"{mix['window_tokens']:,} tokens, one step):\n\n```\n{format_mixture(mix)}\n```\n"
         )
+    if cost_model is not None:
+        labels_row += (
+            "| `cost` | float64 | the row's training compute by the cost model "
+            f"`{cost_model['spec']}`: {cost_model['per_token']:.6g} per token + "
+            f"{cost_model['per_square']:.6g} per squared `seq_lengths` entry "
+            "(`PackedDistributedSampler` balances it) |\n"
+        )
     plots = render_plots_section(out) if out is not None else ""
     pad = run["tokenizer"].get("eos_id")
     training = training_snippet(pad_token_id=pad if pad is not None else 0, preference=preference)
@@ -221,6 +248,8 @@ Dropped: {pol["dropped_docs"]:,} documents ({pol["dropped_tokens"]:,} tokens);
 | `segment_ids` | list<int32> | per token: 1-based index of its segment (document) within the row |
 | `seq_lengths` | list<int32> | length of each segment, in order (sums to `num_tokens`) |
 | `doc_ids` | list<int64> | global id of each segment's document (a split document repeats its id) |
+| `seq_pieces` | list<int32> | per segment: which piece of its document (0-based; whole: 0) |
+| `seq_last` | list<int8> | per segment: 1 if its document ends here, 0 if a later piece follows |
 | `num_tokens` | int32 | `len(input_ids)` |
 {labels_row}
 ## Loading

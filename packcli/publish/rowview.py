@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _COLUMNS = ("input_ids", "seq_lengths", "doc_ids", "num_tokens")
-_OPTIONAL = ("labels", "seq_roles")  # chat/preference rows only
+# Not in every output: chat/preference columns, the piece columns (older outputs) and cost.
+_OPTIONAL = ("labels", "seq_roles", "seq_pieces", "seq_last", "cost")
 ROLE_NAMES = {0: "document", 1: "chosen", 2: "rejected"}  # seq_roles, as packcli.write writes them
 _READABLE = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -86,8 +87,12 @@ def read_row(path: Path, row_in_file: int) -> dict[str, Any]:
             raise PackcliError(
                 f"{path}: has {first} rows, packcli.json says more (see packcli verify)"
             )
-    row = {c: np.asarray(table.column(c)[0].values) for c in columns if c != "num_tokens"}
-    row["num_tokens"] = int(table.column("num_tokens")[0].as_py())
+    row = {
+        c: np.asarray(table.column(c)[0].values) for c in columns if c not in ("num_tokens", "cost")
+    }
+    for c in ("num_tokens", "cost"):  # per-row scalars
+        if c in columns:
+            row[c] = table.column(c)[0].as_py()
     return row
 
 
@@ -183,12 +188,15 @@ def inspect_row(
     ids, lens, docs = data["input_ids"], data["seq_lengths"], data["doc_ids"]
     labels = data.get("labels")
     roles = data.get("seq_roles")
+    pieces, last = data.get("seq_pieces"), data.get("seq_last")
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
     segments = []
     for i, (s, n, d) in enumerate(zip(starts.tolist(), lens.tolist(), docs.tolist(), strict=True)):
         seg: dict[str, Any] = {"index": i + 1, "doc_id": d, "length": n, "start": s, "end": s + n}
         if roles is not None:
             seg["role"] = ROLE_NAMES.get(int(roles[i]), str(int(roles[i])))
+        if pieces is not None and last is not None:
+            seg["piece"], seg["last"] = int(pieces[i]), bool(last[i])
         if labels is not None:
             seg["masked_spans"] = [list(p) for p in masked_spans(labels[s : s + n], s)]
         if tok is not None:
@@ -204,6 +212,8 @@ def inspect_row(
         "capacity": capacities(meta)[config],
         "has_labels": labels is not None,
         "has_roles": roles is not None,
+        "has_pieces": pieces is not None and last is not None,
+        "cost": data.get("cost"),
         "tokenizer": source,
         "segments": segments,
     }
@@ -226,9 +236,13 @@ def render_row(view: dict[str, Any]) -> list[Any]:
         f"{view['config']} row {view['row']:,} ({view['file']}, row {view['row_in_file']:,}): "
         f"{view['num_tokens']:,} / {view['capacity']:,} tokens, {len(segs)} segments"
     )
+    if view.get("cost") is not None:
+        title += f", cost {view['cost']:.4g}"
     t = Table()
     for col in ("segment", "doc id", "length", "tokens [start, end)"):
         t.add_column(col, justify="right")
+    if view.get("has_pieces"):
+        t.add_column("piece (seq_pieces)", justify="right")
     if view.get("has_roles"):
         t.add_column("seq_roles")
     if view["has_labels"]:
@@ -236,6 +250,8 @@ def render_row(view: dict[str, Any]) -> list[Any]:
     for s in segs:
         cells = [str(s["index"]), f"{s['doc_id']:,}", f"{s['length']:,}"]
         cells.append(f"{s['start']:,} - {s['end']:,}")
+        if view.get("has_pieces"):
+            cells.append(f"{s['piece']}" + ("" if s["last"] else ", continues"))
         if view.get("has_roles"):
             cells.append(s["role"])
         if view["has_labels"]:

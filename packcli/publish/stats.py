@@ -7,8 +7,12 @@ share a row, and the per-row attention cost. With document masking a row costs
 a lot in step time; the "balance ratio" (max / mean cost over rows) says how uneven the
 slowest data-parallel rank can be.
 
-Reads only the ``num_tokens`` and ``seq_lengths`` columns, one row group at a time, so the
-token columns are never decoded. Memory: 4 bytes per segment of the long config (kept for
+Reads only the ``num_tokens`` and ``seq_lengths`` columns (and ``cost``, when the pack wrote
+one), one row group at a time, so the token columns are never decoded. With a ``cost`` column
+the row-cost figures and the simulated schedule use it, after checking it against its cost
+model (``packcli.json``'s ``run.cost_model``) over the rows' ``seq_lengths``: the numbers
+then describe the column a sampler will read, and cannot silently disagree with it.
+Memory: 4 bytes per segment of the long config (kept for
 exact document-length quantiles) plus 24 bytes per row; the short config's segments are
 reduced per row group. "Document length" is the length of a segment of the long config: a
 document split by ``--overlong split`` counts once per piece.
@@ -93,6 +97,9 @@ class TierData:
     segments: np.ndarray  # int64 per row: documents (segments) in the row
     cost: np.ndarray  # int64 per row: sum of squared segment lengths
     seg_lengths: np.ndarray | None  # int32 per segment, kept for the long config only
+    # The ``cost`` column (float64 per row) and its model's name, when the pack wrote one.
+    row_cost: np.ndarray | None = None
+    cost_model: str | None = None
 
 
 def _row_group_arrays(table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -117,18 +124,25 @@ def read_tier(out: Path, meta: dict[str, Any], name: str, keep_segments: bool) -
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from packcli.arrow_np import to_numpy
+
     parts: list[tuple[np.ndarray, ...]] = []
     seg_parts: list[np.ndarray] = []
+    cost_parts: list[np.ndarray] = []
+    stated = meta["run"].get("cost_model")
     for entry in meta["files"][name]:
         path = out / "data" / name / entry["file"]
         if not path.is_file():
             raise PackcliError(f"{path} is missing; the output is damaged (see packcli verify)")
         try:
             with pq.ParquetFile(path) as pf:
+                columns = ["num_tokens", "seq_lengths", *(["cost"] if stated else [])]
                 for g in range(pf.num_row_groups):
-                    table = pf.read_row_group(g, columns=["num_tokens", "seq_lengths"])
+                    table = pf.read_row_group(g, columns=columns)
                     num_tokens, segments, cost, flat = _row_group_arrays(table)
                     parts.append((num_tokens, segments, cost))
+                    if stated:
+                        cost_parts.append(to_numpy(table.column("cost")).astype(np.float64))
                     if keep_segments:
                         seg_parts.append(flat.astype(np.int32, copy=True))
         except (pa.ArrowException, KeyError) as exc:  # truncated, foreign or no such column
@@ -140,7 +154,7 @@ def read_tier(out: Path, meta: dict[str, Any], name: str, keep_segments: bool) -
     def cat(i: int) -> np.ndarray:
         return np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, np.int64)
 
-    return TierData(
+    tier = TierData(
         name=name,
         capacity=capacities(meta)[name],
         num_tokens=cat(0),
@@ -150,6 +164,29 @@ def read_tier(out: Path, meta: dict[str, Any], name: str, keep_segments: bool) -
         if keep_segments
         else None,
     )
+    if stated:
+        row_cost = np.concatenate(cost_parts) if cost_parts else np.zeros(0, np.float64)
+        _check_cost_column(out, name, tier, row_cost, stated)
+        tier.row_cost, tier.cost_model = row_cost, str(stated["spec"])
+    return tier
+
+
+def _check_cost_column(
+    out: Path, name: str, tier: TierData, row_cost: np.ndarray, stated: dict[str, Any]
+) -> None:
+    """The ``cost`` column must be its model's cost of the rows' ``seq_lengths`` (what the
+    attention figures are made from), else the output is damaged."""
+    import numpy as np
+
+    from packcli.pack.schedule import CostModel
+
+    model = CostModel(float(stated["per_token"]), float(stated["per_square"]))
+    want = model.row_cost(tier.num_tokens, tier.cost)
+    if row_cost.shape != want.shape or not np.array_equal(row_cost, want):
+        raise PackcliError(
+            f"{out / 'data' / name}: the cost column differs from its cost model over the rows' "
+            "seq_lengths; the output is damaged (see packcli verify)"
+        )
 
 
 def distribution(values: np.ndarray) -> dict[str, float | int | None]:
@@ -193,6 +230,20 @@ def tier_numbers(tier: TierData) -> dict[str, Any]:
             "vs_unmasked": float(tier.cost.sum()) / unmasked if unmasked else 1.0,
         },
         "schedule": schedule_numbers(tier),
+        **({"row_cost": row_cost_numbers(tier)} if tier.row_cost is not None else {}),
+    }
+
+
+def row_cost_numbers(tier: TierData) -> dict[str, Any]:
+    """The ``cost`` column's distribution: mean, quantiles, and max / mean (balance)."""
+    cost = tier.row_cost
+    assert cost is not None
+    d = distribution(cost)
+    mean = float(cost.mean()) if cost.size else 0.0
+    return {
+        "model": tier.cost_model,
+        **d,
+        "balance_ratio": float(cost.max()) / mean if mean else 1.0,
     }
 
 
@@ -207,10 +258,14 @@ def schedule_numbers(tier: TierData, dp_sizes: tuple[int, ...] = SCHEDULE_RANKS)
     output's order (shuffled by the pack's seed) against ``PackedDistributedSampler``'s
     schedule (``packcli.pack.schedule``). A size with fewer than two full steps is left out:
     the rows, not the order, decide it. Rows are costed as written (context-parallel
-    padding included: the kernels compute it)."""
+    padding included: the kernels compute it), by the pack's ``cost`` column when it has
+    one, else by ``SCHEDULE_MODEL``."""
     from packcli.pack.schedule import idle_share, preset, schedule
 
-    cost = preset(SCHEDULE_MODEL).row_cost(tier.num_tokens, tier.cost)
+    if tier.row_cost is not None:
+        cost, model = tier.row_cost, tier.cost_model
+    else:
+        cost, model = preset(SCHEDULE_MODEL).row_cost(tier.num_tokens, tier.cost), SCHEDULE_MODEL
     ranks = {}
     for dp in dp_sizes:
         if cost.size >= 2 * dp:
@@ -218,7 +273,7 @@ def schedule_numbers(tier: TierData, dp_sizes: tuple[int, ...] = SCHEDULE_RANKS)
                 "shuffled": idle_share(cost, dp),
                 "scheduled": idle_share(cost[schedule(cost, dp)], dp),
             }
-    return {"model": SCHEDULE_MODEL, "idle_share": ranks}
+    return {"model": model, "idle_share": ranks}
 
 
 def schedule_report(out: Path, dp_sizes: tuple[int, ...]) -> dict[str, Any]:
@@ -491,8 +546,21 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
         )
     tables.append(t)
 
+    if all("row_cost" in n for n in tiers.values()):
+        model = next(iter(tiers.values()))["row_cost"]["model"]
+        t = Table(title=f"Row cost (the cost column, {model} cost model)")
+        t.add_column("config")
+        for col in ("mean", "p50", "max", "balance (max/mean)"):
+            t.add_column(col, justify="right")
+        for name, n in tiers.items():
+            c = n["row_cost"]
+            cells = (_fmt(c[k], "sci") for k in ("mean", "p50", "max"))
+            t.add_row(name, *cells, f"{c['balance_ratio']:.2f}")
+        tables.append(t)
+
+    model = next(iter(tiers.values()))["schedule"]["model"] if tiers else SCHEDULE_MODEL
     t = Table(
-        title=f"Idle GPU time, data-parallel ({SCHEDULE_MODEL} costs; one row a rank a step): "
+        title=f"Idle GPU time, data-parallel ({model} costs; one row a rank a step): "
         "rows in the output's order / by PackedDistributedSampler"
     )
     t.add_column("config")

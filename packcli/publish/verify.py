@@ -23,7 +23,11 @@ is read file by file. What is proved:
   tokens in order). Against the tokenized shards, the multiset of segments of each config
   must equal the expected pieces of every document (whole documents; for ``split`` the
   consecutive ``long_len`` slices; for ``truncate`` the prefix) - so every token appears
-  exactly once, in order, and nothing else appears;
+  exactly once, in order, and nothing else appears; each segment's piece tag (``seq_pieces``,
+  ``seq_last``) is part of its summary, so every document's pieces are numbered 0..k-1 in
+  token order, once each, and only the k-th says it is the last;
+* with a cost model (``run.cost_model``): each row's ``cost`` is the model's cost of its
+  ``seq_lengths``;
 * nesting: every short pack appears intact and contiguous inside exactly one long row (of
   its own part), and every short-sized segment of the long config belongs to a short pack;
 * the shards themselves: each one's bytes have the sha256 recorded as it was written (an
@@ -64,6 +68,7 @@ from packcli.publish.verify_part import (
     cat_pieces,
     difference,
     differs,
+    misnumbered,
     parts_of,
     reworded,
     verify_task,
@@ -302,14 +307,14 @@ def _verify(
             f"report.policy.truncated_tokens and dropped_tokens is {kept}",
         )
     # The shards came out of the same tokenize stage: also encode some input again.
-    doc, length, digest = cat_pieces([r.wanted for r in results])
+    doc, length, digest, tags = cat_pieces([r.wanted for r in results])
     e = np.zeros(doc.size, np.int64)
     if meta["report"].get("mixture") is not None:
         # Not yet source-aware (per-source EOS, subsampled documents): left out (issue 26).
         summary["checked_against_input"] = {"skipped": "mixture"}
     else:
         summary["checked_against_input"] = check_against_input(
-            meta, Segments(doc, length, digest, e, e), wanted=frozenset(wanted)
+            meta, Segments(doc, length, digest, e, e, tags), wanted=frozenset(wanted)
         )
     return summary
 
@@ -329,11 +334,14 @@ def _check_leftovers(results: list[PartResult], scans: dict[str, ConfigScan]) ->
     for name in CONFIG_NAMES:
         groups = [r.left[name] for r in results if r.left is not None and not r.tail]
         tails = [r.left[name] for r in results if r.left is not None and r.tail]
-        extra, missing = difference(cat_pieces(tails), cat_pieces(groups))
+        found, expected = cat_pieces(tails), cat_pieces(groups)
+        extra, missing = difference(found, expected)
         if missing[0].size:
             first = int(missing[0].min())
             extra = first if extra is None else min(extra, first)
         if extra is not None:
+            if found[0].size == expected[0].size:  # the same tokens, other piece numbers?
+                misnumbered(name + " (tail)", found, expected)
             expected = sum(r.expected[name] for r in results)
             differs(name, extra, scans[name].totals.units, expected)
 

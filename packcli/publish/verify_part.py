@@ -10,10 +10,12 @@ shards only:
 * every row of its files (``verify_rows``), each file's sha256 and row count;
 * nesting: every short pack intact and contiguous in exactly one long row of the part, and
   every short-sized segment of the part's long rows in one of its short packs;
-* conservation, a group: each config's segments, as (doc, length, token hash), are a
-  sub-multiset of the pieces its shards' documents must make (so nothing duplicated, altered
-  or foreign); what is left over (the released pieces) goes back to the driver, which checks
-  that the tails hold exactly the groups' leftovers, in any order of parts.
+* conservation, a group: each config's segments, as (doc, length, token hash, piece tag),
+  are a sub-multiset of the pieces its shards' documents must make (so nothing duplicated,
+  altered or foreign, and every piece numbered as its place in its document says:
+  ``seq_pieces`` 0..k-1 in token order, ``seq_last`` on the k-th); what is left over (the
+  released pieces) goes back to the driver, which checks that the tails hold exactly the
+  groups' leftovers, in any order of parts.
 
 A process holds one part's segments and pieces at a time (a group's share of the corpus),
 reads each of its files and shards once, and a file or shard on object storage is fetched
@@ -38,25 +40,27 @@ from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES
 from packcli.pack.mixture import MixSpec, copies, copy_key, source_of
 from packcli.pack.plan import RowTotals
+from packcli.pack.schedule import CostModel
 from packcli.publish.expected import expected_pieces, segment_hashes
 from packcli.publish.figures import ConfigScan, DocFigures, ShardFigures
-from packcli.publish.verify_rows import Padding, Segments, check_rows, concat, fail
+from packcli.publish.verify_rows import Padding, Segments, check_rows, concat, fail, piece_tags
 from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
 
 log = logging.getLogger(__name__)
 
-Pieces = tuple[np.ndarray, np.ndarray, np.ndarray]  # doc, length, hash of each piece
+# doc, length, hash and piece tag (``verify_rows.piece_tags``) of each piece
+Pieces = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def no_pieces() -> Pieces:
     e = np.zeros(0, np.int64)
-    return e, e, e.astype(np.uint64)
+    return e, e, e.astype(np.uint64), e
 
 
 def cat_pieces(parts: list[Pieces]) -> Pieces:
     if not parts:
         return no_pieces()
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -234,12 +238,13 @@ def check_part(
     vocab = int(meta["run"]["tokenizer"]["vocab_size"])
     caps = {"short": short_len, "long": long_len}
     padding = padding_of(meta)
+    cost = cost_model_of(meta)
     segments: dict[str, Segments] = {}
     scans: dict[str, ConfigScan] = {}
     for name in CONFIG_NAMES:
         first_row = sum(f["rows"] for f in meta["files"][name][: part.files[name][0]])
         segments[name], scans[name] = _scan_files(
-            meta, name, part, first_row, caps[name], short_len, vocab, files, padding
+            meta, name, part, first_row, caps[name], short_len, vocab, files, padding, cost
         )
     where = f" ({part.name})" if meta.get("parts") else ""
     check_nesting(segments["short"], segments["long"], short_len, where)
@@ -256,23 +261,24 @@ def check_part(
         shard_docs=None,
         shard_figures=None,
         left=None,
-        wanted=(long.doc[wanted], long.length[wanted], long.hash[wanted]),
+        wanted=(long.doc[wanted], long.length[wanted], long.hash[wanted], long.piece[wanted]),
         expected=dict.fromkeys(CONFIG_NAMES, 0),
     )
     if shards is None:
         return result
-    found = {n: (s.doc, s.length, s.hash) for n, s in segments.items()}
+    found = {n: (s.doc, s.length, s.hash, s.piece) for n, s in segments.items()}
     if part.is_tail:  # its pieces are the groups' leftovers: the driver compares them
         return replace(result, left=found)
     exp, docs, figures = _expected(
         shards, part, short_len, long_len, plan["overlong"], meta["report"].get("mixture")
     )
     small = exp[1] <= short_len
-    wants = {"long": exp, "short": (exp[0][small], exp[1][small], exp[2][small])}
+    wants = {"long": exp, "short": tuple(e[small] for e in exp)}
     left = {}
     for name in CONFIG_NAMES:
-        extra, left[name] = difference(found[name], wants[name])
+        extra, left[name] = difference(found[name], wants[name])  # type: ignore[arg-type]
         if extra is not None:
+            misnumbered(name + where, found[name], wants[name])  # type: ignore[arg-type]
             differs(name + where, extra, found[name][0].size, wants[name][0].size)
     return replace(
         result,
@@ -291,6 +297,17 @@ def padding_of(meta: dict[str, Any]) -> Padding | None:
     return Padding(2 * cp, pad_token_id(meta["run"]["tokenizer"])) if cp > 1 else None
 
 
+def cost_model_of(meta: dict[str, Any]) -> CostModel | None:
+    """The cost model ``packcli.json`` says the ``cost`` column follows (None: no column)."""
+    stated = meta["run"].get("cost_model")
+    if stated is None:
+        return None
+    try:
+        return CostModel(float(stated["per_token"]), float(stated["per_square"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise VerifyError(f"packcli.json: run.cost_model is not a cost model ({exc!r})") from None
+
+
 def _scan_files(
     meta: dict[str, Any],
     name: str,
@@ -301,6 +318,7 @@ def _scan_files(
     vocab: int,
     files: OutputFiles,
     padding: Padding | None = None,
+    cost: CostModel | None = None,
 ) -> tuple[Segments, ConfigScan]:
     """Every row of the part's files of config ``name`` checked; their units and figures."""
     parts: list[Segments] = []
@@ -321,7 +339,7 @@ def _scan_files(
                 )
             file_rows = file_tokens = 0
             for batch in pq.ParquetFile(path).iter_batches(batch_size=rows_per_batch):
-                segs = check_rows(batch, rel, row, capacity, vocab, padding)
+                segs = check_rows(batch, rel, row, capacity, vocab, padding, cost)
                 if (mix := meta["report"].get("mixture")) is not None:
                     segs = _mixture_segments(batch, segs, mix, rel)
                 parts.append(segs)
@@ -421,7 +439,7 @@ def _expected(
     part's shards (each one's sha256 checked first), and what their lengths say."""
     from packcli.publish.report import LengthStats
 
-    docs, lens, hashes = [], [], []
+    docs, lens, hashes, tags = [], [], [], []
     figures = DocFigures()
     lengths = LengthStats()
     where = ShardFigures(lengths)
@@ -459,21 +477,25 @@ def _expected(
         docs.append(_keys_of(ids[keep], reps))
         lens.append(np.repeat(doc_lens[keep], reps))
         hashes.append(np.repeat(whole_hash[keep], reps))
+        tags.append(np.full(int(reps.sum()), piece_tags(0, 1), np.int64))  # whole: 0, last
         for k in np.flatnonzero((doc_lens > long_len) & ((n > 0) | (mix is None))):
             start = int(shard.offsets[k])
             document = shard.values[start : start + int(doc_lens[k])]
             for r in range(int(n[k]) if mix is not None else 1):
-                for piece in expected_pieces(document, long_len, str(policies[k])):
+                pieces = expected_pieces(document, long_len, str(policies[k]))
+                for i, piece in enumerate(pieces):  # in token order: its index, the last
                     docs.append(copy_key(np.array([ids[k]]), np.array([r])))
                     lens.append(np.array([piece.size]))
                     hashes.append(segment_hashes(piece, np.array([piece.size])))
+                    tags.append(np.array([piece_tags(i, i == len(pieces) - 1)], np.int64))
         _drop_fetched(shards, s)
     where = ShardFigures(lengths, where.largest_file, where.largest_line)
 
     def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
         return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
 
-    return (cat(docs, np.int64), cat(lens, np.int64), cat(hashes, np.uint64)), figures, where
+    pieces = (cat(docs, np.int64), cat(lens, np.int64), cat(hashes, np.uint64), cat(tags, np.int64))
+    return pieces, figures, where
 
 
 def _keys_of(ids: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -488,16 +510,22 @@ def _drop_fetched(shards: TokenShards, index: int) -> None:
         (shards.folder / shards.manifests[index]["file"]).unlink(missing_ok=True)
 
 
-def difference(found: Pieces, expected: Pieces) -> tuple[int | None, Pieces]:
-    """Multisets of pieces: the smallest doc id ``found`` holds more often than
-    ``expected`` (None when found is within expected), and ``expected`` minus ``found``.
-    One sort of both by (doc, length, hash): equal pieces are then runs, counted per side."""
+def difference(
+    found: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]
+) -> tuple[int | None, tuple[np.ndarray, ...]]:
+    """Multisets of pieces (doc first, then any further keys: length, hash, piece tag): the
+    smallest doc id ``found`` holds more often than ``expected`` (None when found is within
+    expected), and ``expected`` minus ``found``. One sort of both by all keys: equal pieces
+    are then runs, counted per side."""
     n_exp = expected[0].size
-    doc, length, digest = (np.concatenate([e, f]) for e, f in zip(expected, found, strict=True))
-    order = np.lexsort((digest, length, doc))
-    doc, length, digest = doc[order], length[order], digest[order]
-    new = np.ones(doc.size, dtype=bool)
-    new[1:] = (doc[1:] != doc[:-1]) | (length[1:] != length[:-1]) | (digest[1:] != digest[:-1])
+    keys = [np.concatenate([e, f]) for e, f in zip(expected, found, strict=True)]
+    order = np.lexsort(keys[::-1])
+    keys = [k[order] for k in keys]
+    doc = keys[0]
+    new = np.zeros(doc.size, dtype=bool)
+    new[:1] = True
+    for k in keys:
+        new[1:] |= k[1:] != k[:-1]
     run = np.cumsum(new) - 1
     starts = np.flatnonzero(new)
     from_found = order >= n_exp
@@ -506,7 +534,29 @@ def difference(found: Pieces, expected: Pieces) -> tuple[int | None, Pieces]:
     over = np.flatnonzero(got > want)
     extra = int(doc[starts[over]].min()) if over.size else None
     keep = np.repeat(starts, np.maximum(want - got, 0))
-    return extra, (doc[keep], length[keep], digest[keep])
+    return extra, tuple(k[keep] for k in keys)
+
+
+def misnumbered(where: str, found: Pieces, expected: Pieces) -> None:
+    """Fails naming the document when ``found``'s tokens fit ``expected`` (doc, length,
+    hash) but its piece tags do not: ``seq_pieces`` / ``seq_last`` are wrong, not tokens."""
+    extra, _ = difference(found[:3], expected[:3])
+    if extra is not None:
+        return  # the tokens differ: ``differs`` says so
+    bad, _ = difference(found, expected)
+    if bad is None:
+        return
+
+    def named(p: Pieces) -> str:
+        tags = np.sort(p[3][p[0] == bad])
+        return ", ".join(f"{t >> 1}{' (last)' if t & 1 else ''}" for t in tags.tolist())
+
+    fail(
+        f"config {where}",
+        f"document {bad}: seq_pieces / seq_last say pieces [{named(found)}], but its tokens "
+        f"are pieces [{named(expected)}] of it in the tokenized shards (each piece once, "
+        "numbered 0..k-1 in token order, the last with seq_last 1)",
+    )
 
 
 def differs(where: str, doc: int, found: int, expected: int) -> None:

@@ -6,7 +6,11 @@ What a row must be: ``num_tokens == len(input_ids) == len(segment_ids) == sum(se
 ``1 <= num_tokens <= capacity``, ``segment_ids`` running 1..k contiguously with run lengths
 ``seq_lengths``, ``len(doc_ids) == len(seq_lengths)``, token ids inside the vocabulary; chat
 ``labels`` one per token, -100 at every segment start, else the token; preference
-``seq_roles`` pairing every prompt+chosen (1) with its prompt+rejected (2) right after it.
+``seq_roles`` pairing every prompt+chosen (1) with its prompt+rejected (2) right after it;
+``seq_pieces`` (>= 0) and ``seq_last`` (0 or 1) one entry per segment, each unit summarised
+with its piece tag ``2 * seq_pieces + seq_last`` (the conservation check in ``verify_part``
+then proves every document's pieces are 0..k-1, once each, in token order, the last marked);
+with a cost model, ``cost`` equal to the model's cost of the row's ``seq_lengths``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import numpy as np
 from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
 from packcli.names import IGNORE_INDEX
+from packcli.pack.padding import pad_mask
+from packcli.pack.schedule import CostModel
 from packcli.publish.expected import segment_hashes
 
 
@@ -29,12 +35,13 @@ class Segments:
     hash: np.ndarray
     row: np.ndarray
     index: np.ndarray  # 0-based position of the segment within its row
+    piece: np.ndarray  # piece tag: 2 * seq_pieces + seq_last (``piece_tags``)
 
 
 def concat(parts: list[Segments]) -> Segments:
     if not parts:
         e = np.zeros(0, dtype=np.int64)
-        return Segments(e, e, e.astype(np.uint64), e, e)
+        return Segments(e, e, e.astype(np.uint64), e, e, e)
     return Segments(
         *(np.concatenate([getattr(p, f) for p in parts]) for f in Segments.__annotations__)
     )
@@ -42,6 +49,12 @@ def concat(parts: list[Segments]) -> Segments:
 
 def fail(where: str, msg: str) -> None:
     raise VerifyError(f"{where}: {msg}")
+
+
+def piece_tags(index: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """One int64 per piece for the multiset comparisons: its index within its document and
+    whether it is the document's last (``seq_pieces``, ``seq_last``)."""
+    return 2 * np.asarray(index, dtype=np.int64) + np.asarray(last, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -55,10 +68,17 @@ class Padding:
 
 
 def check_rows(
-    batch: Any, where: str, row0: int, capacity: int, vocab: int, padding: Padding | None = None
+    batch: Any,
+    where: str,
+    row0: int,
+    capacity: int,
+    vocab: int,
+    padding: Padding | None = None,
+    cost: CostModel | None = None,
 ) -> Segments:
     """The row checks of one batch; its segments as units, their padding (if any) left out
-    so that conservation compares real tokens only."""
+    so that conservation compares real tokens only. ``cost``: the model the ``cost`` column
+    must follow (None: the rows must have no such column)."""
     ids = batch.column("input_ids")
     seg = batch.column("segment_ids")
     lens_col = batch.column("seq_lengths")
@@ -118,6 +138,8 @@ def check_rows(
         )
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         fail(where, f"token id outside the vocabulary 0..{vocab - 1}")
+    pieces = _check_pieces(batch, seq_count, where, row0)
+    _check_cost(batch, cost, num_tokens, seq_lens, row_of_seg, where, row0)
     if "labels" in batch.schema.names:
         _check_labels(batch.column("labels"), n_ids, tokens, seq_lens, where, row0)
     if padding is not None or "seq_pad" in batch.schema.names:
@@ -125,6 +147,11 @@ def check_rows(
     if "seq_roles" in batch.schema.names:
         # A pair is one document in the tokenized shards: check it, then compare it whole.
         unit = _check_pairs(batch, seq_count, tokens, seq_lens, doc_ids, where, row0)
+        rejected = np.setdiff1d(np.arange(seq_lens.size), unit)
+        if (bad := pieces[rejected] != pieces[rejected - 1]).any():
+            r = row0 + int(row_of_seg[rejected[np.argmax(bad)]])
+            fail(where, f"row {r}: a pair's two sequences have different seq_pieces / seq_last")
+        pieces = pieces[unit]
         seq_lens = np.add.reduceat(seq_lens, unit) if unit.size else seq_lens[:0]
         doc_ids, row_of_seg = doc_ids[unit], row_of_seg[unit]
         seg_start = np.searchsorted(unit, seg_start)  # each row's first unit
@@ -135,7 +162,67 @@ def check_rows(
         hash=segment_hashes(tokens, seq_lens),
         row=row0 + row_of_seg.astype(np.int64),
         index=seg_index.astype(np.int64),
+        piece=pieces,
     )
+
+
+def _check_pieces(batch: Any, seq_count: np.ndarray, where: str, row0: int) -> np.ndarray:
+    """``seq_pieces`` and ``seq_last`` one entry per segment, a piece index >= 0 and a flag
+    0 or 1; returns each segment's piece tag. Whether they number each document's pieces
+    right needs all its pieces and its tokens: the conservation check (``verify_part``)."""
+    names = batch.schema.names
+    for name in ("seq_pieces", "seq_last"):
+        if name not in names:
+            fail(where, f"no {name} column (every packcli output has one per segment)")
+    index = _aligned(
+        batch.column("seq_pieces"), "seq_pieces", seq_count, "seq_lengths", where, row0
+    )
+    last = _aligned(batch.column("seq_last"), "seq_last", seq_count, "seq_lengths", where, row0)
+    index, last = index.astype(np.int64), last.astype(np.int64)
+    row_of_seg = np.repeat(np.arange(seq_count.size), seq_count)
+    if (bad := index < 0).any():
+        k = int(np.argmax(bad))
+        fail(where, f"row {row0 + int(row_of_seg[k])}: seq_pieces holds {int(index[k])} (< 0)")
+    if (bad := (last != 0) & (last != 1)).any():
+        k = int(np.argmax(bad))
+        fail(where, f"row {row0 + int(row_of_seg[k])}: seq_last holds {int(last[k])} (0 or 1)")
+    return piece_tags(index, last)
+
+
+def _check_cost(
+    batch: Any,
+    model: CostModel | None,
+    num_tokens: np.ndarray,
+    seq_lens: np.ndarray,
+    row_of_seg: np.ndarray,
+    where: str,
+    row0: int,
+) -> None:
+    """The ``cost`` column, when the output states a cost model: each row's value is the
+    model's cost of its stored segments (``seq_lengths``, padding included), recomputed
+    here exactly as the writer sums them (int64 tokens and squares, then the model)."""
+    names = batch.schema.names
+    if model is None:
+        if "cost" in names:
+            fail(where, "a cost column, but packcli.json's run.cost_model states no cost model")
+        return
+    if "cost" not in names:
+        fail(where, "no cost column, but packcli.json's run.cost_model states one")
+    col = batch.column("cost")
+    if col.null_count:
+        fail(where, "column cost has nulls")
+    got = to_numpy(col).astype(np.float64)
+    lens = seq_lens.astype(np.int64)
+    squares = np.zeros(num_tokens.size, dtype=np.int64)
+    np.add.at(squares, row_of_seg, lens * lens)
+    want = model.row_cost(num_tokens, squares)
+    if (bad := got != want).any():
+        r = int(np.argmax(bad))
+        fail(
+            where,
+            f"row {row0 + r}: cost {got[r]!r} differs from the cost model's {want[r]!r} for "
+            "its seq_lengths",
+        )
 
 
 def _strip_padding(
@@ -171,13 +258,8 @@ def _strip_padding(
             f"row {row0 + int(row_of_seg[k])}: a segment of {int(seq_lens[k])} tokens with "
             f"{int(pad[k])} padding is not its real tokens padded to the next multiple of {m}",
         )
-    ends = np.cumsum(seq_lens)
-    is_pad = np.zeros(tokens.size, dtype=bool)
-    n = int(pad.sum())
-    if n:
-        is_pad[np.repeat(ends - pad, pad) + np.arange(n) - np.repeat(np.cumsum(pad) - pad, pad)] = (
-            True
-        )
+    is_pad = pad_mask(seq_lens, pad)
+    if pad.any():
         lo = to_numpy(batch.column("labels").offsets)
         labels = to_numpy(batch.column("labels").values)[lo[0] : lo[-1]]
         row_of_token = np.repeat(row_of_seg, seq_lens)

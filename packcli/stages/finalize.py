@@ -4,6 +4,7 @@ uploads a remote output)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from packcli.stages.index import collect_tokens, gather_rejects
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
 from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
 from packcli.stages.workstore import in_mirror, work_store
-from packcli.stages.write import write_fingerprint, write_tail
+from packcli.stages.write import cost_model_of, write_fingerprint, write_tail
 from packcli.tokenize.shards import TokenShards
 from packcli.write import pad_token_id
 
@@ -74,6 +75,8 @@ def finalize_stage(
         "fingerprint": fingerprint,
         "work_dir": store.record_name(out),
     }
+    if (model := cost_model_of(cfg)) is not None:  # the ``cost`` column's coefficients
+        run_info["cost_model"] = {"spec": cfg.write.cost_model, **dataclasses.asdict(model)}
     for stale in (out / STATS_DIR).glob("*.png"):  # plots of an earlier run; `stats` remakes them
         stale.unlink()
     crash_point("finalize")

@@ -163,6 +163,7 @@ class PlanSet:
     stats: dict[str, Any]
     shard_tokens: int  # write.shard_tokens the files were cut by
     min_files: int | None = None  # and write.min_files
+    cost_model: str | None = None  # write.cost_model as planned (``packcli write`` takes it)
 
     def jobs(self) -> list[FileJob]:
         """Every output file, in a fixed order: per config, part after part."""
@@ -321,7 +322,14 @@ def plan_stage(
             bar.update(1)
     if (mix := mix_spec(cfg, shards)) is not None:
         stats["mixture_spec"] = {**mix[0].as_record(), "first_doc": mix[1].tolist()}
-    planset = PlanSet(tuple(parts), cfg.plan, stats, cfg.write.shard_tokens, cfg.write.min_files)
+    planset = PlanSet(
+        tuple(parts),
+        cfg.plan,
+        stats,
+        cfg.write.shard_tokens,
+        cfg.write.min_files,
+        cfg.write.cost_model,
+    )
     _save_plan(cfg, planset, shards.success["fingerprint"])
     work_store(cfg).push("plan.json")
     crash_point("plan")
@@ -551,6 +559,7 @@ def _save_plan(cfg: RunConfig, planset: PlanSet, tokens_fingerprint: str) -> Non
             # this many tokens), so write tasks need only their own parts' arrays.
             "write_shard_tokens": cfg.write.shard_tokens,
             "write_min_files": cfg.write.min_files,
+            "write_cost_model": cfg.write.cost_model,
             "parts": [p.as_record() for p in planset.parts],
         },
     )
@@ -571,6 +580,7 @@ def load_plan(work: Path, shards: TokenShards) -> PlanSet:
             meta["stats"],
             int(meta["write_shard_tokens"]),
             meta.get("write_min_files", 1),  # a plan from before the setting: by size only
+            meta.get("write_cost_model"),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise PackcliError(

@@ -14,32 +14,52 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from packcli.arrow_np import list_array
+from packcli.arrow_np import list_array, to_arrow
 from packcli.atomic import atomic_path, atomic_write_json
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
 from packcli.pack.groups import Pieces
+from packcli.pack.mixture import MixSpec
 from packcli.pack.plan import Plan
+from packcli.pack.schedule import CostModel, resolve_cost_model
 from packcli.stages.index import collect_tokens
 from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan, plan_fingerprint
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.tokenize.shards import TokenShards, sha256_file, shard_tokens
-from packcli.write import TokenSource, pad_token_id, write_config_file
+from packcli.write import ROWS_VERSION, PieceRule, TokenSource, pad_token_id, write_config_file
 
 log = logging.getLogger(__name__)
 
 
 def write_fingerprint(cfg: RunConfig, shards: TokenShards) -> str:
+    model = cost_model_of(cfg)
     return fingerprint(
         {
             "plan": plan_fingerprint(cfg.plan, shards.success["fingerprint"]),
             "plan_content": read_json(cfg.work_path / "plan.json").get("content_sha256"),
             "write": dataclasses.asdict(cfg.write),
+            "rows": ROWS_VERSION,
+            # The coefficients, not only the setting: a config file named by path may change.
+            "cost_model": dataclasses.asdict(model) if model is not None else None,
         }
     )
+
+
+def cost_model_of(cfg: RunConfig) -> CostModel | None:
+    """The ``cost`` column's model (``write.cost_model``), None when not asked for."""
+    spec = cfg.write.cost_model
+    return resolve_cost_model(spec) if spec is not None else None
+
+
+def piece_rule(planset: PlanSet) -> PieceRule:
+    """How the plan cut documents (``long_len``; per source of a mixture, the policy the
+    plan recorded), for the writer's ``seq_pieces`` / ``seq_last``."""
+    record = planset.stats.get("mixture_spec")
+    policies = MixSpec.from_record(record).overlong if record else (planset.config.overlong,)
+    return PieceRule(planset.config.long_len, tuple(p == "truncate" for p in policies))
 
 
 def task_parts(planset: PlanSet, task_index: int, num_tasks: int) -> list[int]:
@@ -55,7 +75,7 @@ class _Writer:
     folder (which knows where finished files go), and the one rule for whether a file is
     already written."""
 
-    def __init__(self, cfg: RunConfig, shards: TokenShards) -> None:
+    def __init__(self, cfg: RunConfig, shards: TokenShards, planset: PlanSet) -> None:
         self.cfg = cfg
         self.out = require_out(cfg)
         self.store = work_store(cfg)
@@ -64,6 +84,8 @@ class _Writer:
         self.records = cfg.work_path / "write"
         self.records.mkdir(parents=True, exist_ok=True)
         self.pad_id = pad_token_id(shards.success["tokenizer"])  # context-parallel padding
+        self.pieces = piece_rule(planset)
+        self.cost_model = cost_model_of(cfg)
 
     def written(self, job: FileJob) -> bool:
         record = read_json(self.records / f"{job.config}-{job.index:05d}.json")
@@ -117,6 +139,8 @@ class _Writer:
                 job.r1,
                 on_tokens,
                 pad_id=self.pad_id,
+                pieces=self.pieces,
+                cost_model=self.cost_model,
             )
             record = {
                 "fingerprint": self.fingerprint,
@@ -148,7 +172,7 @@ def write_task(
     quiet: bool = False,
 ) -> None:
     """Write this task's groups' files (and tail shards); a single task writes the tail too."""
-    writer = _Writer(cfg, shards)
+    writer = _Writer(cfg, shards, planset)
     store = writer.store
     # plan.json is here already: write_stage pulled it, or ``pack`` made it in this process.
     store.pull_records("write")
@@ -210,6 +234,9 @@ def _write_tail_shard(writer: _Writer, part: PlanPart, source: TokenSource, tail
         columns["labels"] = list_array(offsets, labels, pa.int32())
     if source.has_pairs:
         columns["chosen_len"] = pa.array(source.chosen_len(tail.doc).astype(np.int32))
+    # Each piece's document length, so the tail's writer numbers its pieces (seq_pieces,
+    # seq_last) as the group's would, without the group's shards.
+    columns["doc_len"] = to_arrow(source.doc_lengths(tail.doc), pa.int64())
     batch = pa.record_batch(columns)
     path = writer.records / f"{name}.arrow"
     with (
@@ -236,7 +263,7 @@ def write_tail(
 ) -> None:
     """The tail's files, from the groups' tail shards (after every group's task is done)."""
     if planset.parts[-1].is_tail:
-        writer = _Writer(cfg, shards)
+        writer = _Writer(cfg, shards, planset)
         writer.store.pull_records("write")  # the write tasks' records, wherever they ran
         _write_tail(writer, planset, quiet)
 
@@ -299,6 +326,11 @@ def planned_config(cfg: RunConfig, shards: TokenShards) -> tuple[RunConfig, Plan
     work_store(cfg).pull("plan.json")
     planset = load_plan(cfg.work_path, shards)
     write = dataclasses.replace(
-        cfg.write, shard_tokens=planset.shard_tokens, min_files=planset.min_files
+        cfg.write,
+        shard_tokens=planset.shard_tokens,
+        min_files=planset.min_files,
+        # A cost model named when planning (``packcli plan --cost-model``), unless the write
+        # command's own config names one.
+        cost_model=cfg.write.cost_model or planset.cost_model,
     )
     return dataclasses.replace(cfg, plan=planset.config, write=write), planset

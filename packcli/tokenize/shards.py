@@ -274,6 +274,9 @@ class ShardTokens:
     first_doc_id: int
     labels: np.ndarray | None = None  # int32, aligned with values (chat shards only)
     chosen_len: np.ndarray | None = None  # int32 per document (preference shards only)
+    # Tail shards only, per entry: the length of the document the entry is a piece of (its
+    # tokens are then a piece, not the whole document). None: each entry is a document.
+    doc_len: np.ndarray | None = None
 
 
 def shard_tokens(batch: pa.RecordBatch, first_doc_id: int, name: str) -> ShardTokens:
@@ -292,12 +295,16 @@ def shard_tokens(batch: pa.RecordBatch, first_doc_id: int, name: str) -> ShardTo
     chosen_len = None
     if "chosen_len" in batch.schema.names:
         chosen_len = to_numpy(batch.column("chosen_len"))
+    doc_len = None
+    if "doc_len" in batch.schema.names:
+        doc_len = to_numpy(batch.column("doc_len"))
     return ShardTokens(
         values=to_numpy(ids.values),
         offsets=offsets,
         first_doc_id=first_doc_id,
         labels=labels,
         chosen_len=chosen_len,
+        doc_len=doc_len,
     )
 
 
