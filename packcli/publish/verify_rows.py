@@ -173,7 +173,12 @@ def _check_pieces(batch: Any, seq_count: np.ndarray, where: str, row0: int) -> n
     names = batch.schema.names
     for name in ("seq_pieces", "seq_last"):
         if name not in names:
-            fail(where, f"no {name} column (every packcli output has one per segment)")
+            fail(
+                where,
+                f"no {name} column: every packcli output since rows version 2 has one per "
+                "segment; an output made before it is rewritten by running the same packcli "
+                "pack again (its tokenized shards and plan are reused)",
+            )
     index = _aligned(
         batch.column("seq_pieces"), "seq_pieces", seq_count, "seq_lengths", where, row0
     )
