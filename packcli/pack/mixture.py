@@ -312,22 +312,70 @@ def permute_rows(layout: Any, order: np.ndarray) -> Any:
     return type(layout)(layout.capacity, offsets, pieces, layout.row_tokens[order])
 
 
-def order_plan(plan: Any, first_doc: np.ndarray, window_tokens: int) -> tuple[Any, dict]:
+def within_windows(matrix: np.ndarray, window_rows: int, target: np.ndarray) -> np.ndarray:
+    """A permutation that keeps every window of ``window_rows`` rows in place and orders
+    each window's rows by ``mix_order`` towards ``target``."""
+    n_rows = matrix.shape[0]
+    order = np.arange(n_rows, dtype=np.int64)
+    for a in range(0, n_rows, window_rows):
+        b = min(n_rows, a + window_rows)
+        order[a:b] = a + mix_order(matrix[a:b], target)
+    return order
+
+
+def order_plan(
+    plan: Any, first_doc: np.ndarray, window_tokens: int, seed: int = 0
+) -> tuple[Any, dict]:
     """The plan with each config's rows in ``mix_order`` (pieces' keys give their source),
-    and per config the per-window deviation (``window_deviation``) at ``window_tokens``
-    tokens per window, before (the shuffled order) and after."""
+    the long config's then balanced per window by exchanging units between rows
+    (``packcli.pack.exchange``: windows of the smallest doubling of the step that its
+    pieces allow), and per config the per-window deviation (``window_deviation``) at
+    ``window_tokens`` tokens per window, before (the shuffled order) and after."""
     import dataclasses
+
+    from packcli.pack import exchange as xc
 
     src = source_of(plan.piece_doc, first_doc)
     k = first_doc.size
+    sizes = plan.piece_size
     layouts, spread = {}, {}
     for name in ("short", "long"):
         layout = getattr(plan, name)
-        m = row_source_tokens(layout.row_offsets, layout.row_pieces, src, plan.piece_len, k)
+        m = row_source_tokens(layout.row_offsets, layout.row_pieces, src, sizes, k)
         order = mix_order(m)
         layouts[name] = permute_rows(layout, order)
+        after_m = m[order]
         window = max(1, window_tokens // layout.capacity)
-        before, after = window_deviation(m, window), window_deviation(m[order], window)
+        extra: dict[str, Any] = {}
+        if name == "long" and plan.short is not None and k >= 2 and layout.num_rows > 1:
+            pack_of_piece = np.full(plan.piece_len.size, -1, np.int64)
+            short = plan.short
+            pack_of_piece[short.row_pieces] = np.repeat(
+                np.arange(short.num_rows, dtype=np.int64), np.diff(short.row_offsets)
+            )
+            units = xc.units_of(layouts[name], pack_of_piece, src, sizes, k)
+            target = m.sum(axis=0) / max(m.sum(), 1)
+            max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
+            w_ex = xc.exchange_window(window, layout.num_rows, layout.capacity, max_piece, target)
+            layouts[name], moves = xc.balance_steps(
+                layouts[name], pack_of_piece, src, sizes, k, w_ex, seed
+            )
+            after_m = row_source_tokens(
+                layouts[name].row_offsets, layouts[name].row_pieces, src, sizes, k
+            )
+            # Rows within a window move freely (its mix is its rows' sum): mix order them,
+            # so the step's own windows inside it stay as the row order made them.
+            within = within_windows(after_m, w_ex, target)
+            layouts[name], after_m = permute_rows(layouts[name], within), after_m[within]
+            bound = xc.piece_bound(max_piece, target, window * layout.capacity)
+            at_ex = window_deviation(after_m, w_ex)
+            extra = {
+                "piece_bound": [round(float(x), 6) for x in bound],
+                "exchange_window_rows": int(w_ex),
+                "exchange_moves": moves,
+                "exchange_max_deviation": [round(float(x), 6) for x in at_ex["max"]],
+            }
+        before, after = window_deviation(m, window), window_deviation(after_m, window)
         spread[name] = {
             "window_rows": window,
             "windows": int(after["windows"]),
@@ -335,5 +383,6 @@ def order_plan(plan: Any, first_doc: np.ndarray, window_tokens: int) -> tuple[An
             "max_deviation": [round(float(x), 6) for x in after["max"]],
             "p99_deviation": [round(float(x), 6) for x in after["p99"]],
             "shuffled_max_deviation": [round(float(x), 6) for x in before["max"]],
+            **extra,
         }
     return dataclasses.replace(plan, **layouts), spread

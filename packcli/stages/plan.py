@@ -73,7 +73,7 @@ def plan_fingerprint(
 
 
 # The row order's rule for a mixture, as a version (part of the plan's fingerprint).
-MIX_ORDER_RULE = 1
+MIX_ORDER_RULE = 2  # 2: long rows' units exchanged between windows (issue 26)
 
 
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
@@ -314,7 +314,7 @@ def plan_stage(
             del tails
             mix = mix_spec(cfg, shards)
             if mix is not None:
-                tail_plan, _ = order_plan(tail_plan, mix[1], TOKENS_PER_STEP)
+                tail_plan, _ = order_plan(tail_plan, mix[1], TOKENS_PER_STEP, mix[0].seed)
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
@@ -349,7 +349,7 @@ def _plan_mixed(
     else:
         grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g)
         plan, tail = grouped.plan, grouped.tail
-    plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP)
+    plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP, spec.seed)
     per = ex.stats.values()
     stats = dict(plan.stats)
     stats.update(
