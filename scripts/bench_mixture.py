@@ -5,8 +5,12 @@ Four sources of very different length distributions (fortune-like ~30 tokens, ma
 mode: multipliers from the counted tokens), planned two-tier as packcli plans a mixture
 (``packcli.pack.mixture.expand`` then ``plan_two_tier``). Per config and step size: the
 largest and 99th-percentile deviation of a step window's source share from the config's own
-realised share, for the shuffled order (the baseline: packcli's row shuffle, a random order)
-and the mix order; rows / lower bound; plan and order time.
+realised share, for the shuffled order (the baseline: packcli's row shuffle, a random order),
+the row order alone (``mix_order``, before the exchange) and what packcli plans
+(``order_plan``: the row order, then the long config's units exchanged between windows,
+``packcli.pack.exchange``); the piece bound (no layout does better at that step); rows /
+lower bound before and after; plan and order time (``order_plan`` timed on its second run,
+so numba's cache load is not in it).
 
     python scripts/bench_mixture.py --scale 1.0
 """
@@ -14,11 +18,13 @@ and the mix order; rows / lower bound; plan and order time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 
 from packcli.pack import mixture as mx
+from packcli.pack.exchange import balance_steps, piece_bound
 from packcli.pack.plan import plan_two_tier, tier_summary
 from packcli.pack.plan_config import PlanConfig
 
@@ -38,7 +44,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, nargs="+", default=[1 << 20, 4 << 20, 8 << 20])
+    ap.add_argument("--steps", type=int, nargs="+", default=[1 << 20, 2 << 20, 4 << 20, 8 << 20])
+    ap.add_argument("--step", type=int, default=1 << 20, help="the plan's step (TOKENS_PER_STEP)")
     args = ap.parse_args()
     lens = lengths(args.scale, args.seed)
     tokens = np.array([x.sum() for x in lens])
@@ -50,31 +57,74 @@ def main() -> None:
     t0 = time.perf_counter()
     ex = mx.expand(all_lens, np.arange(all_lens.size), first, spec, 131072)
     plan = plan_two_tier(ex.lengths, PlanConfig())
+    plan = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc])
     plan_s = time.perf_counter() - t0
-    src = mx.source_of(ex.keys[plan.piece_doc], first)
+    src = mx.source_of(plan.piece_doc, first)
     print(f"documents {all_lens.size:,}, copies {ex.keys.size:,}, multipliers {np.round(mult, 3)}")
     print(f"plan (expand + two-tier) {plan_s:.2f} s")
-    print(
-        "config  step tokens  rows/bound  order s  source      share   shuffled max"
-        "  mix max  mix p99"
-    )
+    mx.order_plan(plan, first, args.step)  # numba's cache load
+    t1 = time.perf_counter()
+    ordered, spread = mx.order_plan(plan, first, args.step)
+    order_s = time.perf_counter() - t1
+    row_s = {}
     for tier in ("short", "long"):
         layout = getattr(plan, tier)
         m = mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, plan.piece_len, 4)
-        t1 = time.perf_counter()
+        t2 = time.perf_counter()
+        mx.mix_order(m)
+        row_s[tier] = time.perf_counter() - t2
+    long_m = mx.row_source_tokens(
+        plan.long.row_offsets, plan.long.row_pieces, src, plan.piece_len, 4
+    )
+    ordered_long = mx.permute_rows(plan.long, mx.mix_order(long_m))
+    pack_of_piece = np.full(plan.piece_len.size, -1, np.int64)
+    short = plan.short
+    pack_of_piece[short.row_pieces] = np.repeat(
+        np.arange(short.num_rows), np.diff(short.row_offsets)
+    )
+    w_ex = spread["long"]["exchange_window_rows"]
+    t3 = time.perf_counter()
+    balance_steps(ordered_long, pack_of_piece, src, plan.piece_len, 4, w_ex, 0)
+    exchange_s = time.perf_counter() - t3
+    print(
+        f"exchange alone {exchange_s:.2f} s: "
+        f"{exchange_s / plan.long.num_rows * 1e6:,.0f} s per million long rows"
+    )
+    print(
+        f"order_plan {order_s:.2f} s (row order alone: short {row_s['short']:.2f} s, long "
+        f"{row_s['long']:.2f} s); long: {plan.long.num_rows:,} rows, exchange windows of "
+        f"{spread['long'].get('exchange_window_rows')} rows, "
+        f"{spread['long'].get('exchange_moves')} moves"
+    )
+    print(
+        "config  step tokens  rows/bound before after  source      share  bound  shuffled"
+        "  row order  exchanged  exch p99"
+    )
+    for tier in ("short", "long"):
+        layout, after_layout = getattr(plan, tier), getattr(ordered, tier)
+        m = mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, plan.piece_len, 4)
+        after = mx.row_source_tokens(
+            after_layout.row_offsets, after_layout.row_pieces, src, plan.piece_len, 4
+        )
         order = mx.mix_order(m)
-        order_s = time.perf_counter() - t1
         bound = tier_summary(layout)["rows_over_bound"]
+        bound_after = tier_summary(after_layout)["rows_over_bound"]
         share = m.sum(axis=0) / m.sum()
+        max_piece = np.zeros(4)
+        lens_in = plan.piece_len[layout.row_pieces]
+        np.maximum.at(max_piece, src[layout.row_pieces], np.where(lens_in > 4096, lens_in, 0))
         for step in args.steps:
             w = max(1, step // layout.capacity)
             base = mx.window_deviation(m, w)
             mixed = mx.window_deviation(m[order], w)
+            done = mx.window_deviation(after, w)
+            floor = piece_bound(max_piece, share, w * layout.capacity)
             for k, name in enumerate(spec.names):
                 print(
-                    f"{tier:<7} {step:>11,} {bound:>11.6f} {order_s:>8.2f}  {name:<10} "
-                    f"{share[k] * 100:>6.2f}% {base['max'][k] * 100:>11.2f}pt "
-                    f"{mixed['max'][k] * 100:>6.2f}pt {mixed['p99'][k] * 100:>6.2f}pt"
+                    f"{tier:<7} {step:>11,} {bound:>10.6f} {bound_after:>8.6f}  {name:<10} "
+                    f"{share[k] * 100:>6.2f}% {floor[k] * 100:>5.2f} "
+                    f"{base['max'][k] * 100:>8.2f}pt {mixed['max'][k] * 100:>8.2f}pt "
+                    f"{done['max'][k] * 100:>8.2f}pt {done['p99'][k] * 100:>7.2f}pt"
                 )
 
 

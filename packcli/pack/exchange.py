@@ -47,13 +47,12 @@ from packcli.pack.plan import RowLayout
 
 TOLERANCE = 0.005  # the goal: half a point of a step's share, for sources >= MIN_SHARE
 MIN_SHARE = 0.05
-STOP = 0.002  # a window this close in every source looks for no further move
+STOP = 0.003  # a window this close in every source looks for no further move
 MAX_PASSES = 6
-N_CAND = 16  # units per side by projection; as many again drawn
-N_PARTNERS = 3  # most opposite windows; as many again drawn
+N_CAND = 12  # units per side by projection; as many again drawn
+N_PARTNERS = 2  # most opposite windows; as many again drawn
 MAX_MOVES = 32  # moves per window per pass
 EXCHANGE_STEPS = 4  # windows of this many steps are balanced
-DEAL_WINDOWS = 1024  # windows one deal chooses among
 
 
 @dataclass(frozen=True)
@@ -161,65 +160,27 @@ def _try(
 
 @kernel
 def _top(score: np.ndarray, n: int, rand: np.ndarray, draw: int, out: np.ndarray) -> int:
-    """Indices of the ``n`` largest ``score`` (ties: lower index) then ``n`` drawn ones,
-    into ``out``; returns how many (no index twice)."""
+    """Indices of the ``n`` largest ``score`` (ties: lower index; by selection, as ``n`` is
+    small) then up to ``n`` drawn others, into ``out``; returns how many. Scores of the
+    chosen are overwritten."""
     m = score.shape[0]
-    order = np.argsort(-score, kind="mergesort")
     c = 0
-    for x in range(min(n, m)):
-        out[c] = order[x]
+    for _ in range(min(n, m)):
+        best = 0
+        for y in range(1, m):
+            if score[y] > score[best]:
+                best = y
+        out[c] = best
         c += 1
+        score[best] = -np.inf
     if m > n:
         for x in range(n):
-            y = order[n + rand[(draw + x) % rand.shape[0]] % (m - n)]
-            seen = False
-            for z in range(c):
-                if out[z] == y:
-                    seen = True
-                    break
-            if not seen:
+            y = rand[(draw + x) % rand.shape[0]] % m
+            if score[y] != -np.inf:
                 out[c] = y
                 c += 1
+                score[y] = -np.inf
     return c
-
-
-@kernel
-def deal_windows(
-    rows: np.ndarray,
-    row_vec: np.ndarray,
-    row_tok: np.ndarray,
-    window_rows: int,
-    target: np.ndarray,
-) -> np.ndarray:
-    """``rows`` (coarsest first) dealt to windows of ``window_rows`` positions: each to the
-    window with a free position whose error (tokens per source minus target share of its
-    tokens) it leaves least in squared sum (ties: the first window). Returns the rows in
-    position order: window after window, each window's in the order dealt."""
-    n = rows.shape[0]
-    k = target.shape[0]
-    w = window_rows
-    n_win = (n + w - 1) // w
-    err = np.zeros((n_win, k))
-    fill = np.zeros(n_win, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
-    e = np.zeros(k)
-    for r in rows:
-        for x in range(k):
-            e[x] = row_vec[r, x] - target[x] * row_tok[r]
-        best, best_cost = -1, 0.0
-        for v in range(n_win):
-            if fill[v] >= min(w, n - v * w):
-                continue
-            cost = 0.0
-            for x in range(k):
-                cost += 2.0 * err[v, x] * e[x]  # the change of the squared sum, less |e|^2
-            if best < 0 or cost < best_cost:
-                best, best_cost = v, cost
-        for x in range(k):
-            err[best, x] += e[x]
-        out[best * w + fill[best]] = r
-        fill[best] += 1
-    return out
 
 
 @kernel
@@ -507,27 +468,3 @@ def balance_steps(
     take = np.repeat(units.start[order] - first, lens) + np.arange(int(lens.sum()))
     pieces = layout.row_pieces[take]
     return RowLayout(layout.capacity, offsets, pieces, row_tok[pos_row]), int(moves)
-
-
-def _dealt(
-    units: Units, n_rows: int, row_tok: np.ndarray, window_rows: int, target: np.ndarray
-) -> np.ndarray:
-    """Rows in position order after ``deal_windows``, coarsest first (by their largest long
-    piece: a row of packs only last), rows of a size in their given order; in blocks of
-    ``DEAL_WINDOWS`` windows of consecutive rows (the row order keeps blocks on target),
-    so the deal costs O(rows * DEAL_WINDOWS * K)."""
-    k = target.size
-    coarse = np.zeros(n_rows, dtype=np.int64)
-    np.maximum.at(coarse, units.row, np.where(units.long, units.size, 0))
-    row_vec = np.zeros((n_rows, k))
-    np.add.at(row_vec, units.row, units.vec)
-    block = DEAL_WINDOWS * window_rows
-    out = np.empty(n_rows, dtype=np.int64)
-    for a in range(0, n_rows, block):
-        rows = np.arange(a, min(n_rows, a + block), dtype=np.int64)
-        rows = rows[np.argsort(-coarse[rows], kind="stable")]
-        work = rows.size * DEAL_WINDOWS * k // 4
-        out[a : a + rows.size] = pick(deal_windows, work)(
-            rows, row_vec, row_tok, window_rows, target
-        )
-    return out
