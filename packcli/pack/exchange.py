@@ -6,34 +6,44 @@ ordering rows (``mixture.mix_order``) moves a step's mix in steps of rows, and l
 long config 0.6-2.5 points off at 4M-8M tokens a step. A row's *units* (a long piece, or a
 short pack with all its pieces) can move between rows: swapping unit ``a`` of row ``p``
 with unit ``b`` of row ``q`` keeps both rows within capacity when ``tokens(p) - a + b`` and
-``tokens(q) - b + a`` fit (always for two full 4,096-token packs, most packs), keeps every
-pack whole and contiguous (so the short config and the nesting verify checks are
-untouched), and keeps the row count, so packing efficiency does not move at all.
+``tokens(q) - b + a`` fit (always for two full 4,096-token packs, 80% of packs), keeps
+every pack whole and contiguous (so the short config and verify's nesting check are
+untouched) and keeps the row count, so packing efficiency does not move at all.
 
-**Algorithm** (``exchange``): windows are ``window_rows`` consecutive rows (the last, shorter
-one too); a window's error is its per-source share minus the target share. Passes go over
-the windows, worst first (largest absolute error in any source); a window above ``stop``
-looks at a few partner windows (those most opposite to it in its worst source, plus a few
-drawn from ``rand``) and takes the single best of: a swap of two whole rows (moves long
-pieces, e.g. books, that no pack swap can), or a swap of two units, among the ``n_cand``
-units of each side that best carry the error across (largest projection on the error
-difference) plus ``n_cand`` drawn ones. A move is taken only if it lowers the two windows'
-sum of squared errors and does not raise the larger of their two largest errors, so the
-largest error over all windows never rises and the sum of squares falls with every move
-(which is why it ends). Passes stop when one moves nothing, or after ``max_passes``.
+**Algorithm** (``balance_steps``). Windows are ``window_rows`` consecutive rows (the last,
+shorter one too); a window's error is its per-source share minus the target share.
 
-Cost: a move evaluates ``window_rows**2 + (2 n_cand)**2`` pairs per partner, about
-``(32**2 + 64**2) * 6 * K`` operations, so ~5 s of compiled plan per million long rows at
-K = 4 (``scripts/bench_mixture.py`` prints it). Deterministic for given inputs: the only
-draws are ``rand``, an array the caller draws from the seed.
+1. *Deal* (``deal_windows``): rows, coarsest first (by their largest long piece, e.g. a
+   book), each to the window with a free place whose squared error it leaves least; an
+   LPT-like start that spreads the coarse rows evenly, which no pairwise swap finds later.
+2. *Exchange* (``exchange_kernel``): passes over the windows, worst first; a window above
+   ``STOP`` looks at partner windows (the most opposite in its worst source, plus drawn
+   ones) and takes the single best of a swap of two whole rows (moves long pieces) or of
+   two units, among the ``N_CAND`` rows or units of each side that best carry the error
+   across (largest projection on the error difference) plus as many drawn. A move is taken
+   only if it lowers the two windows' sum of squared errors and does not raise the larger
+   of their largest errors, so the largest error over all windows never rises and every
+   move lowers the sum (so it ends); a window that found no move waits until a partner's
+   move changes it. If the run from the deal ends worse than the given order's largest
+   error, it runs again from the given order, so the result is never worse than the input.
+3. ``order_plan`` balances windows of ``exchange_window`` rows (4 steps, or more where a
+   piece forbids), then the steps inside each one, with partners only in the same window
+   (``group``), which leaves every coarse window's sums exactly as they were.
 
-**Bound.** No order or exchange gets a step closer than its largest indivisible piece
-allows: a step of ``T`` tokens holding a piece of ``p`` tokens of a source of share ``t``
-is at least ``p / T - t`` off (a 128k book piece in a 1M step of a 9.7% source: 12.5% -
-9.7% = 2.8 points). ``piece_bound`` gives it; ``exchange_window`` takes the smallest
-multiple of the step (doubling) that the bound allows the tolerance in, so the exchange
-balances windows that a step's target can hold in, and every larger aligned window (a
-union of them) holds too.
+Cost: per move attempt ~``2 * N_PARTNERS * 2 * (2 N_CAND)**2`` pair scores of O(K), plus
+the deal's O(rows * windows * K) in blocks of ``DEAL_WINDOWS`` windows; measured ~300-600 s
+of compiled CPU per million long rows (``scripts/bench_mixture.py``), i.e. ~1 s per group
+of 2**28 tokens, in that group's plan task. Deterministic for given inputs: the only draws
+are from an array drawn from the seed.
+
+**Bounds.** No layout gets a step closer than its largest indivisible piece allows: a step
+of ``T`` tokens holding a piece of ``p`` tokens of a source of share ``t`` is at least
+``p / T - t`` off (a 128k book piece in a 1M step of a 9.7% source: 12.5% - 9.7% = 2.8
+points); ``piece_bound`` gives it. Rows are coarser still where the planner put two pieces
+of a source in one row (books: rows of 103k-131k), and only whole rows move such a row's
+share between windows: if ``n`` such rows must share ``W`` windows whose target holds
+``c`` of them, ``n > c * W`` leaves some window over (the benchmark's 4M step at scale 0.5;
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ N_CAND = 12  # units per side by projection; as many again drawn
 N_PARTNERS = 2  # most opposite windows; as many again drawn
 MAX_MOVES = 32  # moves per window per pass
 EXCHANGE_STEPS = 4  # windows of this many steps are balanced
+DEAL_WINDOWS = 1024  # windows one deal chooses among
 
 
 @dataclass(frozen=True)
@@ -111,9 +122,9 @@ def exchange_window(
     every source of at least ``MIN_SHARE`` can hold ``TOLERANCE`` (``piece_bound``), at most
     ``n_rows``. Why not one step: a long row holds 115k-131k of a book (pieces grouped to
     fill it), and rows only trade whole between windows (no pack set weighs exactly a book
-    piece), so windows of a few rows cannot hold a 10% source to half a point; balancing
-    windows that can pulls every finer window towards the target too (measured in
-    docs/benchmarks.md: balancing at the finest feasible window did worse at 4M-8M)."""
+    piece), so windows of a few rows cannot hold a 10% source to half a point, and balancing
+    them first left 4M-8M windows 2-3 points off (docs/benchmarks.md); the steps inside each
+    window are balanced after, within it (``balance_steps(group=...)``)."""
     w = max(1, step_rows) * EXCHANGE_STEPS
     big = np.asarray(target) >= MIN_SHARE
     while w < n_rows and (piece_bound(max_piece, target, w * capacity)[big] > TOLERANCE).any():
@@ -184,6 +195,45 @@ def _top(score: np.ndarray, n: int, rand: np.ndarray, draw: int, out: np.ndarray
 
 
 @kernel
+def deal_windows(
+    rows: np.ndarray,
+    row_vec: np.ndarray,
+    row_tok: np.ndarray,
+    window_rows: int,
+    target: np.ndarray,
+) -> np.ndarray:
+    """``rows`` (coarsest first) dealt to windows of ``window_rows`` positions: each to the
+    window with a free position whose error (tokens per source minus target share of its
+    tokens) it leaves least in squared sum (ties: the first window). Returns the rows in
+    position order: window after window, each window's in the order dealt."""
+    n = rows.shape[0]
+    k = target.shape[0]
+    w = window_rows
+    n_win = (n + w - 1) // w
+    err = np.zeros((n_win, k))
+    fill = np.zeros(n_win, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    e = np.zeros(k)
+    for r in rows:
+        for x in range(k):
+            e[x] = row_vec[r, x] - target[x] * row_tok[r]
+        best, best_cost = -1, 0.0
+        for v in range(n_win):
+            if fill[v] >= min(w, n - v * w):
+                continue
+            cost = 0.0
+            for x in range(k):
+                cost += 2.0 * err[v, x] * e[x]  # the change of the squared sum, less |e|^2
+            if best < 0 or cost < best_cost:
+                best, best_cost = v, cost
+        for x in range(k):
+            err[best, x] += e[x]
+        out[best * w + fill[best]] = r
+        fill[best] += 1
+    return out
+
+
+@kernel
 def exchange_kernel(
     pos_row: np.ndarray,
     slot_offsets: np.ndarray,
@@ -198,6 +248,7 @@ def exchange_kernel(
     max_passes: int,
     stop: float,
     n_cand: int,
+    group: int,
 ) -> int:
     """The exchange (module docstring), in place: ``pos_row[p]`` is the row at position p,
     ``slot_unit[slot_offsets[r]:slot_offsets[r+1]]`` the units of row r, ``row_tok`` each
@@ -233,7 +284,7 @@ def exchange_kernel(
     score_j = np.empty(cap_slots)
     cand_i = np.empty(2 * n_cand, dtype=np.int64)
     cand_j = np.empty(2 * n_cand, dtype=np.int64)
-    partners = np.empty(2 * N_PARTNERS, dtype=np.int64)
+    partners = np.empty(max(2 * N_PARTNERS, group), dtype=np.int64)
     draw = 0
     moves = 0
     stuck = np.zeros(n_win, dtype=np.bool_)  # found no move, and unchanged since
@@ -255,19 +306,25 @@ def exchange_kernel(
                     if abs(dev[i, x]) > abs(dev[i, kw]):
                         kw = x
                 n_p = 0
-                for y in range(n_win):  # the most opposite windows in the worst source
-                    j = by_source[kw, y] if dev[i, kw] > 0 else by_source[kw, n_win - 1 - y]
-                    if j != i:
-                        partners[n_p] = j
-                        n_p += 1
-                    if n_p == N_PARTNERS:
-                        break
-                for _d in range(N_PARTNERS):
-                    j = rand[draw % rand.shape[0]] % n_win
-                    draw += 1
-                    if j != i:
-                        partners[n_p] = j
-                        n_p += 1
+                if group > 0:  # partners only in i's group of windows: its sums stay put
+                    for j in range((i // group) * group, min(n_win, (i // group + 1) * group)):
+                        if j != i and n_p < partners.shape[0]:
+                            partners[n_p] = j
+                            n_p += 1
+                else:
+                    for y in range(n_win):  # the most opposite windows in the worst source
+                        j = by_source[kw, y] if dev[i, kw] > 0 else by_source[kw, n_win - 1 - y]
+                        if j != i:
+                            partners[n_p] = j
+                            n_p += 1
+                        if n_p == N_PARTNERS:
+                            break
+                    for _d in range(N_PARTNERS):
+                        j = rand[draw % rand.shape[0]] % n_win
+                        draw += 1
+                        if j != i:
+                            partners[n_p] = j
+                            n_p += 1
                 best_gain, best_kind, best_a, best_b, best_j = 0.0, 0, -1, -1, -1
                 for q in range(n_p):
                     j = partners[q]
@@ -421,10 +478,15 @@ def balance_steps(
     window_rows: int,
     seed: int,
     target: np.ndarray | None = None,
+    group: int = 0,
 ) -> tuple[RowLayout, int]:
     """The long layout after the exchange at windows of ``window_rows`` rows (rows trade
-    positions, units trade rows), and the number of moves. Within a row, units keep the
-    order of their old positions in the layout, so a row nothing moved in reads as before."""
+    positions, units trade rows), and the number of moves. ``group`` > 0: windows trade
+    only within their group of ``group`` consecutive windows, from the given order (so
+    every group's sums, hence any coarser balance, stay as they are); else from the deal
+    (``deal_windows``), or the given order where that ends worse. Within a row, units keep
+    the order of their old positions in the layout, so a row nothing moved in reads as
+    before."""
     units = units_of(layout, pack_of_piece, piece_src, piece_size, n_sources)
     n_rows, n_units = layout.num_rows, units.start.size
     if n_rows < 2 or n_sources < 2:
@@ -433,28 +495,36 @@ def balance_steps(
     if target is None:
         sums = vec.sum(axis=0)
         target = sums / max(sums.sum(), 1.0)
+    target = np.asarray(target, np.float64)
     slot_offsets = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(units.row, minlength=n_rows), out=slot_offsets[1:])
-    slot_unit = np.arange(n_units, dtype=np.int64)  # units are in row order already
-    row_tok = np.asarray(layout.row_tokens, np.int64).copy()
-    pos_row = np.arange(n_rows, dtype=np.int64)
     rand = np.random.default_rng([seed, 26, 2]).integers(0, 1 << 62, 4099, dtype=np.int64)
     work = n_units * 64 + n_rows * window_rows * 8
-    moves = pick(exchange_kernel, work)(
-        pos_row,
-        slot_offsets,
-        slot_unit,
-        units.size,
-        vec,
-        row_tok,
-        int(layout.capacity),
-        int(window_rows),
-        np.asarray(target, np.float64),
-        rand,
-        MAX_PASSES,
-        STOP,
-        N_CAND,
-    )
+    given = np.arange(n_rows, dtype=np.int64)
+    limit = _largest_error(units, given, np.arange(n_units), slot_offsets, window_rows, target)
+    starts = [given] if group > 0 else [_dealt(units, n_rows, window_rows, target), given]
+    for start in starts:
+        pos_row, slot_unit = start.copy(), np.arange(n_units, dtype=np.int64)
+        row_tok = np.asarray(layout.row_tokens, np.int64).copy()
+        moves = pick(exchange_kernel, work)(
+            pos_row,
+            slot_offsets,
+            slot_unit,
+            units.size,
+            vec,
+            row_tok,
+            int(layout.capacity),
+            int(window_rows),
+            target,
+            rand,
+            MAX_PASSES,
+            STOP,
+            N_CAND,
+            int(group),
+        )
+        err = _largest_error(units, pos_row, slot_unit, slot_offsets, window_rows, target)
+        if err <= limit:  # the deal is only a start: never one that ends worse
+            break
     row_pos = np.empty(n_rows, dtype=np.int64)
     row_pos[pos_row] = np.arange(n_rows, dtype=np.int64)
     unit_pos = np.empty(n_units, dtype=np.int64)
@@ -468,3 +538,50 @@ def balance_steps(
     take = np.repeat(units.start[order] - first, lens) + np.arange(int(lens.sum()))
     pieces = layout.row_pieces[take]
     return RowLayout(layout.capacity, offsets, pieces, row_tok[pos_row]), int(moves)
+
+
+def _dealt(units: Units, n_rows: int, window_rows: int, target: np.ndarray) -> np.ndarray:
+    """Rows in position order after ``deal_windows``, coarsest first (by their largest long
+    piece: a row of packs only last), rows of a size in their given order; in blocks of
+    ``DEAL_WINDOWS`` windows of consecutive rows (the row order keeps blocks on target),
+    so the deal costs O(rows * DEAL_WINDOWS * K)."""
+    k = target.size
+    coarse = np.zeros(n_rows, dtype=np.int64)
+    np.maximum.at(coarse, units.row, np.where(units.long, units.size, 0))
+    row_vec = np.zeros((n_rows, k))
+    np.add.at(row_vec, units.row, units.vec)
+    row_tok = row_vec.sum(axis=1)
+    block = DEAL_WINDOWS * window_rows
+    out = np.empty(n_rows, dtype=np.int64)
+    for a in range(0, n_rows, block):
+        rows = np.arange(a, min(n_rows, a + block), dtype=np.int64)
+        rows = rows[np.argsort(-coarse[rows], kind="stable")]
+        work = rows.size * (-(-rows.size // window_rows)) * k // 4
+        out[a : a + rows.size] = pick(deal_windows, work)(
+            rows, row_vec, row_tok, window_rows, target
+        )
+    return out
+
+
+def _largest_error(
+    units: Units,
+    pos_row: np.ndarray,
+    slot_unit: np.ndarray,
+    slot_offsets: np.ndarray,
+    window_rows: int,
+    target: np.ndarray,
+) -> float:
+    """The largest |share - target| over the windows (a shorter last one too) when row
+    ``pos_row[p]`` is at position p and row r holds units ``slot_unit[slot_offsets[r]:...]``."""
+    n_rows = pos_row.size
+    row_pos = np.empty(n_rows, dtype=np.int64)
+    row_pos[pos_row] = np.arange(n_rows)
+    unit_row = np.empty(slot_unit.size, dtype=np.int64)
+    unit_row[slot_unit] = np.repeat(np.arange(n_rows), np.diff(slot_offsets))
+    win = row_pos[unit_row] // window_rows
+    n_win = -(-n_rows // window_rows)
+    per = np.zeros((n_win, target.size))
+    np.add.at(per, win, units.vec)
+    tot = per.sum(axis=1, keepdims=True)
+    share = np.divide(per, tot, out=np.zeros_like(per), where=tot > 0)
+    return float(np.abs(share - target).max()) if n_win else 0.0

@@ -312,17 +312,6 @@ def permute_rows(layout: Any, order: np.ndarray) -> Any:
     return type(layout)(layout.capacity, offsets, pieces, layout.row_tokens[order])
 
 
-def within_windows(matrix: np.ndarray, window_rows: int, target: np.ndarray) -> np.ndarray:
-    """A permutation that keeps every window of ``window_rows`` rows in place and orders
-    each window's rows by ``mix_order`` towards ``target``."""
-    n_rows = matrix.shape[0]
-    order = np.arange(n_rows, dtype=np.int64)
-    for a in range(0, n_rows, window_rows):
-        b = min(n_rows, a + window_rows)
-        order[a:b] = a + mix_order(matrix[a:b], target)
-    return order
-
-
 def order_plan(
     plan: Any, first_doc: np.ndarray, window_tokens: int, seed: int = 0
 ) -> tuple[Any, dict]:
@@ -358,15 +347,20 @@ def order_plan(
             max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
             w_ex = xc.exchange_window(window, layout.num_rows, layout.capacity, max_piece, target)
             layouts[name], moves = xc.balance_steps(
-                layouts[name], pack_of_piece, src, sizes, k, w_ex, seed
+                layouts[name], pack_of_piece, src, sizes, k, w_ex, seed, target
             )
             after_m = row_source_tokens(
                 layouts[name].row_offsets, layouts[name].row_pieces, src, sizes, k
             )
-            # Rows within a window move freely (its mix is its rows' sum): mix order them,
-            # so the step's own windows inside it stay as the row order made them.
-            within = within_windows(after_m, w_ex, target)
-            layouts[name], after_m = permute_rows(layouts[name], within), after_m[within]
+            if w_ex > window:  # then the steps inside each window, trading within it only
+                layouts[name], fine = xc.balance_steps(
+                    layouts[name], pack_of_piece, src, sizes, k, window, seed, target,
+                    group=w_ex // window,
+                )  # fmt: skip
+                moves += fine
+                after_m = row_source_tokens(
+                    layouts[name].row_offsets, layouts[name].row_pieces, src, sizes, k
+                )
             bound = xc.piece_bound(max_piece, target, window * layout.capacity)
             at_ex = window_deviation(after_m, w_ex)
             extra = {
