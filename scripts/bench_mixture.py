@@ -25,6 +25,7 @@ import numpy as np
 
 from packcli.pack import mixture as mx
 from packcli.pack.exchange import balance_steps, piece_bound
+from packcli.pack.groups import plan_group, plan_tail
 from packcli.pack.plan import plan_two_tier, tier_summary
 from packcli.pack.plan_config import PlanConfig
 
@@ -46,8 +47,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, nargs="+", default=[1 << 20, 2 << 20, 4 << 20, 8 << 20])
     ap.add_argument("--step", type=int, default=1 << 20, help="the plan's step (TOKENS_PER_STEP)")
+    ap.add_argument(
+        "--groups", type=int, default=0, help="also plan in this many groups (doc i in i mod G)"
+    )
     args = ap.parse_args()
     lens = lengths(args.scale, args.seed)
+    if args.groups > 1:
+        grouped(lens, args)
+        return
     tokens = np.array([x.sum() for x in lens])
     shares = np.array([0.5, 0.2, 0.2, 0.1])
     mult = mx.multipliers_from_shares(shares, tokens)
@@ -126,6 +133,49 @@ def main() -> None:
                     f"{base['max'][k] * 100:>8.2f}pt {mixed['max'][k] * 100:>8.2f}pt "
                     f"{done['max'][k] * 100:>8.2f}pt {done['p99'][k] * 100:>7.2f}pt"
                 )
+
+
+def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
+    """The long config planned by groups (as ``packcli plan`` does past ``group_tokens``):
+    each group and the tail ordered and exchanged alone, the output their rows one part after
+    another. Windows aligned to the output's first row straddle the parts' boundaries, so
+    they are measured both ways: over the output, and each part over its own windows."""
+    tokens = np.array([x.sum() for x in lens])
+    mult = mx.multipliers_from_shares(np.array([0.5, 0.2, 0.2, 0.1]), tokens)
+    first = np.cumsum([0] + [x.size for x in lens[:-1]])
+    all_lens = np.concatenate(lens)
+    spec = mx.MixSpec(("fortunes", "manpages", "code", "books"), tuple(mult), ("split",) * 4)
+    cfg = PlanConfig(overlong="split")
+    parts, tails = [], []
+    t0 = time.perf_counter()
+    for g in range(args.groups):
+        docs = np.arange(g, all_lens.size, args.groups)
+        ex = mx.expand(all_lens[docs], docs, first, spec, cfg.long_len)
+        gp = plan_group(ex.lengths, ex.keys, cfg, g)
+        parts.append(mx.order_plan(gp.plan, first, args.step)[0])
+        tails.append(gp.tail)
+    parts.append(mx.order_plan(plan_tail(tails, cfg), first, args.step)[0])
+    print(
+        f"{args.groups} groups and the tail planned and ordered in {time.perf_counter() - t0:.2f} s"
+    )
+    ms = []
+    for part in parts:
+        src = mx.source_of(part.piece_doc, first)
+        layout = part.long
+        ms.append(
+            mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, part.piece_len, 4)
+        )
+    print("rows per part", [m.shape[0] for m in ms])
+    target = np.vstack(ms).sum(axis=0) / np.vstack(ms).sum()
+    for step in args.steps:
+        w = max(1, step // cfg.long_len)
+        out = mx.window_deviation(np.vstack(ms), w, target)["max"] * 100
+        groups = mx.window_deviation(np.vstack(ms[:-1]), w, target)["max"] * 100
+        own = np.max([mx.window_deviation(m, w, target)["max"] for m in ms[:-1]], axis=0) * 100
+        print(
+            f"long {step:>11,}  output {np.round(out, 2)}  groups' rows {np.round(groups, 2)}"
+            f"  each group's own windows {np.round(own, 2)}"
+        )
 
 
 if __name__ == "__main__":

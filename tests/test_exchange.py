@@ -238,6 +238,14 @@ def test_mixture_with_the_exchange_verifies(
         )
         seen[name] = Counter(pairs)
     assert set(seen["short"]) <= set(seen["long"])
+    # Without the exchange the short config's bytes are the same; the long config's differ.
+    monkeypatch.setattr(xc, "balance_steps", lambda layout, *a, **k: (layout, 0))
+    plain = tmp_path / "plain"
+    invoke_ok("pack", "-t", toy_tokenizer_path, "-o", plain, "--config", cfg, "-q")
+    ours, theirs = data_hashes(out), data_hashes(plain)
+    short = [p for p in ours if "/short/" in p]
+    assert short and all(ours[p] == theirs[p] for p in short)
+    assert any(ours[p] != theirs[p] for p in ours if "/long/" in p)
 
 
 def test_grouped_mixture_same_bytes_for_any_task_count(

@@ -487,10 +487,11 @@ def balance_steps(
     (``deal_windows``), or the given order where that ends worse. Within a row, units keep
     the order of their old positions in the layout, so a row nothing moved in reads as
     before."""
-    units = units_of(layout, pack_of_piece, piece_src, piece_size, n_sources)
-    n_rows, n_units = layout.num_rows, units.start.size
-    if n_rows < 2 or n_sources < 2:
+    n_rows = layout.num_rows
+    if n_rows <= window_rows or n_sources < 2:  # one window: nothing to trade with
         return layout, 0
+    units = units_of(layout, pack_of_piece, piece_src, piece_size, n_sources)
+    n_units = units.start.size
     vec = np.ascontiguousarray(units.vec, dtype=np.float64)
     if target is None:
         sums = vec.sum(axis=0)
