@@ -10,7 +10,8 @@ the row order alone (``mix_order``, before the exchange) and what packcli plans
 (``order_plan``: the row order, then the long config's units exchanged between windows,
 ``packcli.pack.exchange``); the piece bound (no layout does better at that step); rows /
 lower bound before and after; plan and order time (``order_plan`` timed on its second run,
-so numba's cache load is not in it).
+so numba's cache load is not in it, and again without the exchange: the difference is the
+exchange's cost). ``--groups G`` plans by groups instead and measures windows across them.
 
     python scripts/bench_mixture.py --scale 1.0
 """
@@ -23,8 +24,9 @@ import time
 
 import numpy as np
 
+from packcli.pack import exchange as xc
 from packcli.pack import mixture as mx
-from packcli.pack.exchange import balance_steps, piece_bound
+from packcli.pack.exchange import piece_bound
 from packcli.pack.groups import plan_group, plan_tail
 from packcli.pack.plan import plan_two_tier, tier_summary
 from packcli.pack.plan_config import PlanConfig
@@ -80,22 +82,19 @@ def main() -> None:
         t2 = time.perf_counter()
         mx.mix_order(m)
         row_s[tier] = time.perf_counter() - t2
-    long_m = mx.row_source_tokens(
-        plan.long.row_offsets, plan.long.row_pieces, src, plan.piece_len, 4
-    )
-    ordered_long = mx.permute_rows(plan.long, mx.mix_order(long_m))
-    pack_of_piece = np.full(plan.piece_len.size, -1, np.int64)
-    short = plan.short
-    pack_of_piece[short.row_pieces] = np.repeat(
-        np.arange(short.num_rows), np.diff(short.row_offsets)
-    )
-    w_ex = spread["long"]["exchange_window_rows"]
-    t3 = time.perf_counter()
-    balance_steps(ordered_long, pack_of_piece, src, plan.piece_len, 4, w_ex, 0)
-    exchange_s = time.perf_counter() - t3
+    real = xc.balance_steps
+    xc.balance_steps = lambda layout, *a, **k: (layout, 0)  # the row order alone
+    try:
+        t3 = time.perf_counter()
+        mx.order_plan(plan, first, args.step)
+        rows_only_s = time.perf_counter() - t3
+    finally:
+        xc.balance_steps = real
+    exchange_s = order_s - rows_only_s
     print(
-        f"exchange alone {exchange_s:.2f} s: "
-        f"{exchange_s / plan.long.num_rows * 1e6:,.0f} s per million long rows"
+        f"the exchange (order_plan {order_s:.2f} s less {rows_only_s:.2f} s without it): "
+        f"{exchange_s:.2f} s, {exchange_s / plan.long.num_rows * 1e6:,.0f} s per million "
+        "long rows"
     )
     print(
         f"order_plan {order_s:.2f} s (row order alone: short {row_s['short']:.2f} s, long "
