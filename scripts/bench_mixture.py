@@ -171,9 +171,10 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
         out = mx.window_deviation(np.vstack(ms), w, target)["max"] * 100
         groups = mx.window_deviation(np.vstack(ms[:-1]), w, target)["max"] * 100
         own = np.max([mx.window_deviation(m, w, target)["max"] for m in ms[:-1]], axis=0) * 100
+        mine = np.max([mx.window_deviation(m, w)["max"] for m in ms[:-1]], axis=0) * 100
         print(
             f"long {step:>11,}  output {np.round(out, 2)}  groups' rows {np.round(groups, 2)}"
-            f"  each group's own windows {np.round(own, 2)}"
+            f"  each group's windows {np.round(own, 2)} (from its own share {np.round(mine, 2)})"
         )
 
 
