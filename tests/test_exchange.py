@@ -267,5 +267,13 @@ def test_grouped_mixture_same_bytes_for_any_task_count(
         )
         assert len(list((out / ".packcli" / "plan").glob("group-*.json"))) >= 2
         assert invoke("verify", out)[0] == 0
+        stats = json.loads((out / ".packcli" / "plan.json").read_text())["stats"]
+        groups = [
+            json.loads(p.read_text())["stats"]["mixture_windows"]["long"]
+            for p in sorted((out / ".packcli" / "plan").glob("group-*.json"))
+        ]
+        long = stats["mixture_windows"]["long"]
+        assert long["exchange_moves"] == sum(g["exchange_moves"] for g in groups)
+        assert long["piece_bound"] == np.max([g["piece_bound"] for g in groups], axis=0).tolist()
         hashes.append(data_hashes(out))
     assert hashes[0] == hashes[1]

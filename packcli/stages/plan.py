@@ -370,8 +370,9 @@ def _plan_mixed(
 
 
 def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The groups' per-source counts summed, and per config the largest window deviation of
-    any group (each group's rows are consecutive in the output)."""
+    """The groups' per-source counts summed, and per config the largest window deviation (and
+    piece bound) of any group, each group's rows being consecutive in the output (windows
+    straddling two groups are not counted: docs/benchmarks.md measures them)."""
     counts: dict[str, dict[str, int]] = {}
     windows: dict[str, Any] = {}
     for r in records:
@@ -381,10 +382,19 @@ def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
                 windows[name] = dict(w)
                 continue
             mine = windows[name]
-            for key in ("max_deviation", "p99_deviation", "shuffled_max_deviation"):
-                mine[key] = [max(a, b) for a, b in zip(mine[key], w[key], strict=True)]
+            for key in (
+                "max_deviation",
+                "p99_deviation",
+                "shuffled_max_deviation",
+                "piece_bound",
+                "exchange_max_deviation",
+            ):
+                if key in mine and key in w:
+                    mine[key] = [max(a, b) for a, b in zip(mine[key], w[key], strict=True)]
             mine["tokens"] = [a + b for a, b in zip(mine["tokens"], w["tokens"], strict=True)]
             mine["windows"] += w["windows"]
+            if "exchange_moves" in mine and "exchange_moves" in w:
+                mine["exchange_moves"] += w["exchange_moves"]
     return {"mixture": counts, "mixture_windows": windows}
 
 
