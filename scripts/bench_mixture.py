@@ -136,46 +136,53 @@ def main() -> None:
 
 def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
     """The long config planned by groups (as ``packcli plan`` does past ``group_tokens``):
-    each group and the tail ordered and exchanged alone, the output their rows one part after
-    another. Windows aligned to the output's first row straddle the parts' boundaries, so
-    they are measured both ways: over the output, and each part over its own windows."""
+    each group and the tail ordered alone, the output their rows one part after another;
+    packcli orders a group's rows without the exchange (its windows would start at the
+    group's first row, not at a step of the output), measured here with it too. Windows:
+    over the output, over the groups' rows (no tail), and each group's own (from its first
+    row, against the output's share and its own)."""
     tokens = np.array([x.sum() for x in lens])
     mult = mx.multipliers_from_shares(np.array([0.5, 0.2, 0.2, 0.1]), tokens)
     first = np.cumsum([0] + [x.size for x in lens[:-1]])
     all_lens = np.concatenate(lens)
     spec = mx.MixSpec(("fortunes", "manpages", "code", "books"), tuple(mult), ("split",) * 4)
     cfg = PlanConfig(overlong="split")
-    parts, tails = [], []
-    t0 = time.perf_counter()
+    planned, tails = [], []
     for g in range(args.groups):
         docs = np.arange(g, all_lens.size, args.groups)
         ex = mx.expand(all_lens[docs], docs, first, spec, cfg.long_len)
         gp = plan_group(ex.lengths, ex.keys, cfg, g)
-        parts.append(mx.order_plan(gp.plan, first, args.step)[0])
+        planned.append(gp.plan)
         tails.append(gp.tail)
-    parts.append(mx.order_plan(plan_tail(tails, cfg), first, args.step)[0])
-    print(
-        f"{args.groups} groups and the tail planned and ordered in {time.perf_counter() - t0:.2f} s"
-    )
-    ms = []
-    for part in parts:
-        src = mx.source_of(part.piece_doc, first)
-        layout = part.long
-        ms.append(
-            mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, part.piece_len, 4)
-        )
-    print("rows per part", [m.shape[0] for m in ms])
-    target = np.vstack(ms).sum(axis=0) / np.vstack(ms).sum()
-    for step in args.steps:
-        w = max(1, step // cfg.long_len)
-        out = mx.window_deviation(np.vstack(ms), w, target)["max"] * 100
-        groups = mx.window_deviation(np.vstack(ms[:-1]), w, target)["max"] * 100
-        own = np.max([mx.window_deviation(m, w, target)["max"] for m in ms[:-1]], axis=0) * 100
-        mine = np.max([mx.window_deviation(m, w)["max"] for m in ms[:-1]], axis=0) * 100
+    planned.append(plan_tail(tails, cfg))
+    for exchange in (False, True):
+        t0 = time.perf_counter()
+        parts = [mx.order_plan(p, first, args.step, exchange=exchange)[0] for p in planned[:-1]]
+        parts.append(mx.order_plan(planned[-1], first, args.step, exchange=False)[0])
         print(
-            f"long {step:>11,}  output {np.round(out, 2)}  groups' rows {np.round(groups, 2)}"
-            f"  each group's windows {np.round(own, 2)} (from its own share {np.round(mine, 2)})"
+            f"groups {'with' if exchange else 'without (packcli)'} the exchange: "
+            f"{args.groups} groups and the tail ordered in {time.perf_counter() - t0:.2f} s"
         )
+        ms = []
+        for part in parts:
+            src = mx.source_of(part.piece_doc, first)
+            layout = part.long
+            ms.append(
+                mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, part.piece_len, 4)
+            )
+        print("  rows per part", [m.shape[0] for m in ms])
+        target = np.vstack(ms).sum(axis=0) / np.vstack(ms).sum()
+        for step in args.steps:
+            w = max(1, step // cfg.long_len)
+            out = mx.window_deviation(np.vstack(ms), w, target)["max"] * 100
+            groups = mx.window_deviation(np.vstack(ms[:-1]), w, target)["max"] * 100
+            own = np.max([mx.window_deviation(m, w, target)["max"] for m in ms[:-1]], axis=0)
+            mine = np.max([mx.window_deviation(m, w)["max"] for m in ms[:-1]], axis=0)
+            print(
+                f"  long {step:>11,}  output {np.round(out, 2)}  groups' rows "
+                f"{np.round(groups, 2)}  each group's {np.round(own * 100, 2)} (own share "
+                f"{np.round(mine * 100, 2)})"
+            )
 
 
 if __name__ == "__main__":

@@ -314,7 +314,9 @@ def plan_stage(
             del tails
             mix = mix_spec(cfg, shards)
             if mix is not None:
-                tail_plan, _ = order_plan(tail_plan, mix[1], TOKENS_PER_STEP, mix[0].seed)
+                tail_plan, _ = order_plan(
+                    tail_plan, mix[1], TOKENS_PER_STEP, mix[0].seed, exchange=False
+                )
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
@@ -349,7 +351,8 @@ def _plan_mixed(
     else:
         grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g)
         plan, tail = grouped.plan, grouped.tail
-    plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP, spec.seed)
+    # The exchange's windows start at the plan's first row: the output's only for one group.
+    plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP, spec.seed, exchange=n_groups == 1)
     per = ex.stats.values()
     stats = dict(plan.stats)
     stats.update(
