@@ -120,11 +120,11 @@ def exchange_window(
 ) -> int:
     """Rows of the windows the exchange balances: ``EXCHANGE_STEPS`` steps, doubled until
     every source of at least ``MIN_SHARE`` can hold ``TOLERANCE`` (``piece_bound``), at most
-    ``n_rows``. Why not one step: a long row holds 115k-131k of a book (pieces grouped to
+    ``n_rows``. Why not one step: a long row holds 103k-131k of a book (pieces grouped to
     fill it), and rows only trade whole between windows (no pack set weighs exactly a book
     piece), so windows of a few rows cannot hold a 10% source to half a point, and balancing
-    them first left 4M-8M windows 2-3 points off (docs/benchmarks.md); the steps inside each
-    window are balanced after, within it (``balance_steps(group=...)``)."""
+    them first left books 2.0 and 0.67 points off at 4M and 8M (docs/benchmarks.md); the
+    steps inside each window are balanced after, within it (``balance_steps(group=...)``)."""
     w = max(1, step_rows) * EXCHANGE_STEPS
     big = np.asarray(target) >= MIN_SHARE
     while w < n_rows and (piece_bound(max_piece, target, w * capacity)[big] > TOLERANCE).any():
