@@ -5,8 +5,13 @@ Four sources of very different length distributions (fortune-like ~30 tokens, ma
 mode: multipliers from the counted tokens), planned two-tier as packcli plans a mixture
 (``packcli.pack.mixture.expand`` then ``plan_two_tier``). Per config and step size: the
 largest and 99th-percentile deviation of a step window's source share from the config's own
-realised share, for the shuffled order (the baseline: packcli's row shuffle, a random order)
-and the mix order; rows / lower bound; plan and order time.
+realised share, for the shuffled order (the baseline: packcli's row shuffle, a random order),
+the row order alone (``mix_order``, before the exchange) and what packcli plans
+(``order_plan``: the row order, then the long config's units exchanged between windows,
+``packcli.pack.exchange``); the piece bound (no layout does better at that step); rows /
+lower bound before and after; plan and order time (``order_plan`` timed on its second run,
+so numba's cache load is not in it, and again without the exchange: the difference is the
+exchange's cost). ``--groups G`` plans by groups instead and measures windows across them.
 
     python scripts/bench_mixture.py --scale 1.0
 """
@@ -14,11 +19,15 @@ and the mix order; rows / lower bound; plan and order time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 
+from packcli.pack import exchange as xc
 from packcli.pack import mixture as mx
+from packcli.pack.exchange import piece_bound
+from packcli.pack.groups import plan_group, plan_tail
 from packcli.pack.plan import plan_two_tier, tier_summary
 from packcli.pack.plan_config import PlanConfig
 
@@ -38,9 +47,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, nargs="+", default=[1 << 20, 4 << 20, 8 << 20])
+    ap.add_argument("--steps", type=int, nargs="+", default=[1 << 20, 2 << 20, 4 << 20, 8 << 20])
+    ap.add_argument("--step", type=int, default=1 << 20, help="the plan's step (TOKENS_PER_STEP)")
+    ap.add_argument(
+        "--groups", type=int, default=0, help="also plan in this many groups (doc i in i mod G)"
+    )
     args = ap.parse_args()
     lens = lengths(args.scale, args.seed)
+    if args.groups > 1:
+        grouped(lens, args)
+        return
     tokens = np.array([x.sum() for x in lens])
     shares = np.array([0.5, 0.2, 0.2, 0.1])
     mult = mx.multipliers_from_shares(shares, tokens)
@@ -50,32 +66,123 @@ def main() -> None:
     t0 = time.perf_counter()
     ex = mx.expand(all_lens, np.arange(all_lens.size), first, spec, 131072)
     plan = plan_two_tier(ex.lengths, PlanConfig())
+    plan = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc])
     plan_s = time.perf_counter() - t0
-    src = mx.source_of(ex.keys[plan.piece_doc], first)
+    src = mx.source_of(plan.piece_doc, first)
     print(f"documents {all_lens.size:,}, copies {ex.keys.size:,}, multipliers {np.round(mult, 3)}")
     print(f"plan (expand + two-tier) {plan_s:.2f} s")
-    print(
-        "config  step tokens  rows/bound  order s  source      share   shuffled max"
-        "  mix max  mix p99"
-    )
+    mx.order_plan(plan, first, args.step)  # numba's cache load
+    t1 = time.perf_counter()
+    ordered, spread = mx.order_plan(plan, first, args.step)
+    order_s = time.perf_counter() - t1
+    row_s = {}
     for tier in ("short", "long"):
         layout = getattr(plan, tier)
         m = mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, plan.piece_len, 4)
-        t1 = time.perf_counter()
+        t2 = time.perf_counter()
+        mx.mix_order(m)
+        row_s[tier] = time.perf_counter() - t2
+    real = xc.balance_steps
+    xc.balance_steps = lambda layout, *a, **k: (layout, 0)  # the row order alone
+    try:
+        t3 = time.perf_counter()
+        mx.order_plan(plan, first, args.step)
+        rows_only_s = time.perf_counter() - t3
+    finally:
+        xc.balance_steps = real
+    exchange_s = order_s - rows_only_s
+    print(
+        f"the exchange (order_plan {order_s:.2f} s less {rows_only_s:.2f} s without it): "
+        f"{exchange_s:.2f} s, {exchange_s / plan.long.num_rows * 1e6:,.0f} s per million "
+        "long rows"
+    )
+    print(
+        f"order_plan {order_s:.2f} s (row order alone: short {row_s['short']:.2f} s, long "
+        f"{row_s['long']:.2f} s); long: {plan.long.num_rows:,} rows, exchange windows of "
+        f"{spread['long'].get('exchange_window_rows')} rows, "
+        f"{spread['long'].get('exchange_moves')} moves"
+    )
+    print(
+        "config  step tokens  rows/bound before after  source      share  bound  shuffled"
+        "  row order  exchanged  exch p99"
+    )
+    for tier in ("short", "long"):
+        layout, after_layout = getattr(plan, tier), getattr(ordered, tier)
+        m = mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, plan.piece_len, 4)
+        after = mx.row_source_tokens(
+            after_layout.row_offsets, after_layout.row_pieces, src, plan.piece_len, 4
+        )
         order = mx.mix_order(m)
-        order_s = time.perf_counter() - t1
         bound = tier_summary(layout)["rows_over_bound"]
+        bound_after = tier_summary(after_layout)["rows_over_bound"]
         share = m.sum(axis=0) / m.sum()
+        max_piece = np.zeros(4)
+        lens_in = plan.piece_len[layout.row_pieces]
+        np.maximum.at(max_piece, src[layout.row_pieces], np.where(lens_in > 4096, lens_in, 0))
         for step in args.steps:
             w = max(1, step // layout.capacity)
             base = mx.window_deviation(m, w)
             mixed = mx.window_deviation(m[order], w)
+            done = mx.window_deviation(after, w)
+            floor = piece_bound(max_piece, share, w * layout.capacity)
             for k, name in enumerate(spec.names):
                 print(
-                    f"{tier:<7} {step:>11,} {bound:>11.6f} {order_s:>8.2f}  {name:<10} "
-                    f"{share[k] * 100:>6.2f}% {base['max'][k] * 100:>11.2f}pt "
-                    f"{mixed['max'][k] * 100:>6.2f}pt {mixed['p99'][k] * 100:>6.2f}pt"
+                    f"{tier:<7} {step:>11,} {bound:>10.6f} {bound_after:>8.6f}  {name:<10} "
+                    f"{share[k] * 100:>6.2f}% {floor[k] * 100:>5.2f} "
+                    f"{base['max'][k] * 100:>8.2f}pt {mixed['max'][k] * 100:>8.2f}pt "
+                    f"{done['max'][k] * 100:>8.2f}pt {done['p99'][k] * 100:>7.2f}pt"
                 )
+
+
+def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
+    """The long config planned by groups (as ``packcli plan`` does past ``group_tokens``):
+    each group and the tail ordered alone, the output their rows one part after another;
+    packcli orders a group's rows without the exchange (its windows would start at the
+    group's first row, not at a step of the output), measured here with it too. Windows:
+    over the output, over the groups' rows (no tail), and each group's own (from its first
+    row, against the output's share and its own)."""
+    tokens = np.array([x.sum() for x in lens])
+    mult = mx.multipliers_from_shares(np.array([0.5, 0.2, 0.2, 0.1]), tokens)
+    first = np.cumsum([0] + [x.size for x in lens[:-1]])
+    all_lens = np.concatenate(lens)
+    spec = mx.MixSpec(("fortunes", "manpages", "code", "books"), tuple(mult), ("split",) * 4)
+    cfg = PlanConfig(overlong="split")
+    planned, tails = [], []
+    for g in range(args.groups):
+        docs = np.arange(g, all_lens.size, args.groups)
+        ex = mx.expand(all_lens[docs], docs, first, spec, cfg.long_len)
+        gp = plan_group(ex.lengths, ex.keys, cfg, g)
+        planned.append(gp.plan)
+        tails.append(gp.tail)
+    planned.append(plan_tail(tails, cfg))
+    for exchange in (False, True):
+        t0 = time.perf_counter()
+        parts = [mx.order_plan(p, first, args.step, exchange=exchange)[0] for p in planned[:-1]]
+        parts.append(mx.order_plan(planned[-1], first, args.step, exchange=False)[0])
+        print(
+            f"groups {'with' if exchange else 'without (packcli)'} the exchange: "
+            f"{args.groups} groups and the tail ordered in {time.perf_counter() - t0:.2f} s"
+        )
+        ms = []
+        for part in parts:
+            src = mx.source_of(part.piece_doc, first)
+            layout = part.long
+            ms.append(
+                mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, part.piece_len, 4)
+            )
+        print("  rows per part", [m.shape[0] for m in ms])
+        target = np.vstack(ms).sum(axis=0) / np.vstack(ms).sum()
+        for step in args.steps:
+            w = max(1, step // cfg.long_len)
+            out = mx.window_deviation(np.vstack(ms), w, target)["max"] * 100
+            groups = mx.window_deviation(np.vstack(ms[:-1]), w, target)["max"] * 100
+            own = np.max([mx.window_deviation(m, w, target)["max"] for m in ms[:-1]], axis=0)
+            mine = np.max([mx.window_deviation(m, w)["max"] for m in ms[:-1]], axis=0)
+            print(
+                f"  long {step:>11,}  output {np.round(out, 2)}  groups' rows "
+                f"{np.round(groups, 2)}  each group's {np.round(own * 100, 2)} (own share "
+                f"{np.round(mine * 100, 2)})"
+            )
 
 
 if __name__ == "__main__":

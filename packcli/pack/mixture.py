@@ -312,22 +312,67 @@ def permute_rows(layout: Any, order: np.ndarray) -> Any:
     return type(layout)(layout.capacity, offsets, pieces, layout.row_tokens[order])
 
 
-def order_plan(plan: Any, first_doc: np.ndarray, window_tokens: int) -> tuple[Any, dict]:
+def order_plan(
+    plan: Any, first_doc: np.ndarray, window_tokens: int, seed: int = 0, exchange: bool = True
+) -> tuple[Any, dict]:
     """The plan with each config's rows in ``mix_order`` (pieces' keys give their source),
-    and per config the per-window deviation (``window_deviation``) at ``window_tokens``
-    tokens per window, before (the shuffled order) and after."""
+    with ``exchange`` the long config's then balanced per window by exchanging units between
+    rows (``packcli.pack.exchange``: windows of 4 steps, then the steps inside them), and
+    per config the per-window deviation (``window_deviation``) at ``window_tokens`` tokens
+    per window, before (the shuffled order) and after, and the long config's piece bound.
+
+    The exchange balances windows aligned to the plan's first row, so it is for a plan whose
+    rows start the output (one group); a group after the first starts wherever the rows
+    before it end, where the exchanged windows would straddle the output's steps and hold
+    worse than the row order alone (docs/benchmarks.md)."""
     import dataclasses
+
+    from packcli.pack import exchange as xc
 
     src = source_of(plan.piece_doc, first_doc)
     k = first_doc.size
+    sizes = plan.piece_size
     layouts, spread = {}, {}
     for name in ("short", "long"):
         layout = getattr(plan, name)
-        m = row_source_tokens(layout.row_offsets, layout.row_pieces, src, plan.piece_len, k)
+        m = row_source_tokens(layout.row_offsets, layout.row_pieces, src, sizes, k)
         order = mix_order(m)
         layouts[name] = permute_rows(layout, order)
+        after_m = m[order]
         window = max(1, window_tokens // layout.capacity)
-        before, after = window_deviation(m, window), window_deviation(m[order], window)
+        extra: dict[str, Any] = {}
+        if name == "long" and plan.short is not None and k >= 2:
+            pack_of_piece = np.full(plan.piece_len.size, -1, np.int64)
+            short = plan.short
+            pack_of_piece[short.row_pieces] = np.repeat(
+                np.arange(short.num_rows, dtype=np.int64), np.diff(short.row_offsets)
+            )
+            units = xc.units_of(layouts[name], pack_of_piece, src, sizes, k)
+            target = m.sum(axis=0) / max(m.sum(), 1)
+            max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
+            bound = xc.piece_bound(max_piece, target, window * layout.capacity)
+            extra["piece_bound"] = [round(float(x), 6) for x in bound]
+        if extra and exchange and layout.num_rows > 1:
+            w_ex = xc.exchange_window(window, layout.num_rows, layout.capacity, max_piece, target)
+            layouts[name], moves = xc.balance_steps(
+                layouts[name], pack_of_piece, src, sizes, k, w_ex, seed, target
+            )
+            if w_ex > window:  # then the steps inside each window, trading within it only
+                layouts[name], fine = xc.balance_steps(
+                    layouts[name], pack_of_piece, src, sizes, k, window, seed, target,
+                    group=w_ex // window,
+                )  # fmt: skip
+                moves += fine
+            after_m = row_source_tokens(
+                layouts[name].row_offsets, layouts[name].row_pieces, src, sizes, k
+            )
+            at_ex = window_deviation(after_m, w_ex)
+            extra.update(
+                exchange_window_rows=int(w_ex),
+                exchange_moves=moves,
+                exchange_max_deviation=[round(float(x), 6) for x in at_ex["max"]],
+            )
+        before, after = window_deviation(m, window), window_deviation(after_m, window)
         spread[name] = {
             "window_rows": window,
             "windows": int(after["windows"]),
@@ -335,5 +380,6 @@ def order_plan(plan: Any, first_doc: np.ndarray, window_tokens: int) -> tuple[An
             "max_deviation": [round(float(x), 6) for x in after["max"]],
             "p99_deviation": [round(float(x), 6) for x in after["p99"]],
             "shuffled_max_deviation": [round(float(x), 6) for x in before["max"]],
+            **extra,
         }
     return dataclasses.replace(plan, **layouts), spread

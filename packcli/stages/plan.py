@@ -73,7 +73,7 @@ def plan_fingerprint(
 
 
 # The row order's rule for a mixture, as a version (part of the plan's fingerprint).
-MIX_ORDER_RULE = 1
+MIX_ORDER_RULE = 2  # 2: long rows' units exchanged between windows (issue 26)
 
 
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
@@ -315,7 +315,9 @@ def plan_stage(
             del tails
             mix = mix_spec(cfg, shards)
             if mix is not None:
-                tail_plan, _ = order_plan(tail_plan, mix[1], TOKENS_PER_STEP)
+                tail_plan, _ = order_plan(
+                    tail_plan, mix[1], TOKENS_PER_STEP, mix[0].seed, exchange=False
+                )
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
@@ -357,7 +359,8 @@ def _plan_mixed(
     else:
         grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g)
         plan, tail = grouped.plan, grouped.tail
-    plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP)
+    # The exchange's windows start at the plan's first row: the output's only for one group.
+    plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP, spec.seed, exchange=n_groups == 1)
     per = ex.stats.values()
     stats = dict(plan.stats)
     stats.update(
@@ -378,8 +381,9 @@ def _plan_mixed(
 
 
 def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The groups' per-source counts summed, and per config the largest window deviation of
-    any group (each group's rows are consecutive in the output)."""
+    """The groups' per-source counts summed, and per config the largest window deviation (and
+    piece bound) of any group, each group's rows being consecutive in the output (windows
+    straddling two groups are not counted: docs/benchmarks.md measures them)."""
     counts: dict[str, dict[str, int]] = {}
     windows: dict[str, Any] = {}
     for r in records:
@@ -389,10 +393,19 @@ def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
                 windows[name] = dict(w)
                 continue
             mine = windows[name]
-            for key in ("max_deviation", "p99_deviation", "shuffled_max_deviation"):
-                mine[key] = [max(a, b) for a, b in zip(mine[key], w[key], strict=True)]
+            for key in (
+                "max_deviation",
+                "p99_deviation",
+                "shuffled_max_deviation",
+                "piece_bound",
+                "exchange_max_deviation",
+            ):
+                if key in mine and key in w:
+                    mine[key] = [max(a, b) for a, b in zip(mine[key], w[key], strict=True)]
             mine["tokens"] = [a + b for a, b in zip(mine["tokens"], w["tokens"], strict=True)]
             mine["windows"] += w["windows"]
+            if "exchange_moves" in mine and "exchange_moves" in w:
+                mine["exchange_moves"] += w["exchange_moves"]
     return {"mixture": counts, "mixture_windows": windows}
 
 
