@@ -33,15 +33,11 @@ packs into long rows' free room, and short documents into fitted packs of a give
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
 from packcli.jit import kernel, pick, trailing_zeros
 from packcli.names import PLAN_ALGORITHMS as ALGORITHMS
-
-# The same names as ALGORITHMS, for type checkers (a test checks they agree).
-Algorithm = Literal["bfd", "ffd", "wrapped"]
+from packcli.names import PlanAlgorithm as Algorithm
 
 
 def _validate(lengths: np.ndarray, capacity: int) -> np.ndarray:
