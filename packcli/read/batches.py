@@ -24,7 +24,7 @@ class DocBatch:
     several files.
     """
 
-    texts: list[str]
+    texts: list[Any]  # str (text data), or the record's dialogue or pair (chat, preference)
     doc_id_start: int
     file_index: np.ndarray  # int32, per doc: index into the resolved path list
     line: np.ndarray  # int64, per doc: 1-based line number in its file (columnar: 0-based row)
