@@ -20,7 +20,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from packcli.arrow_np import list_array, to_arrow
-from packcli.names import IGNORE_INDEX
+from packcli.names import IGNORE_INDEX, TrainOn
 from packcli.read import DocBatch
 from packcli.tokenize.encode import batch_to_record_batch
 from packcli.tokenize.shards import CHAT_SHARD_SCHEMA, PREFERENCE_SHARD_SCHEMA
@@ -33,12 +33,13 @@ if TYPE_CHECKING:
     from packcli.chat.templates import ChatTemplate
 
 
+@dataclass
 class Counts:
     """A dataclass of counters (the report's chat and preference sections): ``add`` sums a
     batch's into the run's."""
 
     def add(self, other: Self) -> None:
-        for f in fields(self):  # type: ignore[arg-type]
+        for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
@@ -154,7 +155,7 @@ class ChatEncoder(FastTokens):
 
     template: ChatTemplate
     _: KW_ONLY
-    train_on: str
+    train_on: TrainOn
 
     def rendered_texts(self, dialogues: list[Any]) -> list[str]:
         """The texts this encoder tokenizes for ``dialogues`` (those the template renders):
@@ -213,11 +214,11 @@ class ChatEncoder(FastTokens):
         results = encode_rendered(
             self.tokenizer,
             [r for _, r in rendered],
-            self.train_on,  # type: ignore[arg-type]
+            self.train_on,
             tokens=tokens,
         )
-        for (index, _), e in zip(rendered, results, strict=True):
-            encoded[index] = e
+        for (index, _), result in zip(rendered, results, strict=True):
+            encoded[index] = result
         stats = ChatStats(dialogues=len(dialogues))
         if tokens is not None:
             stats.hf_offsets = sum(t is None for t in tokens)

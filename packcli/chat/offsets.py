@@ -279,7 +279,7 @@ class FastOffsets:
         ]
 
 
-def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str]) -> dict:
+def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str]) -> dict[str, Any]:
     """Compare ``fast``'s ids and offsets with HF's ``encode_batch`` on ``texts``: the
     record for the report, with ``mismatch`` set on the first text where they differ (a
     text the tokens do not spell is not a mismatch: HF encodes it at run time too)."""

@@ -151,7 +151,7 @@ class PreferenceEncoder(FastTokens):
         tokens = self.fast_tokens([r.text for r in rendered])
         if tokens is not None:
             stats.hf_offsets += sum(t is None for t in tokens)
-        return encode_rendered(self.tokenizer, rendered, "assistant", tokens=tokens)  # type: ignore[arg-type]
+        return encode_rendered(self.tokenizer, rendered, "assistant", tokens=tokens)
 
     def finish(
         self,
