@@ -368,7 +368,8 @@ def _row_bytes(array: pa.Array) -> list[int]:
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         import pyarrow.compute as pc
 
-        return pc.binary_length(array).fill_null(0).to_pylist()
+        sizes: list[int] = pc.binary_length(array).fill_null(0).to_pylist()
+        return sizes
     return [array.nbytes // max(len(array), 1)] * len(array)
 
 
@@ -521,11 +522,12 @@ class _ColumnarRead(FileReader):
         """A row's document, or ``None`` for a bad one once the policy dealt with it
         (``error`` raises naming the file's row ``at``; ``here`` counts from the range)."""
         column = self.column
-        verdict: Any = None  # (reason, message) of a bad record
+        verdict: tuple[str, str] | None = None  # (reason, message) of a bad record
         if self.validate is None:
             text = value
             if type(text) is not str or not text:
-                verdict = check_document({column: value}, column)
+                checked = check_document({column: value}, column)  # a reason: text is none
+                verdict = checked if isinstance(checked, tuple) else None
         else:
             try:
                 text = self.validate({column: value})
@@ -533,7 +535,8 @@ class _ColumnarRead(FileReader):
                 verdict = ("bad_record", str(exc))
         if verdict is None:
             return text
-        self._refuse(path, at, here, *verdict, value)
+        reason, message = verdict
+        self._refuse(path, at, here, reason, message, value)
         return None
 
     def _refuse(

@@ -39,10 +39,11 @@ What counts as bad, and each reason key: ``packcli/read/bad_lines.py``.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import orjson
 
@@ -201,7 +202,7 @@ class _JsonlRead(FileReader):
         ``error`` a file that failed stops the read before any of it is used."""
         if not (self.verify_streams and kind in MEMBER_NAME):
             return None
-        check = check_stream(local, kind)  # type: ignore[arg-type]
+        check = check_stream(local, kind)
         if check.failure is not None and not self.bad.skip:
             raise BadLineError(
                 str(path),
@@ -236,7 +237,8 @@ class _JsonlRead(FileReader):
         lineno = counted = blank = nbytes = 0
         bom = False
         try:
-            if lo == 0 and stream.peek(3)[:3] == _BOM:  # type: ignore[attr-defined]
+            # A buffered reader (open_binary's for a plain file, open_lines' otherwise).
+            if lo == 0 and cast(io.BufferedReader, stream).peek(3)[:3] == _BOM:
                 stream.read(3)
                 nbytes += 3
                 pos += 3
