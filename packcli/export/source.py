@@ -102,7 +102,8 @@ def kept_lengths(lengths: np.ndarray, long_len: int, policy: str) -> np.ndarray:
     if policy == "drop":
         return np.where(over, 0, lengths)
     if policy == "truncate":
-        return np.minimum(lengths, long_len)
+        kept: np.ndarray = np.minimum(lengths, long_len)
+        return kept
     return lengths
 
 
@@ -118,7 +119,8 @@ class ShardDocuments:
     @property
     def starts(self) -> np.ndarray:
         """Each document's first token offset in ``tokens``."""
-        return np.cumsum(self.lengths) - self.lengths
+        starts: np.ndarray = np.cumsum(self.lengths) - self.lengths
+        return starts
 
 
 def shard_documents(pack: Pack, shards: TokenShards, index: int) -> ShardDocuments:
@@ -148,7 +150,7 @@ def shard_documents(pack: Pack, shards: TokenShards, index: int) -> ShardDocumen
 def trained(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Per token, whether it is a trained target: its label is set, and it does not open its
     document (packcli's rule in the packed rows, so no loss crosses a boundary)."""
-    out = labels != IGNORE_INDEX
+    out: np.ndarray = labels != IGNORE_INDEX
     out[starts] = False
     return out
 
@@ -156,7 +158,7 @@ def trained(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
 def check_parquet(pack: Pack, config: str, entry: dict[str, Any]) -> Path:
     """A listed Parquet file of the pack, checked against the sha256 ``packcli.json``
     records for it (one read; an edited file would otherwise be exported as truth)."""
-    path = pack.out / "data" / config / entry["file"]
+    path: Path = pack.out / "data" / config / entry["file"]
     if not path.is_file():
         raise ExportError(f"{path}: missing, but {pack.out / 'packcli.json'} lists it")
     if sha256_file(path) != entry["sha256"]:

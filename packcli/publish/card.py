@@ -41,7 +41,9 @@ def _arrow_bytes(
 ) -> int:
     """In-memory Arrow size of a config (what ``datasets`` calls ``num_bytes``);
     ``pad_tokens``: its context-parallel padding, when padded (labels and ``seq_pad`` too)."""
-    rows, tokens, segments = tier["rows"], tier["tokens"], tier["segments"]
+    rows: int = tier["rows"]
+    tokens: int = tier["tokens"]
+    segments: int = tier["segments"]
     padded = pad_tokens is not None
     chat = chat or padded
     tokens += pad_tokens or 0
@@ -80,7 +82,7 @@ def dataset_info(
     files: dict[str, list[dict[str, Any]]],
     chat: bool = False,
     preference: bool = False,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """``dataset_info`` YAML: features, split sizes and byte counts per config.
 
     Besides documenting the data for the Hub, these numbers feed ``datasets``' cache key for
@@ -111,7 +113,7 @@ def dataset_info(
     return infos
 
 
-def card_front_matter(infos: list[dict]) -> dict[str, Any]:
+def card_front_matter(infos: list[dict[str, Any]]) -> dict[str, Any]:
     """The card's YAML: ``infos`` (``dataset_info``), the two configs' files and tags."""
     return {
         "dataset_info": infos,
