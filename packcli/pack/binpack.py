@@ -155,7 +155,7 @@ def _bitmap_next(bits: np.ndarray, offs: np.ndarray, nw: np.ndarray, x: int) -> 
 @kernel
 def _take(head: np.ndarray, nxt: np.ndarray, bits: np.ndarray, offs: np.ndarray, room: int) -> int:
     """Pop the most recently stored bin with exactly ``room`` free."""
-    b = head[room]
+    b: int = head[room]
     head[room] = nxt[b]
     if head[room] < 0:
         _bitmap_clear(bits, offs, room)
