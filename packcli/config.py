@@ -214,8 +214,9 @@ class SourceConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in ":=,"):
             raise ConfigError(f"a source needs a name (no ':', '=' or ','), got {self.name!r}")
-        if isinstance(self.inputs, str):
-            object.__setattr__(self, "inputs", (self.inputs,))
+        given: object = self.inputs  # YAML and callers may give one string
+        if isinstance(given, str):
+            object.__setattr__(self, "inputs", (given,))
         object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
         if not self.inputs:
             raise ConfigError(f"source {self.name}: give its inputs (files, folders, globs)")
@@ -505,11 +506,13 @@ def load_yaml(path: str | Path) -> dict[str, dict[str, Any]]:
 
 def build_config(
     file_values: dict[str, Any] | None = None,
-    overrides: dict[str, dict[str, Any]] | None = None,
+    overrides: dict[str, Any] | None = None,
     *,
     source: str = "config",
 ) -> RunConfig:
-    """Merge YAML values with CLI overrides (``None`` override = not given) into a RunConfig."""
+    """Merge YAML values with CLI overrides (``None`` override = not given) into a RunConfig:
+    ``overrides`` maps a section's name to its values, and ``sources`` to the SourceConfigs
+    of ``--source`` flags."""
     file_values = file_values or {}
     overrides = overrides or {}
     merged_values: dict[str, dict[str, Any]] = {}
@@ -536,4 +539,5 @@ def build_config(
             for i, v in enumerate(file_values.get("sources") or [])
         )
     )
-    return RunConfig(**{k: str(v) for k, v in top.items()}, **sections, sources=sources)
+    values: dict[str, Any] = {**{k: str(v) for k, v in top.items()}, **sections}
+    return RunConfig(**values, sources=sources)

@@ -13,8 +13,9 @@ from typing import Literal, get_args
 # -- the output folder -------------------------------------------------------------------------
 
 ConfigName = Literal["long", "short"]
-CONFIG_NAMES: tuple[ConfigName, ...] = get_args(ConfigName)
-"""The two dataset configs (``data/long``, ``data/short``), the default first."""
+CONFIG_NAMES: tuple[str, ...] = get_args(ConfigName)
+"""The two dataset configs (``data/long``, ``data/short``), the default first (typed ``str``:
+records keyed by them are ``dict[str, ...]``)."""
 MARKER = "packcli.json"  # config + report + file hashes; written last, marks a complete output
 STATS_DIR = "stats"  # plots written by `packcli stats`, embedded in the card
 
