@@ -203,7 +203,7 @@ def merge_plans(plans: Sequence[Plan]) -> Plan:
     if not plans:
         raise ValueError("no plans to merge")
     base = np.cumsum([0] + [p.piece_len.size for p in plans])
-    layouts = {}
+    layouts: dict[str, RowLayout] = {}
     for name in CONFIG_NAMES:
         parts: list[RowLayout] = [getattr(p, name) for p in plans]
         offsets = [np.zeros(1, dtype=np.int64)]
@@ -224,7 +224,8 @@ def merge_plans(plans: Sequence[Plan]) -> Plan:
         np.concatenate([p.piece_len for p in plans]),
         stats=stats,
         pad_multiple=plans[0].pad_multiple,
-        **layouts,
+        short=layouts["short"],
+        long=layouts["long"],
     )
 
 
@@ -270,8 +271,9 @@ def _release(plan: Plan, tail_share: float, most: int) -> tuple[Plan, np.ndarray
         movable = keep_pack & filled
         new_row = _fewest_pieces(pack_row, short.row_tokens, counts, movable, keep_row, slack)
         if not np.array_equal(new_row, pack_row):
-            plan = dataclasses.replace(plan, long=_moved_packs(plan, long_row, new_row))
-            long_row = _row_of_piece(plan.long, n)
+            moved = _moved_packs(plan, long_row, new_row)
+            plan = dataclasses.replace(plan, long=moved)
+            long_row = _row_of_piece(moved, n)
     return plan, ~keep_row[long_row]
 
 
@@ -394,7 +396,7 @@ def _pieces(plan: Plan, mask: np.ndarray) -> Pieces:
 def _keep(plan: Plan, keep: np.ndarray) -> Plan:
     """The plan restricted to the pieces in ``keep`` (whole rows of both configs)."""
     new_index = np.cumsum(keep) - 1
-    layouts = {}
+    layouts: dict[str, RowLayout] = {}
     for name in CONFIG_NAMES:
         layout: RowLayout = getattr(plan, name)
         counts = np.diff(layout.row_offsets)
@@ -417,5 +419,6 @@ def _keep(plan: Plan, keep: np.ndarray) -> Plan:
         plan.piece_len[keep],
         stats=dict(plan.stats),
         pad_multiple=plan.pad_multiple,
-        **layouts,
+        short=layouts["short"],
+        long=layouts["long"],
     )
