@@ -114,4 +114,5 @@ class PackedDPOMixin:
                 # As TRL does after tokenizing: a prompt alone filling max_length trains nothing.
                 dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < args.max_length)
             return dataset
-        return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+        trainer: Any = super()  # a mixin: the next class is TRL's DPOTrainer
+        return trainer._prepare_dataset(dataset, processing_class, args, dataset_name)
