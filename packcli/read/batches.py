@@ -180,11 +180,11 @@ class FileReader:
         self.bad = BadLines(options.on_bad_line, self.stats.rejected, options.rejects)
         self.validate = options.validate
 
-    def read(self, paths: Sequence[Path]) -> Iterator[DocBatch]:
+    def read(self, paths: Sequence[Path | str]) -> Iterator[DocBatch]:
         """Every file in order, then the last, partial batch."""
         for file_index, path in enumerate(paths):
             yield from self.file(file_index, path)
         yield from self.batches.rest()
 
-    def file(self, file_index: int, path: Path) -> Iterator[DocBatch]:
+    def file(self, file_index: int, path: Path | str) -> Iterator[DocBatch]:
         raise NotImplementedError

@@ -110,7 +110,7 @@ def open_input(path: Path | str, *, memory_map: bool = False) -> pa.NativeFile:
 class _Table:
     """A Parquet or Arrow IPC file as groups of rows (row groups; record batches)."""
 
-    def __init__(self, path: Path, fmt: str) -> None:
+    def __init__(self, path: Path | str, fmt: str) -> None:
         self.path = path
         self.fmt = fmt
         self._source = open_input(path, memory_map=fmt == "arrow")
@@ -332,7 +332,7 @@ def group_ranges(groups: Sequence[tuple[int, int]], split_bytes: int) -> list[tu
 
 
 def split_groups(
-    path: Path, fmt: str, size: int, split_bytes: int
+    path: Path | str, fmt: str, size: int, split_bytes: int
 ) -> list[tuple[tuple[int, int], int]] | None:
     """A file's units of work as ((first group, end group), on-disk bytes), or ``None``
     (read it whole) when it is not larger than ``split_bytes`` or splitting is off."""
@@ -350,7 +350,9 @@ def split_groups(
     return list(zip(ranges, sizes, strict=True))
 
 
-def check_columns(paths: Sequence[Path], formats: Sequence[str], column: str, option: str) -> None:
+def check_columns(
+    paths: Sequence[Path | str], formats: Sequence[str], column: str, option: str
+) -> None:
     """Every columnar input must have ``column``: checked before anything is written, from
     each file's schema alone (a Parquet footer, an IPC header)."""
     for path, fmt in zip(paths, formats, strict=True):
@@ -388,7 +390,7 @@ def _raw(column: str, value: Any) -> bytes:
 
 
 def iter_columnar(
-    paths: Sequence[Path],
+    paths: Sequence[Path | str],
     fmt: str,
     column: str,
     options: ReadOptions = ReadOptions(),
@@ -424,7 +426,7 @@ class _ColumnarRead(FileReader):
     option: str
     groups: tuple[int, int] | None
 
-    def file(self, file_index: int, path: Path) -> Iterator[DocBatch]:
+    def file(self, file_index: int, path: Path | str) -> Iterator[DocBatch]:
         """Read one file (or its group range) to the end, yielding the batches it fills."""
         batches, stats = self.batches, self.stats
         with _Table(path, self.fmt) as table:
@@ -489,7 +491,7 @@ class _ColumnarRead(FileReader):
         kind = text_type(array.type) if self.validate is None else None
         return array if kind is None else array.view(kind)
 
-    def _damaged(self, path: Path, damage: _Damage, before: int) -> None:
+    def _damaged(self, path: Path | str, damage: _Damage, before: int) -> None:
         """Rows the file's own checks refuse: ``error`` stops naming the file and the rows;
         ``skip`` leaves them out, one ``corrupt_stream`` reject (``raw=b""``, at the first
         row left out) and one ``corrupt_streams`` entry, and reading goes on."""
@@ -518,7 +520,7 @@ class _ColumnarRead(FileReader):
             detail = message.removeprefix(f"{path}: ")
             self.bad.rejects.add(str(path), damage.start - before, "corrupt_stream", b"", detail)
 
-    def _document(self, path: Path, value: Any, at: int, here: int) -> Any:
+    def _document(self, path: Path | str, value: Any, at: int, here: int) -> Any:
         """A row's document, or ``None`` for a bad one once the policy dealt with it
         (``error`` raises naming the file's row ``at``; ``here`` counts from the range)."""
         column = self.column
@@ -540,7 +542,7 @@ class _ColumnarRead(FileReader):
         return None
 
     def _refuse(
-        self, path: Path, at: int, here: int, reason: str, message: str, value: Any
+        self, path: Path | str, at: int, here: int, reason: str, message: str, value: Any
     ) -> None:
         """A bad row: ``error`` raises naming the file's row ``at``; ``skip`` counts it and
         quarantines its value as JSON (``here``: its row in the range)."""

@@ -159,7 +159,7 @@ class StreamCheck:
     discarded_lines: int = 0  # lines decoded after the kept part (fewer if decoding stopped)
 
 
-def check_stream(path: Path, kind: str) -> StreamCheck:
+def check_stream(path: Path | str, kind: str) -> StreamCheck:
     """Decode the whole file once, without parsing, to find its verified prefix.
 
     A gzip member's data can only be trusted once its trailer's CRC verified, and a damaged
@@ -233,7 +233,7 @@ class _DecodedReader(io.RawIOBase):
         return n
 
 
-def open_lines(path: Path, raw: BinaryIO, limit: int | None = None) -> BinaryIO:
+def open_lines(path: Path | str, raw: BinaryIO, limit: int | None = None) -> BinaryIO:
     """A binary line stream over ``raw``: its first ``limit`` uncompressed bytes, or all.
 
     Reading a compressed stream raises ``CorruptStream`` at damage; other ``OSError``s are
@@ -248,7 +248,7 @@ def open_lines(path: Path, raw: BinaryIO, limit: int | None = None) -> BinaryIO:
     raise InputError(f"{path}: unsupported input suffix; supported suffixes are {suffix_list()}")
 
 
-def corrupt_message(path: Path, check: StreamCheck) -> str:
+def corrupt_message(path: Path | str, check: StreamCheck) -> str:
     assert check.failure is not None
     return (
         f"{path}: corrupt compressed stream after line {check.kept_lines} "
