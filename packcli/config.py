@@ -30,6 +30,7 @@ from packcli.names import (
     OVERLONG_POLICIES,
     SPECIAL_IN_TEXT,
     TRAIN_ON,
+    TrainOn,
     one_of,
 )
 
@@ -167,7 +168,7 @@ class ChatConfig:
     format: str = "text"
     messages_field: str = "messages"
     chat_template: str | None = None
-    train_on: str = "assistant"
+    train_on: TrainOn = "assistant"
 
     def __post_init__(self) -> None:
         require_one_of("chat.format", self.format, DATA_FORMATS)
@@ -446,12 +447,16 @@ def _type_ok(value: Any, tp: Any) -> bool | None:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if tp in (str, bool):
         return isinstance(value, tp)
+    if origin is typing.Literal:  # a choice: a string here, its value checked by the class
+        return isinstance(value, str)
     if origin is tuple:
         return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
     return None
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "a string"
     if typing.get_origin(tp) is tuple:
         return "a list of strings"
     if typing.get_origin(tp) in (types.UnionType, typing.Union):
