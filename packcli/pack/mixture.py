@@ -93,7 +93,8 @@ def multipliers_from_shares(shares: np.ndarray, tokens: np.ndarray) -> np.ndarra
     tokens = np.asarray(tokens, np.float64)
     if (tokens <= 0).any():
         raise ValueError("a source with a share has no tokens")
-    return shares / shares.sum() * tokens.sum() / tokens
+    multipliers: np.ndarray = shares / shares.sum() * tokens.sum() / tokens
+    return multipliers
 
 
 def _offset(seed: int, source: int) -> np.uint64:
@@ -312,7 +313,7 @@ def permute_rows(layout: Any, order: np.ndarray) -> Any:
     return type(layout)(layout.capacity, offsets, pieces, layout.row_tokens[order])
 
 
-def order_plan(plan: Any, first_doc: np.ndarray, window_tokens: int) -> tuple[Any, dict]:
+def order_plan(plan: Any, first_doc: np.ndarray, window_tokens: int) -> tuple[Any, dict[str, Any]]:
     """The plan with each config's rows in ``mix_order`` (pieces' keys give their source),
     and per config the per-window deviation (``window_deviation``) at ``window_tokens``
     tokens per window, before (the shuffled order) and after."""
