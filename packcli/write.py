@@ -194,7 +194,9 @@ class TokenSource:
         for s in np.unique(shard_of):
             shard = self.shards[int(s)]
             m = shard_of == s
-            out[m] = shard.chosen_len[docs[m] - shard.first_doc_id]  # type: ignore[index]
+            lens = shard.chosen_len
+            assert lens is not None  # has_pairs: every shard has the column
+            out[m] = lens[docs[m] - shard.first_doc_id]
         return out
 
     def gather(
@@ -287,9 +289,9 @@ def rows_to_table(
     if source.has_labels or pad is not None:
         if source.has_labels:
             labels = source.gather(src, src_starts, lens, labels=True, pad=pad, fill=IGNORE_INDEX)
-        else:  # text: every real token is trained, padding never
+        elif pad is not None:  # text: every real token is trained, padding never
             labels = tokens.copy()
-            labels[_pad_mask(sizes, pad)] = IGNORE_INDEX  # type: ignore[arg-type]
+            labels[_pad_mask(sizes, pad)] = IGNORE_INDEX
         labels[np.cumsum(sizes) - sizes] = IGNORE_INDEX  # no loss on a segment's first token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
     if roles is not None:
@@ -390,7 +392,7 @@ def write_config_file(
     config: WriteConfig,
     f0: int,
     f1: int,
-    on_tokens: Callable[[int], None] | None = None,
+    on_tokens: Callable[[int], object] | None = None,  # its result is not used
     *,
     pad_id: int = 0,
 ) -> None:
