@@ -124,7 +124,8 @@ def verify_copy(
         summary = _verify(meta, local, out, found, shards, executor, num_tasks)
     except VerifyError as exc:
         raise VerifyError(reworded(str(exc), names)) from None
-    return json.loads(reworded(json.dumps(summary), names))
+    renamed: dict[str, Any] = json.loads(reworded(json.dumps(summary), names))
+    return renamed
 
 
 def verify_folder(

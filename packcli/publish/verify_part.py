@@ -56,7 +56,8 @@ def no_pieces() -> Pieces:
 def cat_pieces(parts: list[Pieces]) -> Pieces:
     if not parts:
         return no_pieces()
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+    doc, start, source = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    return doc, start, source
 
 
 @dataclass(frozen=True)
@@ -363,7 +364,8 @@ def _mixture_segments(batch: Any, segs: Segments, mix: dict[str, Any], rel: str)
     def flat(col: str) -> np.ndarray:
         arr = batch.column(col)
         off = arr.offsets.to_numpy()
-        return arr.values.to_numpy()[off[0] : off[-1]].astype(np.int64)
+        values: np.ndarray = arr.values.to_numpy()[off[0] : off[-1]].astype(np.int64)
+        return values
 
     labels, repeats = flat("source_ids"), flat("doc_repeats")
     if labels.size != segs.doc.size or repeats.size != segs.doc.size:
