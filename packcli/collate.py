@@ -763,7 +763,7 @@ def preference_pairs(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tens
 # tiny model are the oracle. Worst first: a config TRL refuses, then one that trains but not as
 # if every document were alone, then one that is exact but attends over a whole flattened batch.
 Verdict = Literal["ok", "slow", "wrong", "refused"]
-VERDICTS: tuple[str, ...] = ("ok", "slow", "wrong", "refused")
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 
 
 @dataclass(frozen=True)
