@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from tokenizers import Tokenizer
 
@@ -69,8 +70,8 @@ class ChatStats(Counts):
 class EncodedRecords:
     """A batch of chat records (dialogues or preference pairs) encoded, in input order."""
 
-    ids: np.ndarray  # int32: every record's tokens, one record after another
-    labels: np.ndarray  # int32, beside ids: the token to predict, or -100 (no loss)
+    ids: npt.NDArray[np.int32]  # every record's tokens, one record after another
+    labels: npt.NDArray[np.int32]  # beside ids: the token to predict, or -100 (no loss)
     lengths: np.ndarray  # tokens per record; 0 = not trainable (an empty document)
     stats: Counts  # what the length policy and the separators did, for the report
     failures: list[tuple[int, str]]  # (index, reason): records the template refused

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from tokenizers import Encoding, Tokenizer
 
 from packcli.chat.budget import DEFAULT_LIMITS, RenderLimits
@@ -30,9 +31,9 @@ from packcli.names import IGNORE_INDEX, TRAIN_ON, TrainOn
 
 @dataclass(frozen=True, eq=False)
 class EncodedDialogue:
-    ids: np.ndarray  # int32 token ids of the rendered dialogue (no special tokens added)
-    mask: np.ndarray  # bool per token: True = trained (label kept), False = label -100
-    turns: np.ndarray  # int64 (n, 2): token range [start, end) of each assistant turn
+    ids: npt.NDArray[np.int32]  # token ids of the rendered dialogue (no special tokens added)
+    mask: npt.NDArray[np.bool_]  # per token: True = trained (label kept), False = label -100
+    turns: npt.NDArray[np.int64]  # (n, 2): token range [start, end) of each assistant turn
     train_on: str
 
     @property
