@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -111,10 +112,10 @@ def kept_lengths(lengths: np.ndarray, long_len: int, policy: str) -> np.ndarray:
 class ShardDocuments:
     """The documents of one tokenized shard as an export writes them, back to back."""
 
-    tokens: np.ndarray  # int32, every kept token in document order
-    lengths: np.ndarray  # int64, per kept document
-    doc_ids: np.ndarray  # int64, the pack's global document ids (``doc_ids`` column)
-    labels: np.ndarray | None  # int32, aligned with ``tokens`` (chat), -100 = no loss
+    tokens: npt.NDArray[np.int32]  # every kept token in document order
+    lengths: npt.NDArray[np.int64]  # per kept document
+    doc_ids: npt.NDArray[np.int64]  # the pack's global document ids (``doc_ids`` column)
+    labels: npt.NDArray[np.int32] | None  # aligned with ``tokens`` (chat), -100 = no loss
 
     @property
     def starts(self) -> np.ndarray:
@@ -173,11 +174,11 @@ def check_parquet(pack: Pack, config: str, entry: dict[str, Any]) -> Path:
 class RowBatch:
     """Packed rows of one Parquet row group: flat tokens and per-segment lengths."""
 
-    tokens: np.ndarray  # int32, every token of the batch's rows back to back
-    row_offsets: np.ndarray  # int64, len rows + 1, into ``tokens``
-    seg_lengths: np.ndarray  # int64, every segment of the batch's rows in order
-    seg_offsets: np.ndarray  # int64, len rows + 1, into ``seg_lengths``
-    labels: np.ndarray | None  # int32, aligned with ``tokens`` (chat)
+    tokens: npt.NDArray[np.int32]  # every token of the batch's rows back to back
+    row_offsets: npt.NDArray[np.int64]  # len rows + 1, into ``tokens``
+    seg_lengths: npt.NDArray[np.int64]  # every segment of the batch's rows in order
+    seg_offsets: npt.NDArray[np.int64]  # len rows + 1, into ``seg_lengths``
+    labels: npt.NDArray[np.int32] | None  # aligned with ``tokens`` (chat)
 
 
 def _flat(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:

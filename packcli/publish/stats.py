@@ -46,6 +46,7 @@ from packcli.publish.card import training_snippet as training_snippet
 
 if TYPE_CHECKING:
     import numpy as np
+import numpy.typing as npt
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,10 @@ class TierData:
 
     name: str
     capacity: int
-    num_tokens: np.ndarray  # int64 per row
-    segments: np.ndarray  # int64 per row: documents (segments) in the row
-    cost: np.ndarray  # int64 per row: sum of squared segment lengths
-    seg_lengths: np.ndarray | None  # int32 per segment, kept for the long config only
+    num_tokens: npt.NDArray[np.int64]  # per row
+    segments: npt.NDArray[np.int64]  # per row: documents (segments) in the row
+    cost: npt.NDArray[np.int64]  # per row: sum of squared segment lengths
+    seg_lengths: npt.NDArray[np.int32] | None  # per segment, kept for the long config only
 
 
 def _row_group_arrays(table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
