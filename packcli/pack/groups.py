@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from packcli.names import CONFIG_NAMES
 from packcli.pack.plan import Plan, RowLayout, layout_units, plan_two_tier
@@ -85,9 +86,9 @@ POLICY_KEYS = (
 class Pieces:
     """Slices of documents, by global doc id: ``doc[i][start[i] : start[i] + length[i]]``."""
 
-    doc: np.ndarray  # int64
-    start: np.ndarray  # int64
-    length: np.ndarray  # int64
+    doc: npt.NDArray[np.int64]
+    start: npt.NDArray[np.int64]
+    length: npt.NDArray[np.int64]
 
     @property
     def size(self) -> int:

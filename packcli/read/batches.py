@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from packcli.read.rejects import BadLines, RejectSink
 
@@ -26,8 +27,8 @@ class DocBatch:
 
     texts: list[Any]  # str (text data), or the record's dialogue or pair (chat, preference)
     doc_id_start: int
-    file_index: np.ndarray  # int32, per doc: index into the resolved path list
-    line: np.ndarray  # int64, per doc: 1-based line number in its file (columnar: 0-based row)
+    file_index: npt.NDArray[np.int32]  # per doc: index into the resolved path list
+    line: npt.NDArray[np.int64]  # per doc: 1-based line number in its file (columnar: 0-based row)
     progress_bytes: int  # cumulative on-disk bytes of all inputs consumed so far
 
 
