@@ -34,6 +34,7 @@ demo: $(RUNTIME_STAMP) $(SAMPLE)
 test: $(DEV_STAMP)
 	$(BIN)/ruff check packcli tests scripts
 	$(BIN)/ruff format --check packcli tests scripts
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # The training frameworks' own readers on `packcli export` output, and torchtitan on packs, in a
@@ -55,10 +56,11 @@ test-frameworks: $(FW_STAMP)
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check packcli tests scripts
 	$(BIN)/ruff format --check packcli tests scripts
+	$(BIN)/mypy
 
 format: $(DEV_STAMP)
 	$(BIN)/ruff format packcli tests scripts
 	$(BIN)/ruff check --fix packcli tests scripts
 
 clean:
-	rm -rf out sample .pytest_cache $(FW_VENV)
+	rm -rf out sample .pytest_cache .mypy_cache $(FW_VENV)

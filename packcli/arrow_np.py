@@ -45,7 +45,8 @@ def to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
         return np.concatenate(parts)
     dtype = _dtype(array.type)
     if dtype is None or array.null_count:
-        return array.to_numpy(zero_copy_only=False)
+        copied: np.ndarray = array.to_numpy(zero_copy_only=False)
+        return copied
     data = array.buffers()[1]
     if data is None:  # an empty array may have no data buffer
         return np.zeros(0, dtype=dtype)
@@ -56,5 +57,6 @@ def to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def _dtype(type: pa.DataType) -> np.dtype | None:
     if pa.types.is_integer(type) or pa.types.is_floating(type):
-        return np.dtype(type.to_pandas_dtype())
+        found: np.dtype = np.dtype(type.to_pandas_dtype())  # pyarrow's own mapping
+        return found
     return None

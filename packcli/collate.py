@@ -93,7 +93,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -106,9 +106,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Mode = Literal["flash", "position_ids", "mask4d"]
-MODES: tuple[str, ...] = ("flash", "position_ids", "mask4d")
+MODES: tuple[Mode, ...] = get_args(Mode)
 LossNormalization = Literal["token", "sequence"]
-LOSS_NORMALIZATIONS: tuple[str, ...] = ("token", "sequence")
+LOSS_NORMALIZATIONS: tuple[LossNormalization, ...] = get_args(LossNormalization)
 # seq_roles values, as packcli writes them (packcli.write.PREFERENCE_ROW_SCHEMA).
 ROLE_DOCUMENT, ROLE_CHOSEN, ROLE_REJECTED = 0, 1, 2
 
@@ -142,7 +142,9 @@ def position_ids_from_lengths(seq_lengths: Any) -> np.ndarray:
     """
     lengths = _lengths_array(seq_lengths)
     starts = np.cumsum(lengths) - lengths
-    return np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts, lengths)
+    own_start = np.repeat(starts, lengths)
+    positions: np.ndarray = np.arange(int(lengths.sum()), dtype=np.int64) - own_start
+    return positions
 
 
 def segment_ids_from_lengths(seq_lengths: Any) -> np.ndarray:
@@ -505,9 +507,10 @@ def cp_rank_indices(cu_seqlens_padded: Any, cp_size: int, cp_rank: int) -> np.nd
     starts = firsts.reshape(-1)
     counts = np.repeat(size, 2)
     total = int(counts.sum())
-    return (
+    index: np.ndarray = (
         np.repeat(starts, counts) + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
     )
+    return index
 
 
 # --- loss normalisation --------------------------------------------------------------------
@@ -547,7 +550,7 @@ def loss_weights(batch: Mapping[str, Any], normalization: LossNormalization) -> 
         raise ValueError(
             f"normalization must be one of {', '.join(LOSS_NORMALIZATIONS)}; got {normalization!r}"
         )
-    labels = batch["labels"]
+    labels: torch.Tensor = batch["labels"]
     trained = (labels != IGNORE_INDEX).to(torch.float32)
     if normalization == "token":
         return trained
@@ -581,7 +584,8 @@ def packed_loss(
             "the batch has no loss_weights: make it with "
             "PackedCollator(..., loss_normalization='token' or 'sequence')"
         )
-    labels, weights = batch["labels"], batch["loss_weights"]
+    labels: torch.Tensor = batch["labels"]
+    weights: torch.Tensor = batch["loss_weights"]
     if logits.shape[:-1] != labels.shape:
         raise ValueError(
             f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}: pass the "
@@ -623,17 +627,20 @@ class PackedLossMixin:
     base class.
     """
 
+    # Attributes of the Trainer this mixes into.
+    args: Any
+    accelerator: Any
+
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
-        batch_samples, num_items = super().get_batch_samples(  # type: ignore[misc]
-            epoch_iterator, num_batches, device
-        )
+        trainer: Any = super()  # a mixin: the next class is the Trainer
+        batch_samples, num_items = trainer.get_batch_samples(epoch_iterator, num_batches, device)
         if batch_samples and "loss_weights" in batch_samples[0]:
             import torch
 
             total = torch.tensor(count_loss_items(batch_samples), dtype=torch.float64)
-            args = self.args  # type: ignore[attr-defined]
+            args = self.args
             if args.average_tokens_across_devices and args.world_size > 1:
-                total = self.accelerator.gather(total.to(device)).sum()  # type: ignore[attr-defined]
+                total = self.accelerator.gather(total.to(device)).sum()
             num_items = total.to(device)
         return batch_samples, num_items
 
@@ -645,7 +652,8 @@ class PackedLossMixin:
         num_items_in_batch: Any = None,
     ) -> Any:
         if "loss_weights" not in inputs:
-            return super().compute_loss(  # type: ignore[misc]
+            trainer: Any = super()  # a mixin: the next class is the Trainer
+            return trainer.compute_loss(
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
         # The loss below is already the step's mean: Trainer must not divide it by the
@@ -655,11 +663,11 @@ class PackedLossMixin:
         forward["use_cache"] = False  # with a cache, position_ids do not separate documents
         outputs = model(**forward)
         loss = packed_loss(outputs.logits, inputs, num_items_in_batch)
-        args = self.args  # type: ignore[attr-defined]
+        args = self.args
         if args.average_tokens_across_devices and num_items_in_batch is not None:
             # num_items_in_batch counts every process's items and DDP averages gradients.
             tp = self.get_tp_size() if hasattr(self, "get_tp_size") else 1
-            loss = loss * (self.accelerator.num_processes // tp)  # type: ignore[attr-defined]
+            loss = loss * (self.accelerator.num_processes // tp)
         return (loss, outputs) if return_outputs else loss
 
 
@@ -750,7 +758,7 @@ def preference_pairs(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tens
 # tiny model are the oracle. Worst first: a config TRL refuses, then one that trains but not as
 # if every document were alone, then one that is exact but attends over a whole flattened batch.
 Verdict = Literal["ok", "slow", "wrong", "refused"]
-VERDICTS: tuple[str, ...] = ("ok", "slow", "wrong", "refused")
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 
 
 @dataclass(frozen=True)
@@ -870,9 +878,14 @@ def sft_config_verdict(
             "attention builds a total x total mask: pass padding_free=False and "
             "data_collator=PackedCollator(mode='position_ids')"
         )
-    for verdict, reasons in (("refused", refused), ("wrong", wrong), ("slow", slow)):
+    found: tuple[tuple[Verdict, list[str]], ...] = (
+        ("refused", refused),
+        ("wrong", wrong),
+        ("slow", slow),
+    )
+    for verdict, reasons in found:
         if reasons:
-            return SFTCheck(verdict, tuple(refused + wrong + slow))  # type: ignore[arg-type]
+            return SFTCheck(verdict, tuple(refused + wrong + slow))
     return SFTCheck("ok")
 
 

@@ -30,6 +30,7 @@ from packcli.names import (
     OVERLONG_POLICIES,
     SPECIAL_IN_TEXT,
     TRAIN_ON,
+    TrainOn,
     one_of,
 )
 
@@ -177,7 +178,7 @@ class ChatConfig:
     format: str = "text"
     messages_field: str = "messages"
     chat_template: str | None = None
-    train_on: str = "assistant"
+    train_on: TrainOn = "assistant"
 
     def __post_init__(self) -> None:
         require_one_of("chat.format", self.format, DATA_FORMATS)
@@ -224,8 +225,9 @@ class SourceConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in ":=,"):
             raise ConfigError(f"a source needs a name (no ':', '=' or ','), got {self.name!r}")
-        if isinstance(self.inputs, str):
-            object.__setattr__(self, "inputs", (self.inputs,))
+        given: object = self.inputs  # YAML and callers may give one string
+        if isinstance(given, str):
+            object.__setattr__(self, "inputs", (given,))
         object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
         if not self.inputs:
             raise ConfigError(f"source {self.name}: give its inputs (files, folders, globs)")
@@ -455,12 +457,16 @@ def _type_ok(value: Any, tp: Any) -> bool | None:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if tp in (str, bool):
         return isinstance(value, tp)
+    if origin is typing.Literal:  # a choice: a string here, its value checked by the class
+        return isinstance(value, str)
     if origin is tuple:
         return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
     return None
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "a string"
     if typing.get_origin(tp) is tuple:
         return "a list of strings"
     if typing.get_origin(tp) in (types.UnionType, typing.Union):
@@ -515,11 +521,13 @@ def load_yaml(path: str | Path) -> dict[str, dict[str, Any]]:
 
 def build_config(
     file_values: dict[str, Any] | None = None,
-    overrides: dict[str, dict[str, Any]] | None = None,
+    overrides: dict[str, Any] | None = None,
     *,
     source: str = "config",
 ) -> RunConfig:
-    """Merge YAML values with CLI overrides (``None`` override = not given) into a RunConfig."""
+    """Merge YAML values with CLI overrides (``None`` override = not given) into a RunConfig:
+    ``overrides`` maps a section's name to its values, and ``sources`` to the SourceConfigs
+    of ``--source`` flags."""
     file_values = file_values or {}
     overrides = overrides or {}
     merged_values: dict[str, dict[str, Any]] = {}
@@ -546,4 +554,5 @@ def build_config(
             for i, v in enumerate(file_values.get("sources") or [])
         )
     )
-    return RunConfig(**{k: str(v) for k, v in top.items()}, **sections, sources=sources)
+    values: dict[str, Any] = {**{k: str(v) for k, v in top.items()}, **sections}
+    return RunConfig(**values, sources=sources)

@@ -46,7 +46,8 @@ def _completion(ids: np.ndarray, labels: np.ndarray, prompt_len: int, where: str
             f"{where}: the response has untrained tokens inside it, which TRL's DPOTrainer "
             "would train (it trains every completion token); use segment_logps instead"
         )
-    return ids[prompt_len:end].tolist()
+    response: list[int] = ids[prompt_len:end].tolist()
+    return response
 
 
 def unpack_pairs(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[list[int]]]:
@@ -113,6 +114,5 @@ class PackedDPOMixin:
                 # As TRL does after tokenizing: a prompt alone filling max_length trains nothing.
                 dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < args.max_length)
             return dataset
-        return super()._prepare_dataset(  # type: ignore[misc]
-            dataset, processing_class, args, dataset_name
-        )
+        trainer: Any = super()  # a mixin: the next class is TRL's DPOTrainer
+        return trainer._prepare_dataset(dataset, processing_class, args, dataset_name)

@@ -31,7 +31,7 @@ import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, overload
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,11 @@ _lock = threading.RLock()  # write threads may ask at once; compiling may recurs
 _forced: str | None = None  # "python" / "numba" (tests, benchmarks): ignore the threshold
 
 
-def kernel(func: F | None = None, *, nogil: bool = False) -> Any:
+@overload
+def kernel(func: F, *, nogil: bool = False) -> F: ...
+@overload
+def kernel(func: None = None, *, nogil: bool = False) -> Callable[[F], F]: ...
+def kernel(func: F | None = None, *, nogil: bool = False) -> F | Callable[[F], F]:
     """Mark ``func`` as a kernel (compiled with ``nogil`` when large); returns it unchanged."""
 
     def mark(f: F) -> F:
@@ -84,7 +88,7 @@ def compiled(func: F) -> F:
             if func not in _compiled:
                 _compile_module(sys.modules[func.__module__])
             twin = _compiled[func]
-    return twin  # type: ignore[return-value]
+    return cast(F, twin)  # numba's dispatcher, called as ``func`` is
 
 
 def warm(modules: Sequence[str]) -> threading.Thread:

@@ -8,10 +8,14 @@ and closed the circle card -> write -> config -> fs -> card.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 # -- the output folder -------------------------------------------------------------------------
 
-CONFIG_NAMES: tuple[str, ...] = ("long", "short")
-"""The two dataset configs (``data/long``, ``data/short``), the default first."""
+ConfigName = Literal["long", "short"]
+CONFIG_NAMES: tuple[str, ...] = get_args(ConfigName)
+"""The two dataset configs (``data/long``, ``data/short``), the default first (typed ``str``:
+records keyed by them are ``dict[str, ...]``)."""
 MARKER = "packcli.json"  # config + report + file hashes; written last, marks a complete output
 STATS_DIR = "stats"  # plots written by `packcli stats`, embedded in the card
 
@@ -20,42 +24,53 @@ IGNORE_INDEX = -100
 
 # -- allowed values of options -----------------------------------------------------------------
 
-INPUT_FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "arrow", "hf-disk", "hub")
+InputFormat = Literal["auto", "jsonl", "parquet", "arrow", "hf-disk", "hub"]
+INPUT_FORMATS: tuple[InputFormat, ...] = get_args(InputFormat)
 """Values of ``--input-format``: ``auto`` decides per file by its name (and per folder: a
 ``save_to_disk`` folder is read as one); the others force it (``packcli/read/columnar.py``)."""
 
-BAD_LINE_POLICIES: tuple[str, ...] = ("error", "skip")
+BadLinePolicy = Literal["error", "skip"]
+BAD_LINE_POLICIES: tuple[BadLinePolicy, ...] = get_args(BadLinePolicy)
 """Values of ``--on-bad-line`` (``ReadOptions.on_bad_line``)."""
 
-BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "gigatoken")
+Backend = Literal["auto", "hf", "fastokens", "gigatoken"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 """Tokenizer backends of ``--backend``: ``auto`` picks the fastest that matches HF exactly."""
 BACKEND_ALIASES: dict[str, str] = {"tiktoken": "fastokens"}
 """Old names accepted for a backend: ``tiktoken`` was the fast path (a tiktoken encoding
 derived from tokenizer.json), replaced by fastokens, which reproduces HF on every tokenizer
 it did and on more, faster."""
 
-SPECIAL_IN_TEXT: tuple[str, ...] = ("text", "special")
+SpecialInText = Literal["text", "special"]
+SPECIAL_IN_TEXT: tuple[SpecialInText, ...] = get_args(SpecialInText)
 """Values of ``--special-in-text``: how a special token's string inside a document is encoded."""
 
-OVERLONG_POLICIES: tuple[str, ...] = ("split", "truncate", "drop")
+OverlongPolicy = Literal["split", "truncate", "drop"]
+OVERLONG_POLICIES: tuple[OverlongPolicy, ...] = get_args(OverlongPolicy)
 """What ``--overlong`` does with a document longer than ``--long-len``."""
 
-PLAN_ALGORITHMS: tuple[str, ...] = ("bfd", "ffd", "wrapped")
+PlanAlgorithm = Literal["bfd", "ffd", "wrapped"]
+PLAN_ALGORITHMS: tuple[PlanAlgorithm, ...] = get_args(PlanAlgorithm)
 """Values of ``--algorithm`` (the planner of the long config; ``packcli.binpack``'s)."""
 
-BALANCE_MODES: tuple[str, ...] = ("none", "attention")
+BalanceMode = Literal["none", "attention"]
+BALANCE_MODES: tuple[BalanceMode, ...] = get_args(BalanceMode)
 """Values of ``--balance``: whether long documents move out of the costliest long rows."""
 
-COMPRESSIONS: tuple[str, ...] = ("zstd", "snappy", "gzip", "lz4", "none")
+Compression = Literal["zstd", "snappy", "gzip", "lz4", "none"]
+COMPRESSIONS: tuple[Compression, ...] = get_args(Compression)
 """Values of ``write.compression``: the Parquet codecs pyarrow writes."""
 
-DATA_FORMATS: tuple[str, ...] = ("text", "chat", "preference")
+DataFormat = Literal["text", "chat", "preference"]
+DATA_FORMATS: tuple[DataFormat, ...] = get_args(DataFormat)
 """Values of ``--format``: what a record of the input is."""
 
-TRAIN_ON: tuple[str, ...] = ("assistant", "last", "all")
+TrainOn = Literal["assistant", "last", "all"]
+TRAIN_ON: tuple[TrainOn, ...] = get_args(TrainOn)
 """Values of ``--train-on``: which tokens of a dialogue carry loss."""
 
-EXECUTORS: tuple[str, ...] = ("local", "ray")
+Executor = Literal["local", "ray"]
+EXECUTORS: tuple[Executor, ...] = get_args(Executor)
 """Values of ``--executor``: where the stage tasks run."""
 
 

@@ -144,7 +144,7 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(arr.values)[offsets[0] : offsets[-1]], offsets - offsets[0]
 
 
-class PackedTitanDataset(IterableDataset):  # type: ignore[type-arg]
+class PackedTitanDataset(IterableDataset[tuple[dict[str, torch.Tensor], torch.Tensor]]):
     """The rows of config ``config`` of the pack at ``pack_dir`` for data-parallel rank
     ``dp_rank`` of ``dp_world_size``, as torchtitan samples (see the module docstring).
 
@@ -340,7 +340,7 @@ def _define_loader() -> type:
             **kwargs: Any,
         ) -> None:
             dataset = PackedTitanDataset(
-                config.dataset_path,  # type: ignore[arg-type]
+                config.dataset_path,
                 config=config.pack_config,
                 seq_len=seq_len,
                 dp_rank=dp_rank,

@@ -283,7 +283,9 @@ class TokenSource:
         for s in np.unique(shard_of):
             shard = self.shards[int(s)]
             m = shard_of == s
-            out[m] = shard.chosen_len[docs[m] - shard.first_doc_id]  # type: ignore[index]
+            lens = shard.chosen_len
+            assert lens is not None  # has_pairs: every shard has the column
+            out[m] = lens[docs[m] - shard.first_doc_id]
         return out
 
     def gather(
@@ -340,16 +342,16 @@ def rows_to_table(
     add each row's ``cost``."""
     rule = pieces if pieces is not None else PieceRule.of_plan(plan)
     p0, p1 = int(layout.row_offsets[r0]), int(layout.row_offsets[r1])
-    pieces = layout.row_pieces[p0:p1]
-    docs = plan.piece_doc[pieces]
-    starts = plan.piece_start[pieces]
-    lens = plan.piece_len[pieces]
+    in_rows = layout.row_pieces[p0:p1]
+    docs = plan.piece_doc[in_rows]
+    starts = plan.piece_start[in_rows]
+    lens = plan.piece_len[in_rows]
     seg_offsets = layout.row_offsets[r0 : r1 + 1] - p0
     # Where the tokens are read: by doc id and start, or (the tail) whole from a tail shard.
     if plan.piece_source is None:
         src, src_starts = docs, starts
     else:
-        src, src_starts = plan.piece_source[pieces], np.zeros_like(starts)
+        src, src_starts = plan.piece_source[in_rows], np.zeros_like(starts)
     truncated: np.ndarray | bool = rule.truncate[0]
     if source.source_first_doc is not None and len(rule.truncate) > 1:
         truncated = np.asarray(rule.truncate)[source_of(docs, source.source_first_doc)]
@@ -389,9 +391,9 @@ def rows_to_table(
     if source.has_labels or pad is not None:
         if source.has_labels:
             labels = source.gather(src, src_starts, lens, labels=True, pad=pad, fill=IGNORE_INDEX)
-        else:  # text: every real token is trained, padding never
+        elif pad is not None:  # text: every real token is trained, padding never
             labels = tokens.copy()
-            labels[pad_mask(sizes, pad)] = IGNORE_INDEX  # type: ignore[arg-type]
+            labels[pad_mask(sizes, pad)] = IGNORE_INDEX
         labels[np.cumsum(sizes) - sizes] = IGNORE_INDEX  # no loss on a segment's first token
         columns.append(list_array(tok_offsets, labels, pa.int32()))
     if roles is not None:
@@ -498,7 +500,7 @@ def write_config_file(
     config: WriteConfig,
     f0: int,
     f1: int,
-    on_tokens: Callable[[int], None] | None = None,
+    on_tokens: Callable[[int], object] | None = None,  # its result is not used
     *,
     pad_id: int = 0,
     pieces: PieceRule | None = None,

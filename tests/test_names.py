@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Callable
 
 import pytest
 
-import packcli.pack.binpack
-from packcli import names
 from packcli.config import PlanConfig, ReadConfig, TokenizeConfig, WriteConfig
 from packcli.errors import ConfigError
-
-
-def test_the_algorithm_literal_lists_the_allowed_algorithms() -> None:
-    assert typing.get_args(packcli.pack.binpack.Algorithm) == names.PLAN_ALGORITHMS
 
 
 @pytest.mark.parametrize(

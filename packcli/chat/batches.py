@@ -54,7 +54,8 @@ def tokenize_chat_batches(
             pending.append([batch, renderers.submit(batch.texts), None, False])
             return
         t0 = time.perf_counter()
-        rendering = encoder.render(batch.texts)
+        # (rendering, failures): each encoder's own rendering, only handed back to it
+        rendering: tuple[Any, list[tuple[int, str]]] = encoder.render(batch.texts)
         tokens = pool.submit(encoder.tokens, rendering[0]) if pool is not None else None
         pending.append([batch, rendering, tokens, True])
         times.encode += time.perf_counter() - t0

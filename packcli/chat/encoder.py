@@ -17,11 +17,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from tokenizers import Tokenizer
 
 from packcli.arrow_np import list_array, to_arrow
-from packcli.names import IGNORE_INDEX
+from packcli.names import IGNORE_INDEX, TrainOn
 from packcli.read import DocBatch
 from packcli.tokenize.encode import batch_to_record_batch
 from packcli.tokenize.shards import CHAT_SHARD_SCHEMA, PREFERENCE_SHARD_SCHEMA
@@ -34,12 +35,13 @@ if TYPE_CHECKING:
     from packcli.chat.templates import ChatTemplate
 
 
+@dataclass
 class Counts:
     """A dataclass of counters (the report's chat and preference sections): ``add`` sums a
     batch's into the run's."""
 
     def add(self, other: Self) -> None:
-        for f in fields(self):  # type: ignore[arg-type]
+        for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
@@ -69,8 +71,8 @@ class ChatStats(Counts):
 class EncodedRecords:
     """A batch of chat records (dialogues or preference pairs) encoded, in input order."""
 
-    ids: np.ndarray  # int32: every record's tokens, one record after another
-    labels: np.ndarray  # int32, beside ids: the token to predict, or -100 (no loss)
+    ids: npt.NDArray[np.int32]  # every record's tokens, one record after another
+    labels: npt.NDArray[np.int32]  # beside ids: the token to predict, or -100 (no loss)
     lengths: np.ndarray  # tokens per record; 0 = not trainable (an empty document)
     stats: Counts  # what the length policy and the separators did, for the report
     failures: list[tuple[int, str]]  # (index, reason): records the template refused
@@ -155,7 +157,7 @@ class ChatEncoder(FastTokens):
 
     template: ChatTemplate
     _: KW_ONLY
-    train_on: str
+    train_on: TrainOn
 
     def rendered_texts(self, dialogues: list[Any]) -> list[str]:
         """The texts this encoder tokenizes for ``dialogues`` (those the template renders):
@@ -214,11 +216,11 @@ class ChatEncoder(FastTokens):
         results = encode_rendered(
             self.tokenizer,
             [r for _, r in rendered],
-            self.train_on,  # type: ignore[arg-type]
+            self.train_on,
             tokens=tokens,
         )
-        for (index, _), e in zip(rendered, results, strict=True):
-            encoded[index] = e
+        for (index, _), result in zip(rendered, results, strict=True):
+            encoded[index] = result
         stats = ChatStats(dialogues=len(dialogues))
         if tokens is not None:
             stats.hf_offsets = sum(t is None for t in tokens)

@@ -15,26 +15,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
+import numpy.typing as npt
+from tokenizers import Encoding, Tokenizer
 
 from packcli.chat.budget import DEFAULT_LIMITS, RenderLimits
 from packcli.chat.offsets import pieces, token_turns
 from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
 from packcli.errors import require_one_of
-from packcli.names import IGNORE_INDEX, TRAIN_ON
-
-TrainOn = Literal["assistant", "last", "all"]
+from packcli.names import IGNORE_INDEX, TRAIN_ON, TrainOn
 
 
 @dataclass(frozen=True, eq=False)
 class EncodedDialogue:
-    ids: np.ndarray  # int32 token ids of the rendered dialogue (no special tokens added)
-    mask: np.ndarray  # bool per token: True = trained (label kept), False = label -100
-    turns: np.ndarray  # int64 (n, 2): token range [start, end) of each assistant turn
+    ids: npt.NDArray[np.int32]  # token ids of the rendered dialogue (no special tokens added)
+    mask: npt.NDArray[np.bool_]  # per token: True = trained (label kept), False = label -100
+    turns: npt.NDArray[np.int64]  # (n, 2): token range [start, end) of each assistant turn
     train_on: str
 
     @property
@@ -88,6 +87,13 @@ def _check_train_on(train_on: str) -> None:
     require_one_of("train_on", train_on, TRAIN_ON)
 
 
+def _ids_offsets(encoding: Encoding) -> tuple[np.ndarray, np.ndarray]:
+    return (
+        np.asarray(encoding.ids, dtype=np.int32),
+        np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2),
+    )
+
+
 def encode_rendered(
     tokenizer: Tokenizer,
     rendered: Sequence[Rendered],
@@ -101,20 +107,14 @@ def encode_rendered(
     the others; ``packcli.offsets.FastOffsets``); HF encodes only the rest."""
     _check_train_on(train_on)
     known = list(tokens) if tokens is not None else [None] * len(rendered)
-    missing = [i for i, t in enumerate(known) if t is None]
-    if missing:
-        texts = [rendered[i].text for i in missing]
-        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-        for i, enc in zip(missing, encodings, strict=True):
-            known[i] = (
-                np.asarray(enc.ids, dtype=np.int32),
-                np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2),
-            )
-    spans = token_turns([t[1] for t in known], [r.assistant_spans for r in rendered])  # type: ignore[index]
-    masks = _masks([len(t[0]) for t in known], spans, train_on)  # type: ignore[index]
+    texts = [r.text for r, t in zip(rendered, known, strict=True) if t is None]
+    encodings = iter(tokenizer.encode_batch(texts, add_special_tokens=False) if texts else ())
+    pairs = [t if t is not None else _ids_offsets(next(encodings)) for t in known]
+    spans = token_turns([t[1] for t in pairs], [r.assistant_spans for r in rendered])
+    masks = _masks([len(t[0]) for t in pairs], spans, train_on)
     return [
         EncodedDialogue(ids, mask, turns, train_on)
-        for (ids, _), turns, mask in zip(known, spans, masks, strict=True)  # type: ignore[misc]
+        for (ids, _), turns, mask in zip(pairs, spans, masks, strict=True)
     ]
 
 

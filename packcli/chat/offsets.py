@@ -23,6 +23,7 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from packcli import jit
@@ -123,10 +124,10 @@ class ByteOffsets:
     token is not bytes of the text) and the characters HF trims at its edges."""
 
     data: np.ndarray  # uint8, every token's bytes end to end
-    starts: np.ndarray  # int64 per id
-    lens: np.ndarray  # int64 per id
-    lead: np.ndarray  # int64 per id: characters trimmed at the start (0 without trimming)
-    trail: np.ndarray  # int64 per id: at the end
+    starts: npt.NDArray[np.int64]  # per id
+    lens: npt.NDArray[np.int64]  # per id
+    lead: npt.NDArray[np.int64]  # per id: characters trimmed at the start (0 without trimming)
+    trail: npt.NDArray[np.int64]  # per id: at the end
     trim: bool
     add_prefix_space: bool
 
@@ -279,7 +280,7 @@ class FastOffsets:
         ]
 
 
-def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str]) -> dict:
+def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str]) -> dict[str, Any]:
     """Compare ``fast``'s ids and offsets with HF's ``encode_batch`` on ``texts``: the
     record for the report, with ``mismatch`` set on the first text where they differ (a
     text the tokens do not spell is not a mismatch: HF encodes it at run time too)."""

@@ -41,6 +41,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from packcli.chat.encoder import RENDER_DATE, Counts, EncodedRecords, FastTokens, flat_documents
 from packcli.chat.mask import encode_rendered
@@ -88,8 +89,8 @@ def response_cap(budget: int, rc: int, rr: int) -> int:
 
 @dataclass
 class _Side:
-    ids: np.ndarray  # int32, prompt tokens first
-    mask: np.ndarray  # bool, True = trained
+    ids: npt.NDArray[np.int32]  # prompt tokens first
+    mask: npt.NDArray[np.bool_]  # True = trained
     retokenized: bool = False  # the response was tokenized apart from the prompt
 
 
@@ -151,7 +152,7 @@ class PreferenceEncoder(FastTokens):
         tokens = self.fast_tokens([r.text for r in rendered])
         if tokens is not None:
             stats.hf_offsets += sum(t is None for t in tokens)
-        return encode_rendered(self.tokenizer, rendered, "assistant", tokens=tokens)  # type: ignore[arg-type]
+        return encode_rendered(self.tokenizer, rendered, "assistant", tokens=tokens)
 
     def finish(
         self,

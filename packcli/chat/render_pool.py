@@ -17,9 +17,17 @@ import multiprocessing
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packcli.errors import ConfigError, InputError, PackcliError
+
+if TYPE_CHECKING:  # the pool's module stays light: a worker imports the renderer itself
+    from packcli.chat.renderer import Rendered
+
+    # (rendered, failures, error): error is (kind, message) of a packcli error, else None
+    _Result: TypeAlias = tuple[
+        list[tuple[int, Rendered]], list[tuple[int, str]], tuple[str, str] | None
+    ]
 
 # Inputs below this size render in the task's own process: spawning workers costs ~0.5 s of
 # imports each, which rendering a few MB on one core does not repay.
@@ -32,7 +40,7 @@ def _init(template: Any, variables: dict[str, str], controls: tuple[str, ...], n
     _state.update(template=template, variables=variables, controls=controls, now=now)
 
 
-def _render(dialogues: Sequence[Any]) -> tuple[Any, list[tuple[int, str]], tuple | None]:
+def _render(dialogues: Sequence[Any]) -> _Result:
     """``(rendered, failures, error)``: a template failure of one dialogue is a failure (the
     caller's bad-line policy); any other packcli error travels back as (kind, message), since
     exceptions with their own constructors do not always survive pickling."""
@@ -50,7 +58,7 @@ def _render(dialogues: Sequence[Any]) -> tuple[Any, list[tuple[int, str]], tuple
         )
     except PackcliError as exc:
         kind = "config" if isinstance(exc, ConfigError) else "input"
-        return None, [], (kind, str(exc))
+        return [], [], (kind, str(exc))
     return rendered, failures, None
 
 
@@ -74,11 +82,11 @@ class RenderPool:
             initargs=(template, dict(variables), controls, now),
         )
 
-    def submit(self, dialogues: Sequence[Any]) -> Future:
+    def submit(self, dialogues: Sequence[Any]) -> Future[_Result]:
         return self._pool.submit(_render, list(dialogues))
 
     @staticmethod
-    def result(future: Future) -> tuple[Any, list[tuple[int, str]]]:
+    def result(future: Future[_Result]) -> tuple[list[tuple[int, Rendered]], list[tuple[int, str]]]:
         rendered, failures, error = future.result()
         if error is not None:
             kind, message = error

@@ -36,10 +36,13 @@ class Rendered:
 _MAX_SHAPES = 1024  # sentinel renderings kept per batch
 
 
-def _shape(messages: Sequence[Mapping[str, Any]]) -> tuple | None:
+_Shape = tuple[tuple[tuple[str, str], ...], ...]  # each message's (key, value) pairs
+
+
+def _shape(messages: Sequence[Mapping[str, Any]]) -> _Shape | None:
     """All the template sees of sentinel messages, as a key; None unless every message is
     a dict of strings (what other values do inside a template is not worth predicting)."""
-    shape = []
+    shape: list[tuple[tuple[str, str], ...]] = []
     for message in messages:
         if type(message) is not dict:
             return None
@@ -86,7 +89,7 @@ class _Renderer:
         # could shrink as dialogues grow.
         growing = min(limits.steps_per_char, limits.work_per_char, limits.output_per_char) >= 0
         shareable = now is not None and self.compiled.deterministic and growing
-        self._marked: dict[tuple, tuple[int, str | None]] | None = {} if shareable else None
+        self._marked: dict[_Shape, tuple[int, str | None]] | None = {} if shareable else None
 
     def run(
         self, messages: Sequence[Mapping[str, Any]], input_chars: int, meter: Meter | None = None
@@ -110,8 +113,8 @@ class _Renderer:
         """
         cache = self._marked
         shape = _shape(sentinels) if cache is not None else None
-        if shape is not None:
-            known = cache.get(shape)  # type: ignore[union-attr]
+        if cache is not None and shape is not None:
+            known = cache.get(shape)
             if known is not None and known[0] <= input_chars:
                 return known[1]
         meter = Meter(self.limits, input_chars, self.now)
@@ -119,12 +122,12 @@ class _Renderer:
             marked: str | None = self.run(sentinels, input_chars, meter)[0]
         except ChatFormatError:  # the template refused the sentinels (it checks contents)
             marked = None
-        if shape is not None and not meter.budget_dependent:
-            known = cache.get(shape)  # type: ignore[union-attr]
-            if (known is None and len(cache) < _MAX_SHAPES) or (  # type: ignore[arg-type]
+        if cache is not None and shape is not None and not meter.budget_dependent:
+            known = cache.get(shape)
+            if (known is None and len(cache) < _MAX_SHAPES) or (
                 known is not None and input_chars < known[0]
             ):
-                cache[shape] = (input_chars, marked)  # type: ignore[index]
+                cache[shape] = (input_chars, marked)
         return marked
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> Rendered:

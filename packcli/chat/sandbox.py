@@ -90,10 +90,10 @@ def _strftime_now(fmt: str) -> str:
 class _TemplateDict:
     """``dict`` for templates without the type itself (as transformers does)."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 
@@ -131,10 +131,12 @@ class _GenerationTags(Extension):
     def parse(self, parser: jinja2.parser.Parser) -> nodes.CallBlock:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(lineno)
+        block = nodes.CallBlock(self.call_method("_generation"), [], [], body)
+        block.set_lineno(lineno)  # in place (it returns the node as a plain Node)
+        return block
 
     def _generation(self, caller: Any) -> str:
-        text = caller()
+        text: str = caller()
         meter = active_meter()
         meter.generation.append((meter.emitted, meter.emitted + len(text)))
         return text
@@ -148,13 +150,15 @@ def _out(value: Any) -> str:
     meter.steps_left -= 1  # meter.tick(), inlined: the hottest hook
     if meter.steps_left < meter.next_check:
         meter.checkpoint()
-    if not isinstance(value, str):
+    if isinstance(value, str):
+        text = value
+    else:
         meter.stringable(value)
-        value = str(value)
-    meter.output_left -= len(value)  # meter.write(len(value)), inlined
+        text = str(value)
+    meter.output_left -= len(text)  # meter.write(len(text)), inlined
     if meter.output_left < 0:
         meter.overwritten()
-    return value
+    return text
 
 
 def _concat(parts: list[Any]) -> str:
@@ -324,9 +328,10 @@ class Guard(NodeTransformer):
     def __init__(self, environment: jinja2.Environment) -> None:
         self.environment = environment
 
-    def _filter(self, node: nodes.Expr, name: str, lineno: int) -> nodes.Filter:
+    def _filter(self, node: nodes.Node, name: str, lineno: int) -> nodes.Filter:
         wrapped = nodes.Filter(node, name, [], [], None, None, lineno=lineno)
-        return wrapped.set_environment(self.environment)
+        wrapped.set_environment(self.environment)  # in place
+        return wrapped
 
     def visit_For(self, node: nodes.For) -> nodes.For:
         self.generic_visit(node)
@@ -335,7 +340,7 @@ class Guard(NodeTransformer):
 
     def visit_Output(self, node: nodes.Output) -> nodes.Output:
         self.generic_visit(node)
-        children = []
+        children: list[nodes.Expr] = []
         for child in node.nodes:
             if isinstance(child, nodes.TemplateData):
                 child = nodes.Const(child.data, lineno=child.lineno)
@@ -345,7 +350,8 @@ class Guard(NodeTransformer):
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
         self.generic_visit(node)
-        parts = nodes.List(node.nodes, lineno=node.lineno).set_environment(self.environment)
+        parts = nodes.List(node.nodes, lineno=node.lineno)
+        parts.set_environment(self.environment)
         return self._filter(parts, "packcli_concat", node.lineno)
 
 

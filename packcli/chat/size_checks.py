@@ -41,7 +41,9 @@ def check_percent(meter: Meter, fmt: str, args: object) -> None:
     meter.stringable(args)
 
 
-def _check_str_format(meter: Meter, fmt: str, args: tuple, kwargs: dict) -> None:
+def _check_str_format(
+    meter: Meter, fmt: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     """``fmt.format(...)``: no nested replacement fields in specs, numbers within limits."""
     try:
         fields = list(string.Formatter().parse(fmt))
@@ -70,21 +72,24 @@ def _replace_size(text: str, old: object, new: object, count: object) -> int:
     return len(text) + hits * max(0, len(new) - len(old))
 
 
-def _translate_size(meter: Meter, text: str, table: object) -> int:
-    """Length of ``text.translate(table)``: each distinct character looked up once."""
+def _translate_size(meter: Meter, text: str, table: Any) -> int:
+    """Length of ``text.translate(table)``: each distinct character looked up once (``table``
+    is the template's value: anything with ``__getitem__``, as ``translate`` takes)."""
     counts = Counter(text)
     meter.tick(len(counts))
     size = 0
     for char, n in counts.items():
         try:
-            value = table[ord(char)]  # type: ignore[index]  # what translate itself does
+            value = table[ord(char)]
         except LookupError:
             value = char
         size += n * (len(value) if isinstance(value, str) else int(isinstance(value, int)))
     return size
 
 
-def check_str_method(meter: Meter, text: str, name: str, args: list, kwargs: dict) -> None:
+def check_str_method(
+    meter: Meter, text: str, name: str, args: list[Any], kwargs: dict[str, Any]
+) -> None:
     """Predict the size of the string methods that can build a large string in one call."""
     if name in _CASE_METHODS:
         meter.reserve(3 * len(text))
@@ -109,42 +114,44 @@ def check_str_method(meter: Meter, text: str, name: str, args: list, kwargs: dic
         _check_str_format(meter, text, tuple(args), kwargs)
 
 
-def _filter_arg(args: list, kwargs: dict, position: int, key: str, default: object) -> object:
+def _filter_arg(
+    args: list[Any], kwargs: dict[str, Any], position: int, key: str, default: object
+) -> object:
     """A builtin filter's argument by position (after the value) or keyword."""
     return args[position + 1] if len(args) > position + 1 else kwargs.get(key, default)
 
 
-def _text(args: list) -> str:
+def _text(args: list[Any]) -> str:
     return args[0] if args and isinstance(args[0], str) else ""
 
 
-def _check_center(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_center(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     width = _filter_arg(args, kwargs, 0, "width", 80)
     meter.reserve(max(len(_text(args)), as_int(width)))
 
 
-def _check_indent(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_indent(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     width = _filter_arg(args, kwargs, 0, "width", 4)
     pad = len(width) if isinstance(width, str) else as_int(width)
     meter.reserve(len(_text(args)) + (_text(args).count("\n") + 1) * pad)
 
 
-def _check_format(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_format(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     check_percent(meter, _text(args), args[1:] or kwargs)
 
 
-def _check_replace(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_replace(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     old, new = _filter_arg(args, kwargs, 0, "old", ""), _filter_arg(args, kwargs, 1, "new", "")
     count = _filter_arg(args, kwargs, 2, "count", -1)
     meter.reserve(_replace_size(_text(args), old, new, count))
 
 
-def _check_wordwrap(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_wordwrap(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     wrap = _filter_arg(args, kwargs, 2, "wrapstring", None)
     meter.reserve(len(_text(args)) * (1 + (len(wrap) if isinstance(wrap, str) else 1)))
 
 
-def _check_join(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_join(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     if args and not isinstance(args[0], str):
         items = list(args[0])  # a generator is consumed here, counted, and passed on as a list
         meter.tick(len(items))
@@ -153,11 +160,11 @@ def _check_join(meter: Meter, args: list, kwargs: dict) -> None:
         args[0] = items
 
 
-def _check_case(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_case(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     meter.reserve(3 * len(_text(args)))
 
 
-def _str_size(meter: Meter, args: list) -> int:
+def _str_size(meter: Meter, args: list[Any]) -> int:
     """Characters of the filtered value as a string (containers: their ``str`` estimate)."""
     if not args or isinstance(args[0], str):
         return len(_text(args))
@@ -168,7 +175,7 @@ def _str_size(meter: Meter, args: list) -> int:
     return size
 
 
-def _check_escape(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_escape(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     text = _text(args)
     if not args or isinstance(args[0], str):  # exact: & < > " ' grow to &amp; &lt; &#34;...
         grow = 4 * (text.count("&") + text.count('"') + text.count("'"))
@@ -177,13 +184,13 @@ def _check_escape(meter: Meter, args: list, kwargs: dict) -> None:
         meter.reserve(6 * _str_size(meter, args))
 
 
-def _check_urlencode(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_urlencode(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     # Percent-encoding: 3 characters per UTF-8 byte, at most 4 bytes per character.
     ascii_only = not args or (isinstance(args[0], str) and args[0].isascii())
     meter.reserve((3 if ascii_only else 12) * _str_size(meter, args))
 
 
-def _check_urlize(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_urlize(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     text = _text(args)
     extra = 64  # <a href="..."> and </a>, rel and target attribute names
     for position, key in ((2, "target"), (3, "rel")):
@@ -193,17 +200,17 @@ def _check_urlize(meter: Meter, args: list, kwargs: dict) -> None:
     meter.reserve(12 * len(text) + (len(text) // 2 + 1) * extra)
 
 
-def _check_batch(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_batch(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     if _filter_arg(args, kwargs, 1, "fill_with", None) is not None:  # pads to linecount
         meter.reserve(as_int(_filter_arg(args, kwargs, 0, "linecount", 0)))
 
 
-def _check_round(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_round(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     if abs(as_int(_filter_arg(args, kwargs, 0, "precision", 0))) > 100:  # 10**precision
         raise SecurityError("round() precision beyond 100 digits is not allowed in chat templates")
 
 
-def _check_sum(meter: Meter, args: list, kwargs: dict) -> None:
+def _check_sum(meter: Meter, args: list[Any], kwargs: dict[str, Any]) -> None:
     if not isinstance(_filter_arg(args, kwargs, 1, "start", 0), int | float):  # quadratic
         raise SecurityError("sum() over non-numbers is not allowed in chat templates")
 

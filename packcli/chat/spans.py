@@ -241,7 +241,7 @@ def _spans_from_regions(
     the previous message. Contents need not be written in message order (Mistral's template
     moves the system message into the last user turn).
     """
-    header, end_marker = markers.header, markers.end
+    header, end_marker = markers.header or "", markers.end  # "" and None: no header
     # (position, message index): a content can be empty (trimmed away), so a turn's own
     # content is told from its neighbours by index, not by position.
     ends = sorted((r[1], i) for i, r in enumerate(regions) if r is not None)
@@ -264,7 +264,7 @@ def _spans_from_regions(
                 k -= 1
             after = max(ends[k][0] if k >= 0 else 0, cursor if cursor <= region[0] else 0)
             found = text.rfind(header, after, region[0]) if header else -1
-            begin = found + len(header) if found >= 0 else region[0]  # type: ignore[arg-type]
+            begin = found + len(header) if found >= 0 else region[0]
             finish = region[1]
         elif message.get("content"):
             raise ChatFormatError(
@@ -276,7 +276,7 @@ def _spans_from_regions(
             found = text.find(header, cursor, following[number]) if header else -1
             if found < 0:
                 continue  # nothing anchors an empty turn
-            begin = finish = found + len(header)  # type: ignore[arg-type]
+            begin = finish = found + len(header)
         if end_marker:
             k = bisect.bisect_left(starts, (finish, -1))
             if k < len(starts) and starts[k][1] == number - 1:

@@ -51,7 +51,7 @@ def _builtin(name: str) -> ChatTemplate | None:
     return ChatTemplate(f"built-in {name}", resource.read_text(encoding="utf-8"))
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
@@ -59,7 +59,7 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _config_templates(config: dict, where: str) -> dict[str, ChatTemplate]:
+def _config_templates(config: dict[str, Any], where: str) -> dict[str, ChatTemplate]:
     """``chat_template`` of a tokenizer config: a string, or a list of {name, template}."""
     value = config.get("chat_template")
     if isinstance(value, str):

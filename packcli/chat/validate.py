@@ -108,7 +108,7 @@ def _extract_text_prompt(chosen: str, rejected: str) -> int:
     return max(idx, 0)
 
 
-def _extract_message_prompt(chosen: list[dict], rejected: list[dict]) -> int:
+def _extract_message_prompt(chosen: list[dict[str, Any]], rejected: list[dict[str, Any]]) -> int:
     """Number of shared leading messages (the implicit prompt), as TRL's ``extract_prompt``:
     the first message where they differ, else all but the shorter one's last."""
     n = min(len(chosen), len(rejected))

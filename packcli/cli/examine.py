@@ -72,12 +72,13 @@ def verify_command(
 
     if num_tasks is not None and num_tasks < 1:
         raise ConfigError(f"--num-tasks must be >= 1, got {num_tasks}")
-    run = {"executor": Executor(executor, ray_address), "num_tasks": num_tasks}
+    run = Executor(executor, ray_address)
     if is_url(out):
-        summary = verify_remote(out, use_shards=shards, **run)
+        summary = verify_remote(out, use_shards=shards, executor=run, num_tasks=num_tasks)
         shown = redact(out).rstrip("/")
     else:
-        summary = verify_folder(Path(local_path(out)), use_shards=shards, **run)
+        folder = Path(local_path(out))
+        summary = verify_folder(folder, use_shards=shards, executor=run, num_tasks=num_tasks)
         shown = local_path(out)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
@@ -175,7 +176,8 @@ def inspect_command(
     with --doc, where a document came from (file and line)."""
     from packcli.fs import is_url
     from packcli.publish.remote import local_output
-    from packcli.publish.rowview import inspect_row, locate_doc, locate_row, read_meta, render_row
+    from packcli.publish.rowview import inspect_row, locate_doc, locate_row, render_row
+    from packcli.publish.stats import read_meta
 
     if (row is None) == (doc is None):
         raise ConfigError("pass one of --row ROW or --doc DOC_ID")

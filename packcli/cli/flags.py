@@ -279,7 +279,7 @@ def special_token(value: str | None) -> str | int | None:
 def config_from_flags(config_file: Path | None, flags: RunFlags) -> RunConfig:
     """The run config of a command: ``config_file`` (YAML) with the given flags winning."""
     file_values: dict[str, Any] = load_yaml(config_file) if config_file else {}
-    sections: dict[str, dict[str, Any]] = {
+    sections: dict[str, Any] = {  # section name -> its values; "sources" -> SourceConfigs
         "plan": dataclasses.asdict(flags.plan),
         "write": dataclasses.asdict(flags.write),
     }
@@ -288,7 +288,7 @@ def config_from_flags(config_file: Path | None, flags: RunFlags) -> RunConfig:
         tokenize = source.tokenize
         sections["read"] = {**dataclasses.asdict(source.read), "inputs": source.inputs or None}
         if source.sources:
-            sections["sources"] = [SourceConfig.parse(s) for s in source.sources]  # type: ignore[assignment]
+            sections["sources"] = [SourceConfig.parse(s) for s in source.sources]
         sections["tokenize"] = {
             **dataclasses.asdict(tokenize),
             "eos": special_token(tokenize.eos),

@@ -12,7 +12,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, get_type_hints
+from typing import Annotated, Any, TypeVar, cast, get_type_hints
 
 import typer
 
@@ -115,5 +115,6 @@ def grouped(fn: F) -> F:
         return fn(**kwargs)
 
     spread = [q for p in params for q in _spread(p.name, hints[p.name], p.default)]
-    command.__signature__ = inspect.Signature(spread)  # type: ignore[attr-defined]
-    return command  # type: ignore[return-value]
+    # What typer reads (``inspect.signature`` honours it); not an attribute of the function type.
+    setattr(command, "__signature__", inspect.Signature(spread))  # noqa: B010
+    return cast(F, command)  # called as ``fn`` is

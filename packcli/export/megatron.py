@@ -24,7 +24,7 @@ import numpy as np
 from packcli.atomic import atomic_writer
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
-_DTYPE_CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}
+_DTYPE_CODES: dict[np.dtype, int] = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}
 
 
 def megatron_dtype(vocab_size: int) -> np.dtype:

@@ -138,8 +138,9 @@ def write_part(dest: Path, record: PartRecord) -> None:
 CLAIM = f"{PARTS_DIR}/_claim.json"  # no part is named with a leading "_"
 
 
-def named_files(data: dict[str, Any]) -> set[str]:
-    """The files a part record, the claim or the marker names, relative."""
+def named_files(data: object) -> set[str]:
+    """The files a part record, the claim or the marker names, relative (none when ``data``
+    is not a JSON object: a damaged record names nothing)."""
     if not isinstance(data, dict):
         return set()
     entries: list[Any] = [*(data.get("files") or []), *(data.get("extra_files") or [])]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -213,7 +214,8 @@ def kept_lengths(lengths: np.ndarray, long_len: int, policy: str) -> np.ndarray:
     if policy == "drop":
         return np.where(over, 0, lengths)
     if policy == "truncate":
-        return np.minimum(lengths, long_len)
+        kept: np.ndarray = np.minimum(lengths, long_len)
+        return kept
     return lengths
 
 
@@ -221,15 +223,16 @@ def kept_lengths(lengths: np.ndarray, long_len: int, policy: str) -> np.ndarray:
 class ShardDocuments:
     """The documents of one tokenized shard as an export writes them, back to back."""
 
-    tokens: np.ndarray  # int32, every kept token in document order
-    lengths: np.ndarray  # int64, per kept document
-    doc_ids: np.ndarray  # int64, the pack's global document ids (``doc_ids`` column)
-    labels: np.ndarray | None  # int32, aligned with ``tokens`` (chat), -100 = no loss
+    tokens: npt.NDArray[np.int32]  # every kept token in document order
+    lengths: npt.NDArray[np.int64]  # per kept document
+    doc_ids: npt.NDArray[np.int64]  # the pack's global document ids (``doc_ids`` column)
+    labels: npt.NDArray[np.int32] | None  # aligned with ``tokens`` (chat), -100 = no loss
 
     @property
     def starts(self) -> np.ndarray:
         """Each document's first token offset in ``tokens``."""
-        return np.cumsum(self.lengths) - self.lengths
+        starts: np.ndarray = np.cumsum(self.lengths) - self.lengths
+        return starts
 
 
 def shard_documents(pack: Pack, shards: TokenShards, index: int) -> ShardDocuments:
@@ -259,7 +262,7 @@ def shard_documents(pack: Pack, shards: TokenShards, index: int) -> ShardDocumen
 def trained(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Per token, whether it is a trained target: its label is set, and it does not open its
     document (packcli's rule in the packed rows, so no loss crosses a boundary)."""
-    out = labels != IGNORE_INDEX
+    out: np.ndarray = labels != IGNORE_INDEX
     out[starts] = False
     return out
 
@@ -267,7 +270,7 @@ def trained(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
 def check_parquet(pack: Pack, config: str, entry: dict[str, Any]) -> Path:
     """A listed Parquet file of the pack, checked against the sha256 ``packcli.json``
     records for it (one read; an edited file would otherwise be exported as truth)."""
-    path = pack.out / "data" / config / entry["file"]
+    path: Path = pack.out / "data" / config / entry["file"]
     if not path.is_file():
         raise ExportError(f"{path}: missing, but {pack.out / 'packcli.json'} lists it")
     _check_sha(path, str(path), entry)
@@ -310,11 +313,11 @@ def parquet_file(pack: Pack, config: str, entry: dict[str, Any]) -> Iterator[Pat
 class RowBatch:
     """Packed rows of one Parquet row group: flat tokens and per-segment lengths."""
 
-    tokens: np.ndarray  # int32, every token of the batch's rows back to back
-    row_offsets: np.ndarray  # int64, len rows + 1, into ``tokens``
-    seg_lengths: np.ndarray  # int64, every segment of the batch's rows in order
-    seg_offsets: np.ndarray  # int64, len rows + 1, into ``seg_lengths``
-    labels: np.ndarray | None  # int32, aligned with ``tokens`` (chat)
+    tokens: npt.NDArray[np.int32]  # every token of the batch's rows back to back
+    row_offsets: npt.NDArray[np.int64]  # len rows + 1, into ``tokens``
+    seg_lengths: npt.NDArray[np.int64]  # every segment of the batch's rows in order
+    seg_offsets: npt.NDArray[np.int64]  # len rows + 1, into ``seg_lengths``
+    labels: npt.NDArray[np.int32] | None  # aligned with ``tokens`` (chat)
 
 
 def _flat(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -117,7 +117,8 @@ class _Reads:
 
     def read(self, *args: Any) -> bytes:
         try:
-            return self._fh.read(*args)
+            data: bytes = self._fh.read(*args)
+            return data
         except Exception as exc:  # re-raised: any backend error is a read error
             raise ReadFailed(f"{type(exc).__name__}: {redact_text(str(exc))}") from exc
 

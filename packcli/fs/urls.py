@@ -97,7 +97,7 @@ def redact_text(text: str) -> str:
 
 
 def _missing_package(url: str, exc: Exception) -> ConfigError:
-    scheme = _URL.match(url).group(1).lower()  # type: ignore[union-attr]
+    scheme = url.partition("://")[0].lower()  # ``locate`` is only asked for URLs
     extra = EXTRAS.get(scheme)
     if extra:
         package = "s3fs" if extra == "s3" else "gcsfs"
@@ -119,7 +119,8 @@ def locate(url: str) -> tuple[Any, str]:
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(url)
+        located: tuple[Any, str] = fsspec.core.url_to_fs(url)
+        return located
     except ImportError as exc:
         raise _missing_package(url, exc) from None
     except ValueError as exc:  # "Protocol not known", a malformed URL
@@ -194,7 +195,8 @@ def info(url: str, *, fresh: bool = False) -> dict[str, Any]:
     try:
         if fresh:
             fs.invalidate_cache(path)
-        return fs.info(path)
+        found: dict[str, Any] = fs.info(path)
+        return found
     except FileNotFoundError:
         raise InputError(f"{redact(url)}: not found") from None
     except Exception as exc:

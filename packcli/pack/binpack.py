@@ -33,15 +33,11 @@ packs into long rows' free room, and short documents into fitted packs of a give
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
 from packcli.jit import kernel, pick, trailing_zeros
 from packcli.names import PLAN_ALGORITHMS as ALGORITHMS
-
-# The same names as ALGORITHMS, for type checkers (a test checks they agree).
-Algorithm = Literal["bfd", "ffd", "wrapped"]
+from packcli.names import PlanAlgorithm as Algorithm
 
 
 def _validate(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -159,7 +155,7 @@ def _bitmap_next(bits: np.ndarray, offs: np.ndarray, nw: np.ndarray, x: int) -> 
 @kernel
 def _take(head: np.ndarray, nxt: np.ndarray, bits: np.ndarray, offs: np.ndarray, room: int) -> int:
     """Pop the most recently stored bin with exactly ``room`` free."""
-    b = head[room]
+    b: int = head[room]
     head[room] = nxt[b]
     if head[room] < 0:
         _bitmap_clear(bits, offs, room)

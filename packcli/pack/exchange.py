@@ -112,7 +112,8 @@ def units_of(
 def piece_bound(max_piece: np.ndarray, target: np.ndarray, window_tokens: int) -> np.ndarray:
     """Per source, the least largest deviation any layout can reach at windows of
     ``window_tokens``: a window holding the source's largest piece is that far over."""
-    return np.maximum(np.asarray(max_piece, np.float64) / window_tokens - target, 0.0)
+    bound: np.ndarray = np.maximum(np.asarray(max_piece, np.float64) / window_tokens - target, 0.0)
+    return bound
 
 
 def exchange_window(

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from packcli.names import CONFIG_NAMES
 from packcli.pack.plan import Plan, RowLayout, layout_units, plan_two_tier
@@ -85,9 +86,9 @@ POLICY_KEYS = (
 class Pieces:
     """Slices of documents, by global doc id: ``doc[i][start[i] : start[i] + length[i]]``."""
 
-    doc: np.ndarray  # int64
-    start: np.ndarray  # int64
-    length: np.ndarray  # int64
+    doc: npt.NDArray[np.int64]
+    start: npt.NDArray[np.int64]
+    length: npt.NDArray[np.int64]
 
     @property
     def size(self) -> int:
@@ -203,7 +204,7 @@ def merge_plans(plans: Sequence[Plan]) -> Plan:
     if not plans:
         raise ValueError("no plans to merge")
     base = np.cumsum([0] + [p.piece_len.size for p in plans])
-    layouts = {}
+    layouts: dict[str, RowLayout] = {}
     for name in CONFIG_NAMES:
         parts: list[RowLayout] = [getattr(p, name) for p in plans]
         offsets = [np.zeros(1, dtype=np.int64)]
@@ -224,7 +225,8 @@ def merge_plans(plans: Sequence[Plan]) -> Plan:
         np.concatenate([p.piece_len for p in plans]),
         stats=stats,
         pad_multiple=plans[0].pad_multiple,
-        **layouts,
+        short=layouts["short"],
+        long=layouts["long"],
     )
 
 
@@ -270,8 +272,9 @@ def _release(plan: Plan, tail_share: float, most: int) -> tuple[Plan, np.ndarray
         movable = keep_pack & filled
         new_row = _fewest_pieces(pack_row, short.row_tokens, counts, movable, keep_row, slack)
         if not np.array_equal(new_row, pack_row):
-            plan = dataclasses.replace(plan, long=_moved_packs(plan, long_row, new_row))
-            long_row = _row_of_piece(plan.long, n)
+            moved = _moved_packs(plan, long_row, new_row)
+            plan = dataclasses.replace(plan, long=moved)
+            long_row = _row_of_piece(moved, n)
     return plan, ~keep_row[long_row]
 
 
@@ -394,7 +397,7 @@ def _pieces(plan: Plan, mask: np.ndarray) -> Pieces:
 def _keep(plan: Plan, keep: np.ndarray) -> Plan:
     """The plan restricted to the pieces in ``keep`` (whole rows of both configs)."""
     new_index = np.cumsum(keep) - 1
-    layouts = {}
+    layouts: dict[str, RowLayout] = {}
     for name in CONFIG_NAMES:
         layout: RowLayout = getattr(plan, name)
         counts = np.diff(layout.row_offsets)
@@ -417,5 +420,6 @@ def _keep(plan: Plan, keep: np.ndarray) -> Plan:
         plan.piece_len[keep],
         stats=dict(plan.stats),
         pad_multiple=plan.pad_multiple,
-        **layouts,
+        short=layouts["short"],
+        long=layouts["long"],
     )

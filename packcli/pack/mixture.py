@@ -93,7 +93,8 @@ def multipliers_from_shares(shares: np.ndarray, tokens: np.ndarray) -> np.ndarra
     tokens = np.asarray(tokens, np.float64)
     if (tokens <= 0).any():
         raise ValueError("a source with a share has no tokens")
-    return shares / shares.sum() * tokens.sum() / tokens
+    multipliers: np.ndarray = shares / shares.sum() * tokens.sum() / tokens
+    return multipliers
 
 
 def _offset(seed: int, source: int) -> np.uint64:
@@ -314,7 +315,7 @@ def permute_rows(layout: Any, order: np.ndarray) -> Any:
 
 def order_plan(
     plan: Any, first_doc: np.ndarray, window_tokens: int, seed: int = 0, exchange: bool = True
-) -> tuple[Any, dict]:
+) -> tuple[Any, dict[str, Any]]:
     """The plan with each config's rows in ``mix_order`` (pieces' keys give their source),
     with ``exchange`` the long config's then balanced per window by exchanging units between
     rows (``packcli.pack.exchange``: windows of 4 steps, then the steps inside them), and

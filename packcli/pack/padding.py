@@ -33,7 +33,10 @@ def pad_positions(sizes: np.ndarray, pad: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     ends = np.cumsum(sizes)
     first = np.repeat(ends - pad, pad)  # each pad token's segment's first pad offset
-    return first + np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(pad) - pad, pad)
+    offsets: np.ndarray = (
+        first + np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(pad) - pad, pad)
+    )
+    return offsets
 
 
 def pad_mask(sizes: np.ndarray, pad: np.ndarray) -> np.ndarray:

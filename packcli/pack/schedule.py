@@ -22,8 +22,10 @@ is pure and deterministic for given costs, ranks and seed.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +109,7 @@ def resolve_cost_model(spec: str, *, causal: bool = True) -> CostModel:
         ) from exc
 
 
-def row_squares(seq_lengths: list[np.ndarray] | np.ndarray) -> np.ndarray:
+def row_squares(seq_lengths: Iterable[Any]) -> np.ndarray:
     """Sum of squared segment lengths of each row, from its ``seq_lengths`` list."""
     return np.array(
         [float(np.square(np.asarray(s, np.float64)).sum()) for s in seq_lengths], np.float64

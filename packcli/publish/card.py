@@ -53,7 +53,9 @@ def _arrow_bytes(
     schema (``_schema``): per list column one offset per row plus one value per token or
     per segment, per scalar column one value per row; ``pad_tokens``: its context-parallel
     padding, when padded (the padding's tokens are stored too)."""
-    rows, tokens, segments = tier["rows"], tier["tokens"], tier["segments"]
+    rows: int = tier["rows"]
+    tokens: int = tier["tokens"]
+    segments: int = tier["segments"]
     tokens += pad_tokens or 0
     total = 0
     for field in _schema(chat, preference, pad_tokens is not None, mixture, cost):
@@ -100,7 +102,7 @@ def dataset_info(
     chat: bool = False,
     preference: bool = False,
     cost: bool = False,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """``dataset_info`` YAML: features, split sizes and byte counts per config (``cost``:
     the rows have the ``cost`` column).
 
@@ -130,7 +132,7 @@ def dataset_info(
     return infos
 
 
-def card_front_matter(infos: list[dict]) -> dict[str, Any]:
+def card_front_matter(infos: list[dict[str, Any]]) -> dict[str, Any]:
     """The card's YAML: ``infos`` (``dataset_info``), the two configs' files and tags."""
     return {
         "dataset_info": infos,

@@ -28,7 +28,8 @@ def _hash_chunk(tokens: np.ndarray, lens: np.ndarray) -> np.ndarray:
         x = (tokens.astype(np.uint64) + np.uint64(1)) * _powers(_P, tokens.size)
         sums = np.add.reduceat(x, starts) if lens.size else np.zeros(0, np.uint64)
         # Re-base each segment's polynomial at its own start: multiply by P^-start.
-        return sums * _powers(_P_INV, tokens.size)[starts]
+        rebased: np.ndarray = sums * _powers(_P_INV, tokens.size)[starts]
+        return rebased
 
 
 def segment_hashes(tokens: np.ndarray, lens: np.ndarray) -> np.ndarray:

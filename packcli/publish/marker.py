@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER
@@ -95,4 +95,4 @@ def read_marker(out: Path) -> dict[str, Any]:
                     raise bad(f"an entry of files.{name} has no valid {key!r}")
             if Path(entry["file"]).name != entry["file"] or entry["file"] in ("", ".", ".."):
                 raise bad(f"files.{name} names {entry['file']!r}, not a file of data/{name}/")
-    return meta
+    return cast(dict[str, Any], meta)  # an object: the field checks above looked inside it

@@ -144,7 +144,9 @@ def prepare_push(out: Path, url: str | None = None) -> list[UploadFile]:
 
 def check_repo_id(repo_id: str) -> None:
     from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
+
+    # Public (huggingface_hub's docs), but its lazy __init__ imports it without re-exporting.
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]
 
     try:
         validate_repo_id(repo_id)

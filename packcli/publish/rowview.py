@@ -28,6 +28,7 @@ from packcli.publish.stats import capacities, read_meta, require_extra
 
 if TYPE_CHECKING:
     import numpy as np
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def read_row(path: Path, row_in_file: int) -> dict[str, Any]:
             raise PackcliError(
                 f"{path}: has {first} rows, packcli.json says more (see packcli verify)"
             )
-    row = {
+    row: dict[str, Any] = {
         c: np.asarray(table.column(c)[0].values) for c in columns if c not in ("num_tokens", "cost")
     }
     for c in ("num_tokens", "cost"):  # per-row scalars
@@ -112,7 +113,7 @@ def _recorded_source(out: Path, meta: dict[str, Any]) -> str:
     directory pack ran in. That directory is recoverable when ``--out`` was relative too:
     it is the resolved output folder minus the ``--out`` path.
     """
-    source = meta["run"]["tokenizer"]["source"]
+    source: str = meta["run"]["tokenizer"]["source"]
     given = Path(meta["config"].get("out") or "")
     if Path(source).exists() or Path(source).is_absolute() or given.is_absolute():
         return source
@@ -124,7 +125,7 @@ def _recorded_source(out: Path, meta: dict[str, Any]) -> str:
     return str(candidate) if candidate.exists() else source
 
 
-def load_decoder(out: Path, meta: dict[str, Any], override: str | None) -> tuple[Any, str]:
+def load_decoder(out: Path, meta: dict[str, Any], override: str | None) -> tuple[Tokenizer, str]:
     """The tokenizer to decode with, and where it came from; warns if it is not the recorded one."""
     from packcli.tokenize.tokenizer import load_tokenizer
 
@@ -147,7 +148,7 @@ def load_decoder(out: Path, meta: dict[str, Any], override: str | None) -> tuple
 _CUT_MARGIN = 4
 
 
-def _head(tokenizer: Any, ids: np.ndarray, chars: int) -> str:
+def _head(tokenizer: Tokenizer, ids: np.ndarray, chars: int) -> str:
     """First ``chars`` characters of the decoded ``ids``, decoding only as much as needed."""
     n = min(ids.size, chars + 8)
     while True:
@@ -157,7 +158,7 @@ def _head(tokenizer: Any, ids: np.ndarray, chars: int) -> str:
         n = min(ids.size, 2 * n)
 
 
-def _tail(tokenizer: Any, ids: np.ndarray, chars: int) -> str:
+def _tail(tokenizer: Tokenizer, ids: np.ndarray, chars: int) -> str:
     """Last ``chars`` characters of the decoded ``ids``, decoding only as much as needed."""
     if chars == 0:
         return ""
@@ -266,7 +267,7 @@ def render_row(view: dict[str, Any]) -> list[Any]:
         b.add_column("start of next segment", overflow="fold")
         edges = [(None, segs[0]), *zip(segs, [*segs[1:], None], strict=True)]
         for prev, nxt in edges:
-            at = nxt["start"] if nxt else prev["end"]  # type: ignore[index]
+            at = nxt["start"] if nxt else prev["end"]
             left = _visible(prev["tail"]) if prev else Text("(row start)", style="dim")
             right = _visible(nxt["head"]) if nxt else Text("(row end)", style="dim")
             b.add_row(f"{at:,}", left, "|", right)

@@ -50,6 +50,7 @@ from packcli.publish.card import training_snippet as training_snippet
 
 if TYPE_CHECKING:
     import numpy as np
+import numpy.typing as npt
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +94,12 @@ class TierData:
 
     name: str
     capacity: int
-    num_tokens: np.ndarray  # int64 per row
-    segments: np.ndarray  # int64 per row: documents (segments) in the row
-    cost: np.ndarray  # int64 per row: sum of squared segment lengths
-    seg_lengths: np.ndarray | None  # int32 per segment, kept for the long config only
+    num_tokens: npt.NDArray[np.int64]  # per row
+    segments: npt.NDArray[np.int64]  # per row: documents (segments) in the row
+    cost: npt.NDArray[np.int64]  # per row: sum of squared segment lengths
+    seg_lengths: npt.NDArray[np.int32] | None  # per segment, kept for the long config only
     # The ``cost`` column (float64 per row) and its model's name, when the pack wrote one.
-    row_cost: np.ndarray | None = None
+    row_cost: npt.NDArray[np.float64] | None = None
     cost_model: str | None = None
 
 
@@ -554,8 +555,8 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
             t.add_column(col, justify="right")
         for name, n in tiers.items():
             c = n["row_cost"]
-            cells = (_fmt(c[k], "sci") for k in ("mean", "p50", "max"))
-            t.add_row(name, *cells, f"{c['balance_ratio']:.2f}")
+            figures = (_fmt(c[k], "sci") for k in ("mean", "p50", "max"))
+            t.add_row(name, *figures, f"{c['balance_ratio']:.2f}")
         tables.append(t)
 
     model = next(iter(tiers.values()))["schedule"]["model"] if tiers else SCHEDULE_MODEL

@@ -129,7 +129,8 @@ def verify_copy(
         summary = _verify(meta, local, out, found, shards, executor, num_tasks)
     except VerifyError as exc:
         raise VerifyError(reworded(str(exc), names)) from None
-    return json.loads(reworded(json.dumps(summary), names))
+    renamed: dict[str, Any] = json.loads(reworded(json.dumps(summary), names))
+    return renamed
 
 
 def verify_folder(
@@ -342,8 +343,8 @@ def _check_leftovers(results: list[PartResult], scans: dict[str, ConfigScan]) ->
         if extra is not None:
             if found[0].size == expected[0].size:  # the same tokens, other piece numbers?
                 misnumbered(name + " (tail)", found, expected)
-            expected = sum(r.expected[name] for r in results)
-            differs(name, extra, scans[name].totals.units, expected)
+            want = sum(r.expected[name] for r in results)
+            differs(name, extra, scans[name].totals.units, want)
 
 
 __all__ = ["read_marker", "verify_folder", "verify_output", "verify_remote"]

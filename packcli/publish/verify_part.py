@@ -49,7 +49,7 @@ from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
 log = logging.getLogger(__name__)
 
 # doc, length, hash and piece tag (``verify_rows.piece_tags``) of each piece
-Pieces = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+Pieces = tuple[np.ndarray, ...]
 
 
 def no_pieces() -> Pieces:
@@ -60,7 +60,8 @@ def no_pieces() -> Pieces:
 def cat_pieces(parts: list[Pieces]) -> Pieces:
     if not parts:
         return no_pieces()
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+    doc, length, digest, piece = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    return doc, length, digest, piece
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ def check_part(
     )
     if shards is None:
         return result
-    found = {n: (s.doc, s.length, s.hash, s.piece) for n, s in segments.items()}
+    found: dict[str, Pieces] = {n: (s.doc, s.length, s.hash, s.piece) for n, s in segments.items()}
     if part.is_tail:  # its pieces are the groups' leftovers: the driver compares them
         return replace(result, left=found)
     exp, docs, figures = _expected(
@@ -276,9 +277,9 @@ def check_part(
     wants = {"long": exp, "short": tuple(e[small] for e in exp)}
     left = {}
     for name in CONFIG_NAMES:
-        extra, left[name] = difference(found[name], wants[name])  # type: ignore[arg-type]
+        extra, left[name] = difference(found[name], wants[name])
         if extra is not None:
-            misnumbered(name + where, found[name], wants[name])  # type: ignore[arg-type]
+            misnumbered(name + where, found[name], wants[name])
             differs(name + where, extra, found[name][0].size, wants[name][0].size)
     return replace(
         result,
@@ -381,7 +382,8 @@ def _mixture_segments(batch: Any, segs: Segments, mix: dict[str, Any], rel: str)
     def flat(col: str) -> np.ndarray:
         arr = batch.column(col)
         off = arr.offsets.to_numpy()
-        return arr.values.to_numpy()[off[0] : off[-1]].astype(np.int64)
+        values: np.ndarray = arr.values.to_numpy()[off[0] : off[-1]].astype(np.int64)
+        return values
 
     labels, repeats = flat("source_ids"), flat("doc_repeats")
     if labels.size != segs.doc.size or repeats.size != segs.doc.size:
@@ -494,8 +496,8 @@ def _expected(
     def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
         return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
 
-    pieces = (cat(docs, np.int64), cat(lens, np.int64), cat(hashes, np.uint64), cat(tags, np.int64))
-    return pieces, figures, where
+    out = (cat(docs, np.int64), cat(lens, np.int64), cat(hashes, np.uint64), cat(tags, np.int64))
+    return out, figures, where
 
 
 def _keys_of(ids: np.ndarray, n: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
@@ -51,7 +52,7 @@ def fail(where: str, msg: str) -> None:
     raise VerifyError(f"{where}: {msg}")
 
 
-def piece_tags(index: np.ndarray, last: np.ndarray) -> np.ndarray:
+def piece_tags(index: npt.ArrayLike, last: npt.ArrayLike) -> np.ndarray:
     """One int64 per piece for the multiset comparisons: its index within its document and
     whether it is the document's last (``seq_pieces``, ``seq_last``)."""
     return 2 * np.asarray(index, dtype=np.int64) + np.asarray(last, dtype=np.int64)

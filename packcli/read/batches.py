@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from packcli.read.rejects import BadLines, RejectSink
 
@@ -24,10 +25,10 @@ class DocBatch:
     several files.
     """
 
-    texts: list[str]
+    texts: list[Any]  # str (text data), or the record's dialogue or pair (chat, preference)
     doc_id_start: int
-    file_index: np.ndarray  # int32, per doc: index into the resolved path list
-    line: np.ndarray  # int64, per doc: 1-based line number in its file (columnar: 0-based row)
+    file_index: npt.NDArray[np.int32]  # per doc: index into the resolved path list
+    line: npt.NDArray[np.int64]  # per doc: 1-based line number in its file (columnar: 0-based row)
     progress_bytes: int  # cumulative on-disk bytes of all inputs consumed so far
 
 
@@ -180,11 +181,11 @@ class FileReader:
         self.bad = BadLines(options.on_bad_line, self.stats.rejected, options.rejects)
         self.validate = options.validate
 
-    def read(self, paths: Sequence[Path]) -> Iterator[DocBatch]:
+    def read(self, paths: Sequence[Path | str]) -> Iterator[DocBatch]:
         """Every file in order, then the last, partial batch."""
         for file_index, path in enumerate(paths):
             yield from self.file(file_index, path)
         yield from self.batches.rest()
 
-    def file(self, file_index: int, path: Path) -> Iterator[DocBatch]:
+    def file(self, file_index: int, path: Path | str) -> Iterator[DocBatch]:
         raise NotImplementedError

@@ -110,7 +110,7 @@ def open_input(path: Path | str, *, memory_map: bool = False) -> pa.NativeFile:
 class _Table:
     """A Parquet or Arrow IPC file as groups of rows (row groups; record batches)."""
 
-    def __init__(self, path: Path, fmt: str) -> None:
+    def __init__(self, path: Path | str, fmt: str) -> None:
         self.path = path
         self.fmt = fmt
         self._source = open_input(path, memory_map=fmt == "arrow")
@@ -332,7 +332,7 @@ def group_ranges(groups: Sequence[tuple[int, int]], split_bytes: int) -> list[tu
 
 
 def split_groups(
-    path: Path, fmt: str, size: int, split_bytes: int
+    path: Path | str, fmt: str, size: int, split_bytes: int
 ) -> list[tuple[tuple[int, int], int]] | None:
     """A file's units of work as ((first group, end group), on-disk bytes), or ``None``
     (read it whole) when it is not larger than ``split_bytes`` or splitting is off."""
@@ -350,7 +350,9 @@ def split_groups(
     return list(zip(ranges, sizes, strict=True))
 
 
-def check_columns(paths: Sequence[Path], formats: Sequence[str], column: str, option: str) -> None:
+def check_columns(
+    paths: Sequence[Path | str], formats: Sequence[str], column: str, option: str
+) -> None:
     """Every columnar input must have ``column``: checked before anything is written, from
     each file's schema alone (a Parquet footer, an IPC header)."""
     for path, fmt in zip(paths, formats, strict=True):
@@ -368,7 +370,8 @@ def _row_bytes(array: pa.Array) -> list[int]:
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         import pyarrow.compute as pc
 
-        return pc.binary_length(array).fill_null(0).to_pylist()
+        sizes: list[int] = pc.binary_length(array).fill_null(0).to_pylist()
+        return sizes
     return [array.nbytes // max(len(array), 1)] * len(array)
 
 
@@ -387,7 +390,7 @@ def _raw(column: str, value: Any) -> bytes:
 
 
 def iter_columnar(
-    paths: Sequence[Path],
+    paths: Sequence[Path | str],
     fmt: str,
     column: str,
     options: ReadOptions = ReadOptions(),
@@ -423,7 +426,7 @@ class _ColumnarRead(FileReader):
     option: str
     groups: tuple[int, int] | None
 
-    def file(self, file_index: int, path: Path) -> Iterator[DocBatch]:
+    def file(self, file_index: int, path: Path | str) -> Iterator[DocBatch]:
         """Read one file (or its group range) to the end, yielding the batches it fills."""
         batches, stats = self.batches, self.stats
         with _Table(path, self.fmt) as table:
@@ -488,7 +491,7 @@ class _ColumnarRead(FileReader):
         kind = text_type(array.type) if self.validate is None else None
         return array if kind is None else array.view(kind)
 
-    def _damaged(self, path: Path, damage: _Damage, before: int) -> None:
+    def _damaged(self, path: Path | str, damage: _Damage, before: int) -> None:
         """Rows the file's own checks refuse: ``error`` stops naming the file and the rows;
         ``skip`` leaves them out, one ``corrupt_stream`` reject (``raw=b""``, at the first
         row left out) and one ``corrupt_streams`` entry, and reading goes on."""
@@ -517,15 +520,16 @@ class _ColumnarRead(FileReader):
             detail = message.removeprefix(f"{path}: ")
             self.bad.rejects.add(str(path), damage.start - before, "corrupt_stream", b"", detail)
 
-    def _document(self, path: Path, value: Any, at: int, here: int) -> Any:
+    def _document(self, path: Path | str, value: Any, at: int, here: int) -> Any:
         """A row's document, or ``None`` for a bad one once the policy dealt with it
         (``error`` raises naming the file's row ``at``; ``here`` counts from the range)."""
         column = self.column
-        verdict: Any = None  # (reason, message) of a bad record
+        verdict: tuple[str, str] | None = None  # (reason, message) of a bad record
         if self.validate is None:
             text = value
             if type(text) is not str or not text:
-                verdict = check_document({column: value}, column)
+                checked = check_document({column: value}, column)  # a reason: text is none
+                verdict = checked if isinstance(checked, tuple) else None
         else:
             try:
                 text = self.validate({column: value})
@@ -533,11 +537,12 @@ class _ColumnarRead(FileReader):
                 verdict = ("bad_record", str(exc))
         if verdict is None:
             return text
-        self._refuse(path, at, here, *verdict, value)
+        reason, message = verdict
+        self._refuse(path, at, here, reason, message, value)
         return None
 
     def _refuse(
-        self, path: Path, at: int, here: int, reason: str, message: str, value: Any
+        self, path: Path | str, at: int, here: int, reason: str, message: str, value: Any
     ) -> None:
         """A bad row: ``error`` raises naming the file's row ``at``; ``skip`` counts it and
         quarantines its value as JSON (``here``: its row in the range)."""

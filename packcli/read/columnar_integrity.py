@@ -90,7 +90,7 @@ def text_type(kind: pa.DataType) -> pa.DataType | None:
 
 
 def _is_text(kind: pa.DataType) -> bool:
-    return (
+    return bool(
         pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
     )
 

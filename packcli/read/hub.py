@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from packcli.errors import InputError
 from packcli.read.formats import FORMAT_SUFFIXES, HUB_PREFIX
@@ -32,7 +33,8 @@ def parse_hub_spec(spec: str) -> HubSpec:
     a revision may be ``refs/convert/parquet`` or ``refs/pr/N``)."""
     body = spec.removeprefix(HUB_PREFIX)
     owner, _, rest = body.partition("/")
-    name, at, rest = re.match(r"([^/@]*)(@?)(.*)", rest).groups()  # type: ignore[union-attr]
+    # Matches every string (each group may be empty).
+    name, at, rest = cast(re.Match[str], re.match(r"([^/@]*)(@?)(.*)", rest)).groups()
     revision = None
     if at:
         special = _REVISION_WITH_SLASH.match(rest)

@@ -235,9 +235,11 @@ def _select(
     for folder, rels in inside.items():
         prefix = f"{folder}/" if folder else ""
         shown = tree.join(folder)
-        names = saved_dataset_members(
-            shown, tree.names_in(folder), lambda n, prefix=prefix: tree.read(prefix + n)
-        )
+
+        def read_member(name: str, prefix: str = prefix) -> str:
+            return tree.read(prefix + name)
+
+        names = saved_dataset_members(shown, tree.names_in(folder), read_member)
         members = [prefix + n for n in names]
         if missed := sorted(set(members) - set(rels)):
             raise InputError(

@@ -39,10 +39,11 @@ What counts as bad, and each reason key: ``packcli/read/bad_lines.py``.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import orjson
 
@@ -70,7 +71,7 @@ _BOM = b"\xef\xbb\xbf"
 
 
 def iter_batches(
-    paths: Sequence[Path],
+    paths: Sequence[Path | str],
     text_field: str = "text",
     options: ReadOptions = ReadOptions(),
     stats: ReadStats | None = None,
@@ -114,8 +115,8 @@ def iter_batches(
 
 @contextlib.contextmanager
 def _opened(
-    path: Path, kind: str | None, verify: bool, span: tuple[int, int] | None = None
-) -> Iterator[tuple[BinaryIO, Path]]:
+    path: Path | str, kind: str | None, verify: bool, span: tuple[int, int] | None = None
+) -> Iterator[tuple[BinaryIO, Path | str]]:
     """The raw file, and the local file to verify it from: a remote compressed file is
     fetched once (a temp file, removed after) for both the check and the read."""
     spooled = None
@@ -138,7 +139,7 @@ def _opened(
 
 
 def _record_corrupt_stream(
-    path: Path, check: StreamCheck, stats: ReadStats, rejects: RejectSink | None
+    path: Path | str, check: StreamCheck, stats: ReadStats, rejects: RejectSink | None
 ) -> None:
     """Under ``skip``: one ``corrupt_stream`` reject for the file (``raw=b""``, the line after
     the last one kept) and its entry in ``stats.corrupt_streams``."""
@@ -171,7 +172,7 @@ class _JsonlRead(FileReader):
     span: tuple[int, int] | None
     verify_streams: bool
 
-    def file(self, file_index: int, path: Path) -> Iterator[DocBatch]:
+    def file(self, file_index: int, path: Path | str) -> Iterator[DocBatch]:
         """Read one file (or its span) to the end, yielding the batches it fills."""
         kind = compression(path)
         count = _FileCount()
@@ -196,12 +197,12 @@ class _JsonlRead(FileReader):
         uncounted = count.lines - count.counted
         yield from self.batches.end_file(uncounted, count.nbytes, hi - lo, count.blank)
 
-    def _verify(self, path: Path, local: Path, kind: str | None) -> StreamCheck | None:
+    def _verify(self, path: Path | str, local: Path | str, kind: str | None) -> StreamCheck | None:
         """A compressed file's verified prefix (None: plain, or not verified); under
         ``error`` a file that failed stops the read before any of it is used."""
         if not (self.verify_streams and kind in MEMBER_NAME):
             return None
-        check = check_stream(local, kind)  # type: ignore[arg-type]
+        check = check_stream(local, kind)
         if check.failure is not None and not self.bad.skip:
             raise BadLineError(
                 str(path),
@@ -216,7 +217,7 @@ class _JsonlRead(FileReader):
         self,
         stream: BinaryIO,
         raw: BinaryIO,
-        path: Path,
+        path: Path | str,
         file_index: int,
         where: tuple[int, int, int],
         check: StreamCheck | None,
@@ -236,7 +237,8 @@ class _JsonlRead(FileReader):
         lineno = counted = blank = nbytes = 0
         bom = False
         try:
-            if lo == 0 and stream.peek(3)[:3] == _BOM:  # type: ignore[attr-defined]
+            # A buffered reader (open_binary's for a plain file, open_lines' otherwise).
+            if lo == 0 and cast(io.BufferedReader, stream).peek(3)[:3] == _BOM:
                 stream.read(3)
                 nbytes += 3
                 pos += 3
@@ -295,7 +297,7 @@ class _JsonlRead(FileReader):
 
     def _refused(
         self,
-        path: Path,
+        path: Path | str,
         line: bytes,
         lineno: int,
         parsed: object,

@@ -32,7 +32,7 @@ def count_newlines(path: Path | str, end: int) -> int:
 class LineBase:
     """Lines before a span's first line, counted once and only when an error needs them."""
 
-    def __init__(self, path: Path, first_line_byte: int) -> None:
+    def __init__(self, path: Path | str, first_line_byte: int) -> None:
         self.path = path
         self.first_line_byte = first_line_byte
         self._count: int | None = None if first_line_byte else 0

@@ -23,13 +23,16 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import zstandard
 
 from packcli.errors import InputError
 from packcli.fs import open_binary
 from packcli.read.formats import compression, suffix_list
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 # The name log lines showed before the reader became a package (the CLI prints it).
 logger = logging.getLogger("packcli.read")
@@ -99,7 +102,7 @@ class _MemberDecoder:
 
     def __iter__(self) -> Iterator[tuple[bytes, bool]]:
         gz = self.kind == "gzip"
-        dctx = None if gz else zstandard.ZstdDecompressor()
+        dctx = zstandard.ZstdDecompressor()  # made once a file (not used for gzip)
         dobj: Any = None  # the current member's decoder; None between members
         pending = b""  # input read and not yet consumed
         drained = True  # zlib holds no output for input it already took
@@ -124,7 +127,7 @@ class _MemberDecoder:
                     header = pending[:5]  # shorter only at a cut, which decoding reports
                     if header[:4] == _ZSTD_MAGIC and len(header) == 5:
                         self.unchecked += not header[4] & _ZSTD_CHECKSUM_FLAG
-                    dobj = dctx.decompressobj()  # type: ignore[union-attr]
+                    dobj = dctx.decompressobj()
                 self.member += 1
             try:
                 if gz:
@@ -156,7 +159,7 @@ class StreamCheck:
     discarded_lines: int = 0  # lines decoded after the kept part (fewer if decoding stopped)
 
 
-def check_stream(path: Path, kind: str) -> StreamCheck:
+def check_stream(path: Path | str, kind: str) -> StreamCheck:
     """Decode the whole file once, without parsing, to find its verified prefix.
 
     A gzip member's data can only be trusted once its trailer's CRC verified, and a damaged
@@ -211,7 +214,7 @@ class _DecodedReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+    def readinto(self, buffer: Buffer) -> int:
         while not self._out:
             if self._left == 0:
                 return 0
@@ -223,13 +226,14 @@ class _DecodedReader(io.RawIOBase):
                 chunk = chunk[: self._left]
                 self._left -= len(chunk)
             self._out = memoryview(chunk)
-        n = min(len(buffer), len(self._out))
-        buffer[:n] = self._out[:n]
+        target = memoryview(buffer)  # BufferedReader passes a memoryview already
+        n = min(len(target), len(self._out))
+        target[:n] = self._out[:n]
         self._out = self._out[n:]
         return n
 
 
-def open_lines(path: Path, raw: BinaryIO, limit: int | None = None) -> BinaryIO:
+def open_lines(path: Path | str, raw: BinaryIO, limit: int | None = None) -> BinaryIO:
     """A binary line stream over ``raw``: its first ``limit`` uncompressed bytes, or all.
 
     Reading a compressed stream raises ``CorruptStream`` at damage; other ``OSError``s are
@@ -240,11 +244,11 @@ def open_lines(path: Path, raw: BinaryIO, limit: int | None = None) -> BinaryIO:
         return raw
     if kind in MEMBER_NAME:
         reader = _DecodedReader(_MemberDecoder(raw, kind), limit)
-        return io.BufferedReader(reader, READ_BUFFER)  # type: ignore[return-value]
+        return io.BufferedReader(reader, READ_BUFFER)
     raise InputError(f"{path}: unsupported input suffix; supported suffixes are {suffix_list()}")
 
 
-def corrupt_message(path: Path, check: StreamCheck) -> str:
+def corrupt_message(path: Path | str, check: StreamCheck) -> str:
     assert check.failure is not None
     return (
         f"{path}: corrupt compressed stream after line {check.kept_lines} "

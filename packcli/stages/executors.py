@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 TASK_RETRIES = 3  # Ray's default for a task whose worker died, stated
 
 
-def _run_remote(fn: Callable[..., Any], args: tuple, task_index: int, num_tasks: int) -> Any:
+def _run_remote(
+    fn: Callable[..., Any], args: tuple[Any, ...], task_index: int, num_tasks: int
+) -> Any:
     return fn(*args, task_index=task_index, num_tasks=num_tasks, quiet=True)
 
 
@@ -60,7 +62,7 @@ class Executor:
         return self._ray
 
     def map(
-        self, fn: Callable[..., Any], args: tuple, num_tasks: int, *, quiet: bool = False
+        self, fn: Callable[..., Any], args: tuple[Any, ...], num_tasks: int, *, quiet: bool = False
     ) -> list[Any]:
         if self.kind == "local":
             return [
@@ -77,6 +79,7 @@ class Executor:
         refs = [remote.remote(fn, args, i, num_tasks) for i in range(num_tasks)]
         log.info("running %d %s task(s) on Ray", num_tasks, getattr(fn, "__name__", "?"))
         try:
-            return ray.get(refs)
+            results: list[Any] = ray.get(refs)
+            return results
         except ray.exceptions.RayTaskError as exc:  # re-raise the task's own error type
             raise exc.as_instanceof_cause() from None

@@ -12,7 +12,7 @@ from typing import Any
 
 from packcli import __version__
 from packcli.atomic import atomic_write_bytes, atomic_write_json
-from packcli.config import RunConfig
+from packcli.config import TOKENS_PER_STEP, RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
 from packcli.fs import redact
@@ -20,7 +20,6 @@ from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.pack.plan import RowLayout, RowTotals
 from packcli.publish.card import render_card
 from packcli.publish.report import (
-    TOKENS_PER_STEP,
     LengthStats,
     build_report,
     cp_padding_report,
@@ -44,7 +43,7 @@ def finalize_stage(
     command: str = "",
     plan: PlanSet | None = None,
     tokens_per_step: int = TOKENS_PER_STEP,
-) -> dict:
+) -> dict[str, Any]:
     """Check every output file is written, remove strays, write the card and the marker.
     ``tokens_per_step``: the report's step-plan target (not a setting of the data)."""
     out = require_out(cfg)

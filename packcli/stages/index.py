@@ -163,7 +163,8 @@ def _unit_name(unit: dict[str, Any]) -> str:
     where = f" bytes {unit['span']}" if unit["span"] else ""
     if unit.get("row_groups"):
         where = f" row groups {unit['row_groups']}"
-    return unit["path"] + where + (f" and {more} more file(s)" if more else "")
+    first: str = unit["path"]
+    return first + where + (f" and {more} more file(s)" if more else "")
 
 
 def gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:

@@ -91,7 +91,8 @@ def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] 
         if (tokens == 0).any():
             empty = [s["name"] for s in index if not s["tokens"]]
             raise InputError(f"source(s) {', '.join(empty)} have no tokens: no share possible")
-        multipliers = multipliers_from_shares([s.share or 0.0 for s in cfg.sources], tokens)
+        shares = np.array([s.share or 0.0 for s in cfg.sources], np.float64)
+        multipliers = multipliers_from_shares(shares, tokens)
     else:
         multipliers = np.array([1.0 if s.weight is None else s.weight for s in cfg.sources])
     try:
@@ -141,7 +142,7 @@ class PlanPart:
         return cls(
             name=r["name"],
             shards=tuple(r["shards"]),
-            files={k: [tuple(f) for f in v] for k, v in r["files"].items()},  # type: ignore[misc]
+            files={k: [tuple(f) for f in v] for k, v in r["files"].items()},
             rows=dict(r["rows"]),
             tokens=dict(r["tokens"]),
             tail_pieces=int(r["tail_pieces"]),
@@ -523,12 +524,17 @@ def _save_part(
     """A part's plan arrays (``plan/NAME.npz``) and, for a group, the pieces it released
     (``plan/NAME.tail.npz``: small, all the tail's planner reads); the digest covers both.
     ``groups``: how many groups the plan has (0 for the tail, which is cut by size only)."""
-    arrays = _plan_arrays(plan)
+    # Any: numpy's stub types ``savez``'s **kwds as its allow_pickle flag.
+    arrays: dict[str, Any] = _plan_arrays(plan)
     folder = cfg.work_path / PLAN_DIR
     with atomic_writer(folder / f"{name}.npz") as fh:
         np.savez(fh, **arrays)  # np.savez writes the same bytes to a file or a path
     if tail is not None:
-        tail_arrays = {"tail_doc": tail.doc, "tail_start": tail.start, "tail_len": tail.length}
+        tail_arrays: dict[str, Any] = {
+            "tail_doc": tail.doc,
+            "tail_start": tail.start,
+            "tail_len": tail.length,
+        }
         with atomic_writer(folder / f"{name}.tail.npz") as fh:
             np.savez(fh, **tail_arrays)
         arrays.update(tail_arrays)

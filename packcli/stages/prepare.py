@@ -137,7 +137,11 @@ def resolve_tokenizing(cfg: RunConfig) -> Tokenizing:
 
 
 def _preference_encoder(
-    cfg: RunConfig, loaded: LoadedTokenizer, bos: int | None, eos: int | None, settings: dict
+    cfg: RunConfig,
+    loaded: LoadedTokenizer,
+    bos: int | None,
+    eos: int | None,
+    settings: dict[str, Any],
 ) -> Any:
     """The ``--format preference`` encoder, and its part of the tokenize fingerprint (its own
     key: text and chat work folders keep their fingerprints and still resume).

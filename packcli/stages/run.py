@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packcli import jit
-from packcli.config import RunConfig
-from packcli.publish.report import TOKENS_PER_STEP
+from packcli.config import TOKENS_PER_STEP, RunConfig
 from packcli.stages.executors import Executor
 from packcli.stages.finalize import finalize_stage
 from packcli.stages.lock import hold

@@ -139,6 +139,7 @@ def tokenize_task(
         progress = _TokenizeProgress(bar)
         for k in mine:
             if k in pending:
+                assert encoder is not None  # chosen above whenever a unit is pending
                 _tokenize_unit(cfg, units[k], encoder, tok, progress, renderers)
                 store.unit_finished(units[k]["key"])
                 release_free_memory()
@@ -221,7 +222,7 @@ def release_free_memory() -> None:
 class _TokenizeProgress:
     """Bytes on the bar, tokens and tokens/s in its postfix, across the task's files."""
 
-    def __init__(self, bar: tqdm) -> None:
+    def __init__(self, bar: tqdm[Any]) -> None:
         self.bar = bar
         self.tokens = 0
         self.new_shards = 0
@@ -410,7 +411,7 @@ def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
         folder.mkdir(parents=True)
         atomic_write_json(stamp, {"fingerprint": fingerprint})
         return []
-    manifests = []
+    manifests: list[dict[str, Any]] = []
     while (m := read_json(folder / manifest_name(len(manifests)))) and shard_intact(folder, m):
         manifests.append(m)
     keep = {stamp.name} | {m["file"] for m in manifests}

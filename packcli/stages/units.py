@@ -114,12 +114,13 @@ def input_units(
         if fmt != "jsonl":
             entry["format"] = fmt
         files.append(entry)
+        spans: list[Any] | None  # jsonl: byte spans; else ((first, end) group, bytes) pieces
         if fmt == "jsonl":
             spans = split_spans(size, split_bytes) if splittable(p) else None
         else:
             from packcli.read.columnar import split_groups
 
-            spans = split_groups(p, fmt, size, split_bytes)  # type: ignore[arg-type]
+            spans = split_groups(p, fmt, size, split_bytes)
         if spans is None and size < GROUP_BYTES:
             if group and (
                 _starts_group(path, size)
@@ -211,7 +212,7 @@ def _file_units(
 
 
 def unit_span(unit: dict[str, Any]) -> tuple[int, int] | None:
-    return tuple(unit["span"]) if unit["span"] else None  # type: ignore[return-value]
+    return tuple(unit["span"]) if unit["span"] else None
 
 
 def input_column(cfg: RunConfig, unit: dict[str, Any] | None = None) -> tuple[str, str]:

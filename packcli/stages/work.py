@@ -48,7 +48,7 @@ def fingerprint(obj: Any) -> str:
 read_json = read_json_object  # a record, or {} when missing or damaged (packcli/publish/marker.py)
 
 
-def progress_bar(quiet: bool, **kwargs: Any) -> tqdm:
+def progress_bar(quiet: bool, **kwargs: Any) -> tqdm[Any]:
     """A progress bar on stderr; off with --quiet, and by itself when stderr is not a
     terminal (batch jobs' logs stay free of carriage-return noise)."""
     return tqdm(disable=True if quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)

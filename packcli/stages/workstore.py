@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES
@@ -62,6 +62,7 @@ STORED = "_STORED.json"
 taken right after the puts; resume trusts a shard only while the store still has it."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def _is_record(rel: str) -> bool:
@@ -240,7 +241,9 @@ class StagingWork(LocalWork):
             self.out, self.local, self.out_url, threads=threads, placed=placed, owned=owned
         )
 
-    def _placed(self, files: dict[str, list[dict[str, Any]]], versions: dict) -> dict[str, Any]:
+    def _placed(
+        self, files: dict[str, list[dict[str, Any]]], versions: dict[str, Any]
+    ) -> dict[str, Any]:
         """The files the write tasks put on the store themselves: none, they were staged."""
         return {}
 
@@ -281,7 +284,7 @@ class WorkStore(StagingWork):
     def _out(self, rel: str) -> str:
         return f"{self.out_prefix.rstrip('/')}/{rel}"
 
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
         """A store call; its failure as one line naming the work folder (redacted)."""
         from packcli.fs import redact, redact_text
 
@@ -429,9 +432,9 @@ class WorkStore(StagingWork):
 
         def opener() -> BinaryIO:
             try:
-                return self.fs.open(self._remote(rel), "rb", cache_type="none")
+                return cast(BinaryIO, self.fs.open(self._remote(rel), "rb", cache_type="none"))
             except TypeError:  # a filesystem without fsspec's buffered-file options
-                return self.fs.open(self._remote(rel), "rb")
+                return cast(BinaryIO, self.fs.open(self._remote(rel), "rb"))
 
         return self._call(f"read {rel}", opener)
 
@@ -478,7 +481,7 @@ class WorkStore(StagingWork):
     def remove(self, *rels: str) -> None:
         """Delete files from the store (missing ones are fine)."""
         for rel in rels:
-            self._call(f"delete {rel}", lambda r=rel: _rm(self.fs, self._remote(r)))
+            self._call(f"delete {rel}", functools.partial(_rm, self.fs, self._remote(rel)))
 
     # ------------------------------------------------------------------ tokenized units
 
@@ -505,7 +508,9 @@ class WorkStore(StagingWork):
             # same size, other tokens) is not the one the record vouches for.
             stored = self.read_json(f"{rel}/{STORED}")
 
-            def intact(name: Any, size: Any, rel: str = rel, stored: dict = stored) -> bool:
+            def intact(
+                name: Any, size: Any, rel: str = rel, stored: dict[str, Any] = stored
+            ) -> bool:
                 there = found.get(f"{rel}/{name}")
                 return (
                     there is not None
@@ -562,7 +567,9 @@ class WorkStore(StagingWork):
         self._call(f"delete {rel} of the output", lambda: _rm(self.out_fs, target))
         super().remove_output(rel)
 
-    def _placed(self, files: dict[str, list[dict[str, Any]]], versions: dict) -> dict[str, Any]:
+    def _placed(
+        self, files: dict[str, list[dict[str, Any]]], versions: dict[str, Any]
+    ) -> dict[str, Any]:
         """Every data file: the write tasks put them, so ``publish`` checks them against
         their records and never puts them from here."""
         from packcli.fs import Placed
@@ -652,7 +659,7 @@ def in_mirror(fn: F) -> F:
             if depth == 0:
                 store.clear()
 
-    return run  # type: ignore[return-value]
+    return cast(F, run)
 
 
 def check_remote_work(url: str, marker: dict[str, Any], marker_rel: str, overwrite: bool) -> None:

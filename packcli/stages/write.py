@@ -115,7 +115,7 @@ class _Writer:
         plan: Plan,
         source: TokenSource,
         jobs: list[FileJob],
-        on_tokens: Callable[[int], None],
+        on_tokens: Callable[[int], object],  # its result is not used (a bar's update)
     ) -> None:
         """``jobs`` (files of one part) from ``plan`` and ``source``, side by side on the
         process's threads (Parquet encoding runs without the GIL; each file's bytes do not

@@ -61,6 +61,12 @@ class Encoder(Protocol):
     def __call__(self, texts: list[str]) -> Flat: ...
 
 
+class FastEncoder(Encoder, Protocol):
+    """A fast backend: its package's version goes into the run's record."""
+
+    version: str
+
+
 class BackendUnavailable(Exception):
     """The backend is not installed or cannot load this tokenizer; ``reason`` says why."""
 
@@ -108,7 +114,12 @@ class FastokensEncoder:
             raise BackendUnavailable("fastokens is not installed") from exc
         try:
             # Releases the GIL while it builds its tables (~2 s for a 128k vocabulary).
-            text = serialized if serialized is not None else tokenizer.to_str()  # type: ignore[union-attr]
+            if serialized is not None:
+                text = serialized
+            elif tokenizer is not None:
+                text = tokenizer.to_str()
+            else:
+                raise ValueError("neither a tokenizer nor its serialization was given")
             self.tok = fastokens.Tokenizer.from_json_str(text)
         except Exception as exc:  # ValueError for unsupported components; be broad: Rust
             raise BackendUnavailable(f"fastokens cannot load this tokenizer: {exc}") from exc
@@ -173,7 +184,7 @@ def _version(package: str) -> str:
         return "unknown"
 
 
-_MAKERS: dict[str, Callable[..., Encoder]] = {
+_MAKERS: dict[str, Callable[..., FastEncoder]] = {
     "fastokens": FastokensEncoder,
     "gigatoken": GigatokenEncoder,
 }
@@ -293,13 +304,6 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
 def self_check(
     fast: Callable[[list[str]], Flat],
     reference: Callable[[list[str]], Flat],
@@ -365,7 +369,7 @@ def bounded_sample(texts: Sequence[str]) -> list[str]:
     return out
 
 
-def _make(name: str, tokenizer: Tokenizer | None, serialized: str | None) -> Encoder:
+def _make(name: str, tokenizer: Tokenizer | None, serialized: str | None) -> FastEncoder:
     return _MAKERS[name](tokenizer, serialized)
 
 
@@ -465,7 +469,7 @@ def choose_encoder(
 
 def _loaded(
     name: str, tokenizer: Tokenizer, loading: _Loading, text: Callable[[], str | None]
-) -> Encoder:
+) -> FastEncoder:
     """Fast backend ``name``: the one ``loading`` built (bound to this run's tokenizer
     settings), or built now."""
     if loading.name != name:
@@ -499,7 +503,7 @@ class _Loading:
 
     def __init__(self, name: str, tokenizer: Tokenizer | None, serialized: str | None) -> None:
         self.name = name
-        self._value: Encoder | None = None
+        self._value: FastEncoder | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, args=(tokenizer, serialized), name=f"packcli-load-{name}"
@@ -512,7 +516,7 @@ class _Loading:
         except BaseException as exc:  # re-raised in the caller's thread
             self._error = exc
 
-    def result(self) -> Encoder:
+    def result(self) -> FastEncoder:
         self._thread.join()
         if self._error is not None:
             raise self._error

@@ -19,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -115,7 +116,7 @@ def prefetch(
     """
     if times is not None:
         source = _timed_source(source, times)
-    q: queue.Queue = queue.Queue(maxsize=depth)
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)  # batches, an error, then ``done``
     done = object()
     stop = threading.Event()
 
@@ -163,7 +164,7 @@ def tokenize_batches(
     bos: int | None,
     eos: int | None,
     times: StageTimes | None = None,
-    count_specials: tuple[SpecialStringCounter, Counter] | None = None,
+    count_specials: tuple[SpecialStringCounter, Counter[str]] | None = None,
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
     """Tokenize the next batches in a worker thread while batch i is written.
 
@@ -191,7 +192,7 @@ def tokenize_batches(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-encode") as pool:
         # Up to ENCODE_AHEAD batches queued for the worker: a shard flush in the caller (a
         # second or more at the end of a shard) then does not leave the tokenizer idle.
-        pending: deque[tuple[DocBatch, Future]] = deque()
+        pending: deque[tuple[DocBatch, Future[tuple[np.ndarray, np.ndarray]]]] = deque()
         for batch in batches:
             pending.append((batch, pool.submit(encode, batch.texts)))
             if len(pending) > ENCODE_AHEAD:
@@ -200,7 +201,9 @@ def tokenize_batches(
             yield _finish(pending.popleft(), times)
 
 
-def _finish(pending: tuple[DocBatch, Future], times: StageTimes) -> tuple[DocBatch, pa.RecordBatch]:
+def _finish(
+    pending: tuple[DocBatch, Future[tuple[np.ndarray, np.ndarray]]], times: StageTimes
+) -> tuple[DocBatch, pa.RecordBatch]:
     batch, future = pending
     t0 = time.perf_counter()
     ids, lengths = future.result()

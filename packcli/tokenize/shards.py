@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, overload
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from packcli.arrow_np import list_array, to_arrow, to_numpy
@@ -269,14 +270,14 @@ def _damaged(path: Path, exc: Exception | str) -> ShardError:
 class ShardTokens:
     """One memory-mapped shard: flat token values plus per-document offsets into them."""
 
-    values: np.ndarray  # int32, all tokens of the shard back to back
-    offsets: np.ndarray  # int64, len num_docs + 1
+    values: npt.NDArray[np.int32]  # all tokens of the shard back to back
+    offsets: npt.NDArray[np.int64]  # len num_docs + 1
     first_doc_id: int
-    labels: np.ndarray | None = None  # int32, aligned with values (chat shards only)
-    chosen_len: np.ndarray | None = None  # int32 per document (preference shards only)
+    labels: npt.NDArray[np.int32] | None = None  # aligned with values (chat shards only)
+    chosen_len: npt.NDArray[np.int32] | None = None  # per document (preference shards only)
     # Tail shards only, per entry: the length of the document the entry is a piece of (its
     # tokens are then a piece, not the whole document). None: each entry is a document.
-    doc_len: np.ndarray | None = None
+    doc_len: npt.NDArray[np.int64] | None = None
 
 
 def shard_tokens(batch: pa.RecordBatch, first_doc_id: int, name: str) -> ShardTokens:

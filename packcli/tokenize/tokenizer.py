@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -75,7 +76,7 @@ class SpecialStringCounter:
     def of(cls, tok: Tokenizer) -> SpecialStringCounter:
         return cls([t.content for t in tok.get_added_tokens_decoder().values() if t.special])
 
-    def __call__(self, texts: Sequence[str], into: Counter) -> None:
+    def __call__(self, texts: Sequence[str], into: Counter[str]) -> None:
         for prefix, candidates in self._by_prefix.items():
             for text in texts:
                 if prefix not in text:
@@ -95,7 +96,7 @@ class SpecialStringCounter:
 class LoadedTokenizer:
     tokenizer: Tokenizer
     source: str
-    config: dict  # tokenizer_config.json contents, {} when absent
+    config: dict[str, Any]  # tokenizer_config.json contents, {} when absent
     # For reproducibility records: sha256 of the tokenizer file (of its serialization when
     # it came from the Hub), plus what packcli turned off in it, if anything.
     fingerprint: str
@@ -124,11 +125,12 @@ def config_candidates(tokenizer_file: Path) -> list[Path]:
     return [folder / n for n in dict.fromkeys(("tokenizer_config.json", f"{stem}_config.json"))]
 
 
-def _config_beside(tokenizer_file: Path) -> dict:
+def _config_beside(tokenizer_file: Path) -> dict[str, Any]:
     for candidate in config_candidates(tokenizer_file):
         if candidate.is_file():
             try:
-                return json.loads(candidate.read_text(encoding="utf-8"))
+                config: dict[str, Any] = json.loads(candidate.read_text(encoding="utf-8"))
+                return config
             except (OSError, json.JSONDecodeError) as exc:
                 raise ConfigError(f"cannot read tokenizer config {candidate}: {exc}") from exc
     return {}
@@ -146,7 +148,7 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
     """``spec``: a ``tokenizer.json`` file, a folder holding one, or a Hub repo id."""
     if not spec:
         raise ConfigError("no tokenizer given: pass --tokenizer PATH|REPO_ID")
-    config: dict = {}
+    config: dict[str, Any] = {}
     path = local_tokenizer_file(spec)
     if path is None and Path(spec).is_dir():
         raise ConfigError(f"folder {spec} holds no tokenizer.json")
@@ -264,7 +266,7 @@ def _hub_failure(repo_id: str, exc: Exception) -> str:
     return f"cannot load tokenizer {repo_id!r} from the Hub: {first}"
 
 
-def _hub_config(repo_id: str) -> dict:
+def _hub_config(repo_id: str) -> dict[str, Any]:
     """The Hub repo's ``tokenizer_config.json``, or {} (special tokens are then detected by
     their usual names)."""
     file = hub_file(repo_id, "tokenizer_config.json")
@@ -275,7 +277,7 @@ def _hub_config(repo_id: str) -> dict:
         return {}
 
 
-def _config_token(config: dict, key: str) -> str | None:
+def _config_token(config: dict[str, Any], key: str) -> str | None:
     value = config.get(key)
     if isinstance(value, dict):  # AddedToken serialisation {"content": ...}
         value = value.get("content")
@@ -305,14 +307,14 @@ def resolve_special(loaded: LoadedTokenizer, value: str | int, kind: str) -> int
             _EOS_CANDIDATES if kind == "eos" else _BOS_CANDIDATES
         )
         for name in candidates:
-            tid = tok.token_to_id(name)
-            if tid is not None:
-                return tid
+            found = tok.token_to_id(name)
+            if found is not None:
+                return found
         raise ConfigError(
             f"could not detect the tokenizer's {kind.upper()} token; pass --{kind} TOKEN "
             f"(a token string or id) or --{kind} none"
         )
-    tid = tok.token_to_id(value)
-    if tid is None:
+    named_id = tok.token_to_id(value)
+    if named_id is None:
         raise ConfigError(f"--{kind} {value!r} is not a token of this tokenizer")
-    return tid
+    return named_id

@@ -92,8 +92,10 @@ def rewritten(raw: bytes) -> bytes | None:
     except orjson.JSONDecodeError:
         return None
     model = data.get("model") if isinstance(data, dict) else None
-    merges = model.get("merges") if isinstance(model, dict) else None
-    if not (isinstance(merges, list) and merges and model.get("type") == "BPE"):
+    if not (isinstance(model, dict) and model.get("type") == "BPE"):
+        return None
+    merges = model.get("merges")
+    if not (isinstance(merges, list) and merges):
         return None
     if not all(isinstance(m, list) and len(m) == 2 and all(map(_plain, m)) for m in merges):
         return None
