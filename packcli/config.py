@@ -30,6 +30,7 @@ from packcli.names import (
     OVERLONG_POLICIES,
     SPECIAL_IN_TEXT,
     TRAIN_ON,
+    WORK_DIR,
     TrainOn,
     one_of,
 )
@@ -192,7 +193,7 @@ class ChatConfig:
             )
 
     @property
-    def is_chat(self) -> bool:
+    def uses_template(self) -> bool:
         """Rendered with a chat template, with labels: ``chat`` and ``preference`` (they share
         the template, the defaults and the rule that a record is never split)."""
         return self.format in ("chat", "preference")
@@ -328,7 +329,7 @@ class RunConfig:
                 "--cp-size does not apply to preference pairs yet (each of a pair's two "
                 "sequences would need its own padding): leave --cp-size out"
             )
-        if self.chat.is_chat and self.plan.overlong == "split":
+        if self.chat.uses_template and self.plan.overlong == "split":
             raise ConfigError(
                 "a dialogue is never split between rows: use --overlong drop (default for "
                 "chat) or --overlong truncate (cut after the last whole turn that fits)"
@@ -412,8 +413,8 @@ class RunConfig:
 
             return mirror_root(self.remote_work) / "work"
         if self.remote_out:
-            return self.out_path / ".packcli"
-        return Path(self.work_dir) if self.work_dir else self.out_path / ".packcli"
+            return self.out_path / WORK_DIR
+        return Path(self.work_dir) if self.work_dir else self.out_path / WORK_DIR
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -2,8 +2,7 @@
 
 A leaf module (it imports nothing of packcli), so the config, the readers, the planner, the
 writer, the publishing side and ``packcli.collate`` can all use it without importing one
-another: the output names lived in ``card.py`` before, which made ``fs.py`` import the card
-and closed the circle card -> write -> config -> fs -> card.
+another.
 """
 
 from __future__ import annotations
@@ -18,6 +17,11 @@ CONFIG_NAMES: tuple[str, ...] = get_args(ConfigName)
 records keyed by them are ``dict[str, ...]``)."""
 MARKER = "packcli.json"  # config + report + file hashes; written last, marks a complete output
 STATS_DIR = "stats"  # plots written by `packcli stats`, embedded in the card
+OUT_LOCK = ".packcli.lock"  # in the output folder, while `pack` runs
+WORK_DIR = ".packcli"  # the work folder, inside the output unless --work-dir moves it
+WORK_MARKER = "packcli-work.json"  # in the work folder: marks it as packcli's
+WORK_LOCK = "lock"  # in the work folder, while `pack` runs
+TASK_LOCKS = "locks"  # in the work folder: one file per stage task index
 
 IGNORE_INDEX = -100
 """The label of a token that carries no loss (segment starts, prompts, padding)."""

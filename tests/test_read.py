@@ -58,10 +58,10 @@ def _docs(batches: list[DocBatch]) -> list[tuple[int, int, int, str]]:
     out = []
     for b in batches:
         assert b.file_index.dtype == np.int32
-        assert b.line.dtype == np.int64
-        assert len(b.file_index) == len(b.line) == len(b.texts)
+        assert b.position.dtype == np.int64
+        assert len(b.file_index) == len(b.position) == len(b.texts)
         for i, text in enumerate(b.texts):
-            out.append((b.doc_id_start + i, int(b.file_index[i]), int(b.line[i]), text))
+            out.append((b.doc_id_start + i, int(b.file_index[i]), int(b.position[i]), text))
     return out
 
 

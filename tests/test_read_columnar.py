@@ -259,13 +259,13 @@ def test_reader_counts_rows_and_batches_like_jsonl(tmp_path: Path) -> None:
             )
         )
     assert [len(b.texts) for b in batches] == [10, 10, 10, 7]
-    got = [(int(r), t) for b in batches for r, t in zip(b.line, b.texts, strict=True)]
+    got = [(int(r), t) for b in batches for r, t in zip(b.position, b.texts, strict=True)]
     assert got == [(i, t) for i, t in enumerate(texts) if t]
     assert (stats.documents, stats.lines, stats.files) == (37, 40, 1)
     # A range of row groups: rows count from the range, errors name the file's row.
     stats = ReadStats()
     batches = list(iter_columnar([path], "parquet", "text", ReadOptions(100), stats, groups=(1, 2)))
-    assert stats.rows_before == 8 and batches[0].line.tolist() == list(range(8))
+    assert stats.rows_before == 8 and batches[0].position.tolist() == list(range(8))
     assert batches[0].texts == texts[8:16]
     with pytest.raises(BadLineError, match=r"row 33: field 'text'") as info:
         list(iter_columnar([path], "parquet", "text", ReadOptions(100), groups=(4, 5)))

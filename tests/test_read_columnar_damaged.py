@@ -41,7 +41,7 @@ def _read(
     rows: list[int] = []
     for batch in iter_columnar([path], fmt, kw.pop("column", "text"), options, stats, **kw):
         texts += batch.texts
-        rows += batch.line.tolist()
+        rows += batch.position.tolist()
     return texts, rows, stats
 
 

@@ -49,7 +49,7 @@ def _read(
     """(file index, line, text) of every document, and the stats."""
     stats = ReadStats()
     docs = [
-        (int(b.file_index[i]), int(b.line[i]), t)
+        (int(b.file_index[i]), int(b.position[i]), t)
         for b in iter_batches(
             paths, options=ReadOptions(on_bad_line=on_bad_line, rejects=rejects), stats=stats
         )

@@ -153,7 +153,7 @@ def test_every_line_is_accounted_for(
         if sink_path.exists():
             records = [json.loads(r) for r in sink_path.read_bytes().splitlines()]
 
-        doc_lines = [int(x) for b in batches for x in b.line]
+        doc_lines = [int(x) for b in batches for x in b.position]
         texts = [t for b in batches for t in b.texts]
         reject_lines = [r["line"] for r in records]
         assert stats.documents == len(texts)

@@ -66,7 +66,7 @@ def read_in_spans(path: Path, split: int, policy: str, sink: RejectSink | None =
             span=span,
         ):
             texts += batch.texts
-            lines += (batch.line + total.lines).tolist()
+            lines += (batch.position + total.lines).tolist()
         for name in ("documents", "blank_lines", "bytes_read", "lines"):
             setattr(total, name, getattr(total, name) + getattr(stats, name))
         for reason, count in stats.rejected.items():

@@ -30,39 +30,14 @@ The data flow, one file per step:
 
 Names are loaded on first use (PEP 562): importing ``packcli.chat.offsets`` from the
 pipeline, which every run does, must not import jinja2 and build the sandbox for text runs.
+Each public name is listed once, in ``_HOMES``; code that wants its static type imports it
+from its module.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from packcli.chat.budget import RenderLimits
-    from packcli.chat.errors import ChatFormatError, ChatTemplateError
-    from packcli.chat.markers import TurnMarkers, turn_markers
-    from packcli.chat.mask import (
-        EncodedDialogue,
-        encode_dialogue,
-        encode_dialogues,
-        encode_rendered,
-        truncate_at_turns,
-    )
-    from packcli.chat.renderer import (
-        Rendered,
-        control_tokens_of,
-        render,
-        render_batch,
-        render_dialogues,
-    )
-    from packcli.chat.spans import locate_assistant_spans
-    from packcli.chat.templates import (
-        ChatTemplate,
-        builtin_templates,
-        load_chat_template,
-        special_tokens_from_config,
-    )
-    from packcli.chat.validate import validate_messages
+from typing import Any
 
 # Public name -> the module that defines it.
 _HOMES = {
@@ -89,29 +64,7 @@ _HOMES = {
     "validate_messages": "validate",
 }
 
-__all__ = [
-    "ChatFormatError",
-    "ChatTemplate",
-    "ChatTemplateError",
-    "EncodedDialogue",
-    "RenderLimits",
-    "Rendered",
-    "TurnMarkers",
-    "builtin_templates",
-    "control_tokens_of",
-    "encode_dialogue",
-    "encode_dialogues",
-    "encode_rendered",
-    "load_chat_template",
-    "locate_assistant_spans",
-    "render",
-    "render_batch",
-    "render_dialogues",
-    "special_tokens_from_config",
-    "truncate_at_turns",
-    "turn_markers",
-    "validate_messages",
-]
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:

@@ -91,7 +91,7 @@ class EncodedRecords:
 
 
 @dataclass(eq=False)
-class FastTokens:
+class TemplateEncoder:
     """What the chat and preference encoders share: the tokenizer and the template they
     render with, the tokenizer config's special tokens (template variables), the length
     policy (``long_len``, ``overlong``), the token ids ``--bos``/``--eos`` add (None: add
@@ -135,7 +135,7 @@ class FastTokens:
 
 
 @dataclass(eq=False)
-class ChatEncoder(FastTokens):
+class ChatEncoder(TemplateEncoder):
     """Dialogues in, token ids + labels out, with the length policy applied.
 
     Rendering is Python (sandboxed jinja, one dialogue at a time so a dialogue the template

@@ -43,7 +43,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from packcli.chat.encoder import RENDER_DATE, Counts, EncodedRecords, FastTokens, flat_documents
+from packcli.chat.encoder import (
+    RENDER_DATE,
+    Counts,
+    EncodedRecords,
+    TemplateEncoder,
+    flat_documents,
+)
 from packcli.chat.mask import encode_rendered
 from packcli.chat.renderer import Rendered, render_dialogues
 from packcli.chat.templates import ChatTemplate
@@ -105,7 +111,7 @@ def _joint(prompt_ids: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> _Side |
 
 
 @dataclass(eq=False)
-class PreferenceEncoder(FastTokens):
+class PreferenceEncoder(TemplateEncoder):
     """Pairs (``validate_pair``'s dicts) in; per pair one document (prompt+chosen tokens, then
     prompt+rejected tokens), its labels and ``chosen_len`` out, the length policy applied.
 

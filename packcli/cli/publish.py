@@ -10,10 +10,10 @@ from packcli.publish.push import (
     check_repo_id,
     format_upload_list,
     load_call,
-    local_output,
     prepare_push,
     push,
 )
+from packcli.publish.remote import local_output
 
 PUSH_EPILOG = (
     "Examples:\n\n"

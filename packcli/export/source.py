@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER
-from packcli.publish.marker import read_json_object, read_marker
+from packcli.publish.marker import read_json_object, read_marker, recorded_work_dir, work_folder
 from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
 
 
@@ -135,9 +135,7 @@ def open_pack(out: Path) -> Pack:
         meta = read_marker(out)
     except PackcliError as exc:
         raise ExportError(str(exc)) from None
-    recorded = Path(meta["run"].get("work_dir") or ".packcli")
-    work = recorded if recorded.is_absolute() else out / recorded
-    return Pack(out=out, meta=meta, tokens_dir=work / "tokens")
+    return Pack(out=out, meta=meta, tokens_dir=work_folder(out, meta) / "tokens")
 
 
 @contextmanager
@@ -186,7 +184,7 @@ def _open_remote(url: str, work_dir: str | None, scratch: Path) -> Pack:
         meta = read_marker(local)
     except PackcliError as exc:
         raise ExportError(str(exc).replace(str(local), shown)) from None
-    recorded = str(meta["run"].get("work_dir") or ".packcli")
+    recorded = recorded_work_dir(meta)
     if not is_url(recorded):
         folder = Path(recorded)
         if not folder.is_absolute():

@@ -41,7 +41,7 @@ from packcli.fs.urls import (
     same_version,
     stored_version,
 )
-from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
+from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR, WORK_DIR, WORK_MARKER
 from packcli.publish.marker import load_marker
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ _LOCK = threading.Lock()  # the upload log, and the count of files put
 
 UPLOAD_LOG = "uploads.jsonl"
 """In the work folder: one line per file uploaded to a remote ``--out`` (url, size, sha256)."""
-REMOTE_MARKER = ".packcli/packcli-work.json"
+REMOTE_MARKER = f"{WORK_DIR}/{WORK_MARKER}"
 """Under a remote output: put before its first file, so a prefix whose ``packcli.json`` is not
 there yet (a killed upload) is still recognised as packcli's."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from packcli.errors import VerifyError
-from packcli.names import CONFIG_NAMES, MARKER
+from packcli.names import CONFIG_NAMES, MARKER, WORK_DIR
 
 
 def load_marker(out: Path) -> Any:
@@ -96,3 +96,15 @@ def read_marker(out: Path) -> dict[str, Any]:
             if Path(entry["file"]).name != entry["file"] or entry["file"] in ("", ".", ".."):
                 raise bad(f"files.{name} names {entry['file']!r}, not a file of data/{name}/")
     return cast(dict[str, Any], meta)  # an object: the field checks above looked inside it
+
+
+def work_folder(out: Path, meta: dict[str, Any]) -> Path:
+    """The local work folder a marker records: ``run.work_dir`` (relative to ``out`` unless
+    absolute), else the default inside ``out``."""
+    recorded = Path(recorded_work_dir(meta))
+    return recorded if recorded.is_absolute() else out / recorded
+
+
+def recorded_work_dir(meta: dict[str, Any]) -> str:
+    """``run.work_dir`` as the marker records it (a path or a URL), else the default."""
+    return str(meta["run"].get("work_dir") or WORK_DIR)

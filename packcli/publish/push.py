@@ -42,7 +42,6 @@ from packcli.errors import ConfigError, PackcliError, VerifyError
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.publish.card import PLOT_FILES
 from packcli.publish.marker import load_marker
-from packcli.publish.remote import local_output as local_output  # re-export: its old home
 
 log = logging.getLogger(__name__)
 

@@ -66,11 +66,11 @@ def _sample(
     batches = read_unit(cfg, unit, cfg.read.batch_size, ReadStats(), sample=True)
     for batch in batches:
         for k, text in enumerate(batch.texts):
-            doc, line = batch.doc_id_start + k, int(batch.line[k])
+            doc, line = batch.doc_id_start + k, int(batch.position[k])
             if (doc < SAMPLE_DOCS or line == largest_line) and len(text) <= MAX_DOC_CHARS:
                 picked.append((doc, line, text))
         if batch.doc_id_start + len(batch.texts) >= SAMPLE_DOCS and (
-            largest_line is None or int(batch.line[-1]) >= largest_line
+            largest_line is None or int(batch.position[-1]) >= largest_line
         ):
             break
     return picked

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from packcli.errors import ConfigError, PackcliError, require_one_of
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX, PREVIEW_CHARS
+from packcli.publish.marker import work_folder
 from packcli.publish.stats import capacities, read_meta, require_extra
 
 if TYPE_CHECKING:
@@ -289,8 +290,7 @@ def locate_doc(out: Path, doc_id: int) -> dict[str, Any]:
     from packcli.tokenize.shards import TokenShards
 
     meta = read_meta(out)
-    recorded = Path(meta["run"].get("work_dir") or ".packcli")
-    tokens = (recorded if recorded.is_absolute() else out / recorded) / "tokens"
+    tokens = work_folder(out, meta) / "tokens"
     try:
         shards = TokenShards(tokens)
     except FileNotFoundError as exc:

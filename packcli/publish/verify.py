@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from packcli.errors import VerifyError
-from packcli.names import CONFIG_NAMES
+from packcli.names import CONFIG_NAMES, WORK_DIR
 from packcli.publish.figures import (
     ConfigScan,
     DocFigures,
@@ -61,7 +61,7 @@ from packcli.publish.figures import (
     derive,
     rejected_counts,
 )
-from packcli.publish.marker import read_json_object, read_marker
+from packcli.publish.marker import read_json_object, read_marker, work_folder
 from packcli.publish.verify_part import (
     PartResult,
     VerifyJob,
@@ -124,7 +124,7 @@ def verify_copy(
             names[work] = recorded
             shards = _shards_at(meta, work / "tokens", recorded, use_shards)
         else:
-            staged = staging_root(url) / ".packcli" / "tokens"
+            staged = staging_root(url) / WORK_DIR / "tokens"
             shards = _shards_at(meta, staged, None, use_shards, strict=False)
         summary = _verify(meta, local, out, found, shards, executor, num_tasks)
     except VerifyError as exc:
@@ -165,8 +165,7 @@ def verify_output(
     this run's; ``executor`` (``stages.executors.Executor``, local when None) and
     ``num_tasks``: where the part checks run, and as how many tasks."""
     meta = read_marker(out)
-    recorded = Path(meta["run"].get("work_dir") or ".packcli")
-    tokens_dir = (recorded if recorded.is_absolute() else out / recorded) / "tokens"
+    tokens_dir = work_folder(out, meta) / "tokens"
     shards = _shards_at(meta, tokens_dir, None, use_shards)
     if work is not None and use_shards:
         there = _shards_at(meta, work / "tokens", None, use_shards, strict=False)

@@ -20,15 +20,16 @@ from packcli.read.rejects import BadLines, RejectSink
 class DocBatch:
     """A batch of documents in global input order.
 
-    ``texts[i]`` has global id ``doc_id_start + i`` and comes from line ``line[i]`` (1-based) of
-    ``paths[file_index[i]]`` (a Parquet/Arrow file: its row, 0-based). A batch may span
+    ``texts[i]`` has global id ``doc_id_start + i`` and comes from ``position[i]`` of
+    ``paths[file_index[i]]``: its line (1-based) in a jsonl file, its row (0-based) in a
+    Parquet/Arrow file, as error messages and ``inspect --doc`` name them. A batch may span
     several files.
     """
 
     texts: list[Any]  # str (text data), or the record's dialogue or pair (chat, preference)
     doc_id_start: int
     file_index: npt.NDArray[np.int32]  # per doc: index into the resolved path list
-    line: npt.NDArray[np.int64]  # per doc: 1-based line number in its file (columnar: 0-based row)
+    position: npt.NDArray[np.int64]  # per doc: its line (1-based) or row (0-based) in its file
     progress_bytes: int  # cumulative on-disk bytes of all inputs consumed so far
 
 
@@ -137,7 +138,7 @@ class Batches:
             texts=self.texts,
             doc_id_start=self.next_id,
             file_index=file_indices,
-            line=np.array(self.lines, dtype=np.int64),
+            position=np.array(self.lines, dtype=np.int64),
             progress_bytes=progress_bytes,
         )
         self.next_id += n

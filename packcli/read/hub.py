@@ -15,8 +15,7 @@ from packcli.errors import InputError
 from packcli.read.formats import FORMAT_SUFFIXES, HUB_PREFIX
 from packcli.read.saved_dataset import SAVED_DATASET_RECORDS
 
-# The name log lines showed when this lived in read_columnar.py (the CLI prints it).
-logger = logging.getLogger("packcli.read_columnar")
+logger = logging.getLogger(__name__)
 
 _REVISION_WITH_SLASH = re.compile(r"refs/convert/parquet|refs/pr/\d+")
 

@@ -1,7 +1,9 @@
-"""The stages, one file each: read -> tokenize -> shards -> plan -> write -> finalize, with resume.
+"""The runner: the four stages (tokenize -> plan -> write -> finalize), one file each, with
+resume, tasks and locks; the logic they call lives in ``packcli.read``, ``packcli.tokenize``,
+``packcli.chat``, ``packcli.pack``, ``packcli.write`` and ``packcli.publish``.
 
-Each stage is a function that can run alone (``packcli tokenize|plan|write|finalize``, as
-cluster tasks) or all together (``packcli pack``); both paths run the same code and give
+Each stage can run alone (``packcli tokenize|plan|write|finalize``, split into cluster
+tasks) or all together (``packcli pack``); both paths run the same code and give
 byte-identical Parquet files. Output folder layout::
 
     OUT/README.md                       dataset card (Hub YAML configs + dataset_info)

@@ -25,7 +25,7 @@ from packcli.publish.report import (
     cp_padding_report,
     mixture_report,
 )
-from packcli.stages.index import collect_tokens, gather_rejects
+from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
 from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
 from packcli.stages.workstore import in_mirror, work_store
@@ -48,8 +48,8 @@ def finalize_stage(
     ``tokens_per_step``: the report's step-plan target (not a setting of the data)."""
     out = require_out(cfg)
     store = work_store(cfg)
-    store.pull_records("write")  # collect_tokens pulls the tokenize stage's records
-    shards = collect_tokens(cfg)
+    store.pull_records("write")  # index_tokens pulls the tokenize stage's records
+    shards = index_tokens(cfg)
     if plan is None:  # else ``pack`` made it in this process, and plan.json is here
         store.pull("plan.json")
         plan = load_plan(cfg.work_path, shards)

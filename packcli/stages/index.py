@@ -55,7 +55,7 @@ class _Totals:
         self.times.add(done.get("times", {}))
 
 
-def collect_tokens(cfg: RunConfig) -> TokenShards:
+def index_tokens(cfg: RunConfig) -> TokenShards:
     """Check that every input file is tokenized and write the global shard index."""
     folder = cfg.work_path / "tokens"
     store = work_store(cfg)

@@ -31,12 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import PackcliError
+from packcli.names import OUT_LOCK, TASK_LOCKS, WORK_LOCK
 
 log = logging.getLogger(__name__)
 
-OUT_LOCK = ".packcli.lock"  # in the output folder
-WORK_LOCK = "lock"  # in the work folder
-TASK_LOCKS = "locks"  # in the work folder: one file per stage task index
 # flock is missing or refused on some file systems (FUSE mounts, old NFS setups).
 _UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 

@@ -49,7 +49,7 @@ from packcli.pack.mixture import (
     order_plan,
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
-from packcli.stages.index import collect_tokens, gather_rejects
+from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.tokenize.shards import TokenShards, sha256_file
@@ -220,7 +220,7 @@ def plan_task(
     """Plan this task's groups (every ``num_tasks``-th from ``task_index``), each saved with
     a record; a group whose record has the current fingerprint is kept (resume)."""
     require_out(cfg)
-    shards = collect_tokens(cfg)
+    shards = index_tokens(cfg)
     groups = _groups(cfg, shards)
     mine = range(task_index, len(groups), num_tasks)
     with progress_bar(quiet, total=len(mine), desc="plan") as bar:
@@ -289,7 +289,7 @@ def plan_stage(
 
     The finished output (if any) stays complete: its Parquet files do not change here."""
     require_out(cfg)
-    shards = collect_tokens(cfg)
+    shards = index_tokens(cfg)
     if shards.num_docs == 0:
         raise InputError(_no_documents(cfg, shards))
     groups = _groups(cfg, shards)

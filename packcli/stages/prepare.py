@@ -76,7 +76,7 @@ class Tokenizing:
 
 def resolve_tokenizing(cfg: RunConfig) -> Tokenizing:
     loaded = load_tokenizer(cfg.tokenize.tokenizer)
-    if not cfg.chat.is_chat:  # a chat template's markers must stay special tokens
+    if not cfg.chat.uses_template:  # a chat template's markers must stay special tokens
         set_special_in_text(loaded.tokenizer, cfg.tokenize.special_in_text)
     eos = resolve_special(loaded, cfg.tokenize.eos, "eos")
     bos = resolve_special(loaded, cfg.tokenize.bos, "bos")
@@ -92,12 +92,12 @@ def resolve_tokenizing(cfg: RunConfig) -> Tokenizing:
         # (work folders tokenized from a damaged file by v1 kept garbled lines).
         "reader": 2,
     }
-    if not cfg.chat.is_chat:
+    if not cfg.chat.uses_template:
         settings["special_in_text"] = cfg.tokenize.special_in_text
     chat = None
     if cfg.chat.is_preference:
         chat = _preference_encoder(cfg, loaded, bos, eos, settings)
-    elif cfg.chat.is_chat:
+    elif cfg.chat.uses_template:
         from packcli.chat import load_chat_template, special_tokens_from_config
 
         template = load_chat_template(cfg.tokenize.tokenizer, cfg.chat.chat_template)

@@ -1,5 +1,5 @@
 """The tokenize stage: each task tokenizes its share of the units into shards, resuming after
-the shards an interrupted run completed; ``index.collect_tokens`` then numbers them globally."""
+the shards an interrupted run completed; ``index.index_tokens`` then numbers them globally."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tqdm import tqdm
 from packcli.arrow_np import to_numpy
 from packcli.atomic import atomic_write_json
 from packcli.chat.batches import tokenize_chat_batches
-from packcli.chat.encoder import ChatEncoder, ChatStats, FastTokens
+from packcli.chat.encoder import ChatEncoder, ChatStats, TemplateEncoder
 from packcli.config import RunConfig
 from packcli.errors import InputError
 from packcli.faults import crash_point
@@ -122,7 +122,7 @@ def tokenize_task(
     indexed = _indexed_units(folder, store)
     if any(units[k]["key"] in indexed for k in pending):
         uncomplete(cfg)
-        (folder / SUCCESS).unlink(missing_ok=True)  # collect_tokens rebuilds it
+        (folder / SUCCESS).unlink(missing_ok=True)  # index_tokens rebuilds it
         store.remove(f"tokens/{SUCCESS}")
     encoder: UnitEncoder | None = tok.chat
     if pending or not (folder / "backend.json").is_file():
@@ -271,7 +271,7 @@ def _tokenize_unit(
         from packcli.chat.preference import PreferenceStats
 
         counts.preference = PreferenceStats()
-    elif cfg.chat.is_chat:
+    elif cfg.chat.uses_template:
         counts.chat = ChatStats()
     done_bytes = 0
     with (
@@ -309,7 +309,7 @@ def _schema(cfg: RunConfig) -> Any:
     """The shards' schema: text, chat (with labels) or preference (with the pair split)."""
     if cfg.chat.is_preference:
         return PREFERENCE_SHARD_SCHEMA
-    return CHAT_SHARD_SCHEMA if cfg.chat.is_chat else SHARD_SCHEMA
+    return CHAT_SHARD_SCHEMA if cfg.chat.uses_template else SHARD_SCHEMA
 
 
 def _template_failed(
@@ -319,7 +319,7 @@ def _template_failed(
     line (row), or, under ``--on-bad-line skip``, go to the quarantine and be counted."""
 
     def failed(batch: DocBatch, index: int, reason: str) -> None:
-        line = int(batch.line[index])
+        line = int(batch.position[index])
         doc_path = unit_paths(unit)[int(batch.file_index[index]) - unit["file_index"]]
         if cfg.read.on_bad_line != "skip":
             if "format" in unit:  # a row of a Parquet/Arrow file (range)
@@ -348,7 +348,7 @@ def _encoded(
 ) -> Iterator[tuple[DocBatch, pa.RecordBatch]]:
     """(batch, its shard rows) for the run's format: chat records (dialogues or preference
     pairs), or text."""
-    if isinstance(encoder, FastTokens):
+    if isinstance(encoder, TemplateEncoder):
         stats = counts.preference if counts.preference is not None else counts.chat
         assert stats is not None  # set for chat and preference runs
         return tokenize_chat_batches(batches, encoder, stats, failed, counts.times, renderers)
@@ -435,6 +435,6 @@ def _skip_documents(batches: Iterator[DocBatch], start: int, file_index: int) ->
             texts=batch.texts[cut:],
             doc_id_start=batch.doc_id_start + cut,
             file_index=(batch.file_index[cut:] + file_index).astype(np.int32),
-            line=batch.line[cut:],
+            position=batch.position[cut:],
             progress_bytes=batch.progress_bytes,
         )

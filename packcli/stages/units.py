@@ -218,7 +218,7 @@ def unit_span(unit: dict[str, Any]) -> tuple[int, int] | None:
 def input_column(cfg: RunConfig, unit: dict[str, Any] | None = None) -> tuple[str, str]:
     """The field (Parquet/Arrow: column) documents are read from, and its option; a
     mixture's unit reads its source's."""
-    if cfg.chat.is_chat:
+    if cfg.chat.uses_template:
         return cfg.chat.messages_field, "--messages-field"
     if unit is not None and "source" in unit and cfg.sources:
         return cfg.source_settings(unit["source"])["text_field"], "text_field"
@@ -263,7 +263,7 @@ def record_validator(cfg: RunConfig) -> Any:
         from packcli.chat.validate import validate_pair
 
         return validate_pair
-    if not cfg.chat.is_chat:
+    if not cfg.chat.uses_template:
         return None
     from packcli.chat import validate_messages
 

@@ -30,9 +30,8 @@ from packcli.fs import (
     refuse_foreign,
     writes_at,
 )
-from packcli.names import CONFIG_NAMES, MARKER
+from packcli.names import CONFIG_NAMES, MARKER, OUT_LOCK, WORK_DIR, WORK_MARKER
 from packcli.publish.marker import peek_marker, read_json_object
-from packcli.stages.lock import OUT_LOCK
 from packcli.stages.workstore import check_remote_work, work_store
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,6 @@ def progress_bar(quiet: bool, **kwargs: Any) -> tqdm[Any]:
     return tqdm(disable=True if quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)
 
 
-WORK_MARKER = "packcli-work.json"
 PROBE_PREFIX = ".packcli-probe-"
 """The folder ``check_local_writable`` makes and removes at once (another task's probe may
 be there for an instant)."""
@@ -85,7 +83,7 @@ def _only_starting(out: Path) -> bool:
         if entry.name == OUT_LOCK or entry.name.startswith(PROBE_PREFIX):
             continue
         if (
-            entry.name == ".packcli"
+            entry.name == WORK_DIR
             and entry.is_dir()
             and all(f.name.startswith(f".{WORK_MARKER}.tmp-") for f in entry.iterdir())
         ):
@@ -105,7 +103,7 @@ def check_output_folder(out: Path, overwrite: bool, work: Path | None = None) ->
         raise ConfigError(f"output {out} exists and is not a folder")
     if not out.exists() or overwrite or _only_starting(out):
         return
-    if _is_output(out) or _is_work_folder(out / ".packcli", None):
+    if _is_output(out) or _is_work_folder(out / WORK_DIR, None):
         return
     if work is not None and _is_work_folder(work, out):
         return
@@ -128,7 +126,7 @@ def check_output(cfg: RunConfig, overwrite: bool = False) -> None:
     else:
         out = cfg.out_path
         present = _output_files(out)
-        claimed = _is_output(out) or _is_work_folder(out / ".packcli", None)
+        claimed = _is_output(out) or _is_work_folder(out / WORK_DIR, None)
         claimed = claimed or _is_work_folder(cfg.work_path, out)
         theirs = foreign_files(present, owned, claimed)
         refuse_foreign(f"output folder {out}", theirs, claimed)
@@ -138,7 +136,7 @@ def check_output(cfg: RunConfig, overwrite: bool = False) -> None:
     # fails now, not after the job (the local folders of a URL output are the staging
     # folder or this process's mirror).
     check_local_writable(cfg.out_path, "output folder")
-    if cfg.work_path.resolve() != (cfg.out_path / ".packcli").resolve():
+    if cfg.work_path.resolve() != (cfg.out_path / WORK_DIR).resolve():
         check_local_writable(cfg.work_path, "work folder")
     if cfg.remote_out:
         check_writable(cfg.remote_out, "output")

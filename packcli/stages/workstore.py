@@ -47,13 +47,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
 from packcli.errors import PackcliError
-from packcli.names import CONFIG_NAMES
+from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, WORK_LOCK
 from packcli.publish.marker import read_json_object
 
 log = logging.getLogger(__name__)
 
 # Lock files stay when a mirror is emptied: the command holding them is still running.
-_KEEP = frozenset({".packcli.lock", "lock", "locks"})
+_KEEP = frozenset({OUT_LOCK, WORK_LOCK, TASK_LOCKS})
 _SHARD_MANIFEST = re.compile(r"^shard-\d+\.json$")
 _PUT_THREADS = 8
 UNITS = "tokens/files"

@@ -23,7 +23,7 @@ from packcli.pack.groups import Pieces
 from packcli.pack.mixture import MixSpec
 from packcli.pack.plan import Plan
 from packcli.pack.schedule import CostModel, resolve_cost_model
-from packcli.stages.index import collect_tokens
+from packcli.stages.index import index_tokens
 from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan, plan_fingerprint
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
@@ -315,7 +315,7 @@ def write_stage(
     cfg: RunConfig, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = False
 ) -> None:
     """``packcli write``: one write task over the saved plan, with the plan's own settings."""
-    shards = collect_tokens(cfg)
+    shards = index_tokens(cfg)
     cfg, planset = planned_config(cfg, shards)
     write_task(cfg, planset, shards, task_index=task_index, num_tasks=num_tasks, quiet=quiet)
 

@@ -64,7 +64,7 @@ def batch_to_record_batch(batch: DocBatch, ids: np.ndarray, lengths: np.ndarray)
             to_arrow(lengths, pa.int32()),
             to_arrow(np.arange(batch.doc_id_start, batch.doc_id_start + n, dtype=np.int64)),
             to_arrow(batch.file_index, pa.int32()),
-            to_arrow(batch.line, pa.int64()),
+            to_arrow(batch.position, pa.int64()),
         ],
         schema=SHARD_SCHEMA,
     )

@@ -30,7 +30,6 @@ import pyarrow as pa
 
 from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.atomic import atomic_path, atomic_write_json
-from packcli.atomic import atomic_write_bytes as atomic_write_bytes  # re-export: its old home
 from packcli.errors import PackcliError
 
 SHARD_SCHEMA = pa.schema(
