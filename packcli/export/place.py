@@ -157,19 +157,9 @@ class StoreDest:
 
     def _read_json(self, rel: str) -> dict[str, Any]:
         """A small record on the store ({} when missing or not a JSON object)."""
-        import json
+        from packcli.fs import json_object
 
-        def cat() -> bytes:
-            try:
-                return bytes(self.fs.cat_file(self._key(rel)))
-            except FileNotFoundError:
-                return b""
-
-        try:
-            data = json.loads(self._call(f"read {rel}", cat) or b"null")
-        except ValueError:
-            return {}
-        return data if isinstance(data, dict) else {}
+        return self._call(f"read {rel}", lambda: json_object(self.fs, self._key(rel)))
 
     def _pipe(self, rel: str, body: bytes) -> None:
         self._call(f"write {rel}", lambda: self.fs.pipe_file(self._key(rel), body))

@@ -20,6 +20,7 @@ packcli's local cache folders for remote outputs and work folders.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import socket
@@ -316,3 +317,17 @@ def _remote_info(fs: Any, path: str) -> dict[str, Any] | None:
         return dict(fs.info(path))
     except FileNotFoundError:
         return None
+
+
+def json_object(fs: Any, path: str) -> dict[str, Any]:
+    """A small JSON record on the store: {} when it is missing, not JSON or not an object;
+    other errors go to the caller, which words them."""
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        return {}
+    try:
+        data = json.loads(raw or b"null")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

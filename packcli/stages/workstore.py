@@ -404,18 +404,9 @@ class WorkStore(StagingWork):
 
     def read_json(self, rel: str) -> dict[str, Any]:
         """A record straight from the store ({} when missing or unreadable)."""
+        from packcli.fs import json_object
 
-        def cat() -> bytes:
-            try:
-                return bytes(self.fs.cat_file(self._remote(rel)))
-            except FileNotFoundError:
-                return b""
-
-        try:
-            data = json.loads(self._call(f"read {rel}", cat) or b"null")
-        except ValueError:
-            return {}
-        return data if isinstance(data, dict) else {}
+        return self._call(f"read {rel}", lambda: json_object(self.fs, self._remote(rel)))
 
     def fetch(self, rel: str, size: int | None = None) -> Path:
         """The local copy of ``rel`` (a shard), downloaded on first use; safe from threads."""
