@@ -65,8 +65,9 @@ def _is_work_folder(work: Path, out: Path | None) -> bool:
     marker = read_json(work / WORK_MARKER)
     if marker.get("packcli_work") == 1:
         return out is None or marker.get("out") == str(out.resolve())
-    stage = read_json(work / "tokens" / "stage.json")
-    return out is None and "settings" in stage and "units" in stage
+    from packcli.tokenize.records import STAGE, StageRecord
+
+    return out is None and StageRecord.recognised(read_json(work / "tokens" / STAGE))
 
 
 def _is_output(out: Path) -> bool:

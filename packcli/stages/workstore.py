@@ -48,7 +48,6 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, WORK_LOCK
-from packcli.publish.marker import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +144,17 @@ class LocalWork:
     def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
         """Keys of the complete units: a record with the unit's fingerprint and every shard
         it lists still whole (a truncated shard is tokenized again, not read as garbage)."""
-        from packcli.tokenize.shards import SUCCESS, shard_intact
+        from packcli.tokenize.records import SUCCESS, UnitRecord, read_record
+        from packcli.tokenize.shards import shard_intact
 
         done = set()
         for unit in units:
             folder = self.local / UNITS / unit["key"]
-            record = read_json_object(folder / SUCCESS)
-            if record.get("fingerprint") == unit["fingerprint"] and all(
-                shard_intact(folder, m) for m in record.get("shards", [])
+            record = read_record(UnitRecord, folder / SUCCESS)  # None: redo it
+            if (
+                record is not None
+                and record.fingerprint == unit["fingerprint"]
+                and all(shard_intact(folder, m) for m in record.shards)
             ):
                 done.add(unit["key"])
         return done
@@ -493,7 +495,7 @@ class WorkStore(StagingWork):
         and every shard it lists there at its recorded size and as the store had it when put
         (``STORED``; one listing for all units)."""
         from packcli.fs import same_version
-        from packcli.tokenize.shards import SUCCESS
+        from packcli.tokenize.records import SUCCESS, UnitRecord, parse_record
 
         found = self.infos(UNITS)
         done = set()
@@ -501,8 +503,10 @@ class WorkStore(StagingWork):
             rel = f"{UNITS}/{unit['key']}"
             if f"{rel}/{SUCCESS}" not in found:
                 continue
-            record = self.read_json(f"{rel}/{SUCCESS}")
-            if record.get("fingerprint") != unit["fingerprint"]:
+            record = parse_record(
+                UnitRecord, self.read_json(f"{rel}/{SUCCESS}"), f"{rel}/{SUCCESS}"
+            )
+            if record is None or record.fingerprint != unit["fingerprint"]:
                 continue
             # The store's version of each shard as it was put: a shard replaced since (the
             # same size, other tokens) is not the one the record vouches for.
@@ -519,14 +523,13 @@ class WorkStore(StagingWork):
                     and same_version(stored[name], there)
                 )
 
-            shards = record.get("shards", [])
-            if all(intact(m.get("file"), m.get("bytes")) for m in shards):
+            if all(intact(m.get("file"), m.get("bytes")) for m in record.shards):
                 done.add(unit["key"])
         return done
 
     def unit_finished(self, key: str) -> None:
         """Put a unit just tokenized here, its record last, and free its local folder."""
-        from packcli.tokenize.shards import SUCCESS
+        from packcli.tokenize.records import SUCCESS
 
         self.push_folder(f"{UNITS}/{key}", SUCCESS)
 

@@ -38,7 +38,7 @@ def write_fingerprint(cfg: RunConfig, shards: TokenShards) -> str:
     model = cost_model_of(cfg)
     return fingerprint(
         {
-            "plan": plan_fingerprint(cfg.plan, shards.success["fingerprint"]),
+            "plan": plan_fingerprint(cfg.plan, shards.success.fingerprint),
             "plan_content": read_json(cfg.work_path / "plan.json").get("content_sha256"),
             "write": dataclasses.asdict(cfg.write),
             "rows": ROWS_VERSION,
@@ -80,10 +80,10 @@ class _Writer:
         self.out = require_out(cfg)
         self.store = work_store(cfg)
         self.fingerprint = write_fingerprint(cfg, shards)
-        self.mixture = shards.success.get("sources")  # a mixture's sources, else None
+        self.mixture = shards.success.sources  # a mixture's sources, else None
         self.records = cfg.work_path / "write"
         self.records.mkdir(parents=True, exist_ok=True)
-        self.pad_id = pad_token_id(shards.success["tokenizer"])  # context-parallel padding
+        self.pad_id = pad_token_id(shards.success.tokenizer)  # context-parallel padding
         self.pieces = piece_rule(planset)
         self.cost_model = cost_model_of(cfg)
 
