@@ -27,10 +27,11 @@ from packcli.publish.report import (
 )
 from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
-from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
+from packcli.stages.work import owned_outputs, recorded_read, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write import cost_model_of, write_fingerprint, write_tail
-from packcli.tokenize.records import ShardIndex
+from packcli.stages.write_records import FileRecord, file_record_name
+from packcli.tokenize.records import ShardIndex, read_record
 from packcli.tokenize.shards import TokenShards
 from packcli.write import pad_token_id
 
@@ -173,15 +174,14 @@ def _written_files(
     versions: dict[str, dict[str, str]] = {}
     missing = []
     for job in plan.jobs():
-        record = read_json(cfg.work_path / "write" / f"{job.config}-{job.index:05d}.json")
-        if record.get("fingerprint") != fingerprint:
-            missing.append(f"{job.config}-{job.index:05d}")
+        name = file_record_name(job.config, job.index)
+        record = read_record(FileRecord, cfg.work_path / "write" / name)  # None: not done
+        if record is None or record.fingerprint != fingerprint:
+            missing.append(name.removesuffix(".json"))
             continue
-        if isinstance(record.get("store_version"), dict):
-            versions[f"data/{job.config}/{record['file']}"] = record["store_version"]
-        files[job.config].append(
-            {k: v for k, v in record.items() if k not in ("fingerprint", "store_version")}
-        )
+        if record.store_version is not None:
+            versions[f"data/{job.config}/{record.file}"] = record.store_version
+        files[job.config].append(record.listing())
     if missing:
         raise PackcliError(
             f"write task(s) not finished: {len(missing)} output file(s) missing, "

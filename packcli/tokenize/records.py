@@ -52,7 +52,7 @@ class OldRecordError(RecordError):
     """A record written by another version of packcli: its work is redone, not misread."""
 
 
-R = TypeVar("R", bound="_Record")
+R = TypeVar("R", bound="Record")
 
 
 def _json_types(hint: Any) -> tuple[type, ...]:
@@ -72,9 +72,10 @@ def _fits(value: object, accepted: tuple[type, ...]) -> bool:
 
 
 @dataclass(frozen=True)
-class _Record:
-    """Shared reader and writer: fields in declaration order; a field whose metadata says
-    ``omit`` is left out of the file when None (as the literal that wrote it did)."""
+class Record:
+    """Shared reader and writer of the work folder's records (the write stage's too): fields
+    in declaration order; a field whose metadata says ``omit`` is left out of the file when
+    None (as the literal that wrote it did)."""
 
     VERSION: ClassVar[int] = 1
 
@@ -137,7 +138,7 @@ def parse_record(cls: type[R], data: object, path: Path | str) -> R | None:
 
 
 @dataclass(frozen=True)
-class StageRecord(_Record):
+class StageRecord(Record):
     """``tokens/stage.json``: the stage's settings, tokenizer, input files and units (the same
     bytes from every task of the same run). ``fingerprint`` covers settings and units."""
 
@@ -158,7 +159,7 @@ class StageRecord(_Record):
 
 
 @dataclass(frozen=True)
-class UnitRecord(_Record):
+class UnitRecord(Record):
     """A unit's completion record: its shards and what reading and encoding it counted;
     written last, so its presence marks the unit complete."""
 
@@ -178,7 +179,7 @@ class UnitRecord(_Record):
 
 
 @dataclass(frozen=True)
-class ShardIndex(_Record):
+class ShardIndex(Record):
     """``tokens/_SUCCESS.json``: every shard in input order with its global first document id,
     the units' summed counts; it marks the whole stage complete for ``fingerprint`` (the
     stage record's)."""
