@@ -251,7 +251,7 @@ class TokenSource:
     def of(cls, shards: TokenShards) -> TokenSource:
         """All shards of a stage, each loaded when a row first needs it (from the index and
         the first shard's schema, not from every shard)."""
-        mix = shards.success.get("sources")
+        mix = shards.success.sources
         return cls(
             LazyShards(shards),
             first_doc=shards.first_doc_ids,

@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER
 from packcli.publish.marker import read_json_object, read_marker, recorded_work_dir, work_folder
-from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
+from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex, parse_record
+from packcli.tokenize.shards import TokenShards, sha256_file
 
 
 class ExportError(PackcliError):
@@ -98,9 +99,10 @@ class Pack:
     def shards(self) -> TokenShards:
         """The pack's own tokenized shards; an error naming the folder when they are gone or
         belong to another run (a rerun of ``pack`` with other inputs reuses the folder)."""
-        index = read_json_object(self.tokens_dir / "_SUCCESS.json")
+        path = self.tokens_dir / SUCCESS
+        index = parse_record(ShardIndex, read_json_object(path), path)  # None: another version
         where = self.reword(str(self.tokens_dir))
-        if not index:
+        if index is None:
             hint = (
                 " (a URL OUT made with a local work folder keeps its shards on the machine "
                 "that made it: export there, with the --work-dir given to pack, if any)"
@@ -112,7 +114,7 @@ class Pack:
                 f"{self.shown} are not there (the work folder was removed or moved{hint}); "
                 "rerun the same packcli pack to rebuild it"
             )
-        if index.get("fingerprint") != self.meta["run"].get("tokens_fingerprint"):
+        if index.fingerprint != self.meta["run"].get("tokens_fingerprint"):
             raise ExportError(
                 f"{where}: tokenized shards belong to another run than "
                 f"{self.reword(str(self.out / MARKER))}; rerun the same packcli pack"
@@ -199,7 +201,7 @@ def _open_remote(url: str, work_dir: str | None, scratch: Path) -> Pack:
 
     mirror = scratch / "work"
     store = WorkStore(recorded, mirror, url, scratch / "mirror-out")
-    store.pull("tokens/_SUCCESS.json")  # the stage's index; the shards come one at a time
+    store.pull(f"tokens/{SUCCESS}")  # the stage's index; the shards come one at a time
     names = ((str(mirror), redact(recorded).rstrip("/")), *names)
     return Pack(local, meta, mirror / "tokens", url=url, store=store, scratch=scratch, names=names)
 

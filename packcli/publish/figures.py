@@ -45,6 +45,7 @@ from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER
 from packcli.pack.plan import RowTotals
 from packcli.publish.report import cp_padding_report, encoder_policy, larger, step_totals
+from packcli.tokenize.records import ShardIndex
 
 # Figures of packcli.json no data determines (glob patterns over the dotted keys).
 UNCHECKED = (
@@ -215,7 +216,7 @@ def derive(
     scans: dict[str, ConfigScan],
     docs: DocFigures | None = None,
     shards: ShardFigures | None = None,
-    index: dict[str, Any] | None = None,
+    index: ShardIndex | None = None,
     rejected: Counter[str] | None = None,
 ) -> dict[str, Any]:
     """The figures the data gives, by the dotted key ``packcli.json`` states them under.
@@ -290,7 +291,7 @@ def derive(
 
 
 def _from_shards(
-    meta: dict[str, Any], index: dict[str, Any], shards: ShardFigures, quarantined: bool
+    meta: dict[str, Any], index: ShardIndex, shards: ShardFigures, quarantined: bool
 ) -> dict[str, Any]:
     """The figures only the shards (and their index) know: every document's length, so the
     overlong rule's counts, and what reading and encoding counted (the quarantine's counts
@@ -307,8 +308,8 @@ def _from_shards(
     policy["empty_docs"] = lengths.empty
     # What the chat / preference encoders cut or dropped before planning, as the report
     # counts it (one account of the length limit).
-    pref = index.get("preference")
-    encoded = encoder_policy(pref if pref is not None else index.get("chat"))
+    pref = index.preference
+    encoded = encoder_policy(pref if pref is not None else index.chat)
     for k, v in encoded.items():
         policy[k] = policy.get(k, 0) + v
     if meta["report"].get("mixture") is not None:
@@ -329,11 +330,11 @@ def _from_shards(
     if lengths.largest >= 0:
         got["report.largest_document.doc_id"] = lengths.largest
         got["report.largest_document.tokens"] = lengths.largest_tokens
-        entry = index["files"][shards.largest_file]
+        entry = index.files[shards.largest_file]
         got["report.largest_document.file"] = entry["path"]
         where = "row" if "format" in entry else "line"
         got[f"report.largest_document.{where}"] = shards.largest_line
-    read = index.get("read_stats") or {}
+    read = index.read_stats
     got["report.input.blank_lines"] = read.get("blank_lines")
     # Stated only when a file failed, so other reports stay as they were.
     got["report.input.corrupt_streams"] = read.get("corrupt_streams") or None
@@ -341,10 +342,10 @@ def _from_shards(
         rejected = read.get("rejected") or {}
         got["report.input.rejected_lines"] = sum(rejected.values())
         got["report.input.rejected"] = dict(sorted(rejected.items()))
-    got["report.chat"] = index.get("chat")
-    for k, v in (index.get("preference") or {}).items():
+    got["report.chat"] = index.chat
+    for k, v in (index.preference or {}).items():
         got[f"report.preference.{k}"] = v
-    found = index.get("special_strings") or {}
+    found = index.special_strings
     got["report.tokenizer.special_strings.occurrences"] = sum(found.values())
     top = dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))[:20])
     got["report.tokenizer.special_strings.by_token"] = top

@@ -303,6 +303,6 @@ def locate_doc(out: Path, doc_id: int) -> dict[str, Any]:
             f"doc {doc_id} does not exist: the run has {shards.num_docs:,} documents "
             f"(0..{shards.num_docs - 1})"
         )
-    entry = shards.success["files"][shards.value("file_index", doc_id)]
+    entry = shards.success.files[shards.value("file_index", doc_id)]
     where = "row" if "format" in entry else "line"
     return {"doc_id": doc_id, "file": entry["path"], where: int(shards.value("line", doc_id))}

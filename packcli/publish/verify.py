@@ -74,6 +74,7 @@ from packcli.publish.verify_part import (
     verify_task,
 )
 from packcli.publish.verify_rows import Segments, fail
+from packcli.tokenize.records import SUCCESS, OldRecordError, RecordError, ShardIndex
 
 
 def verify_remote(
@@ -205,7 +206,7 @@ class _Shards:
 
     folder: Path | None
     store: str | None
-    index: dict[str, Any]
+    index: ShardIndex | None
     state: str
 
 
@@ -221,18 +222,31 @@ def _shards_at(
     they are this run's; another run's fail verify, unless not ``strict`` (a folder that
     may hold them, not the one the output names): then they are not read."""
     if not use_shards:
-        return _Shards(None, None, {}, "not read (--no-shards)")
+        return _Shards(None, None, None, "not read (--no-shards)")
     shown = f"{store.rstrip('/')}/tokens" if store else str(tokens_dir)
-    success = tokens_dir / "_SUCCESS.json"
-    index = read_json_object(success) if success.is_file() else {}
-    this_run = index.get("fingerprint") == meta["run"].get("tokens_fingerprint")
-    if not index or (not this_run and not strict):
-        return _Shards(None, None, {}, f"not found (no completed tokenize stage in {shown})")
+    success = tokens_dir / SUCCESS
+    data = read_json_object(success) if success.is_file() else {}
+    absent = _Shards(None, None, None, f"not found (no completed tokenize stage in {shown})")
+    if not data:
+        return absent
+    try:
+        index = ShardIndex.from_json(data, success)
+    except OldRecordError:
+        if not strict:
+            return absent
+        raise VerifyError(
+            f"{shown}: tokenized shards of another packcli version: rerun the same packcli pack"
+        ) from None
+    except RecordError as exc:
+        if not strict:
+            return absent
+        raise VerifyError(f"the tokenize stage's index is damaged: {exc}") from None
+    this_run = index.fingerprint == meta["run"].get("tokens_fingerprint")
+    if not this_run and not strict:
+        return absent
     if not this_run:
         fail(shown, "tokenized shards belong to another run")
-    if not isinstance(index.get("shards"), list):
-        fail(str(success), "the tokenize stage's index lists no shards")
-    return _Shards(tokens_dir, store, index, f"checked: {len(index['shards'])} shard(s) in {shown}")
+    return _Shards(tokens_dir, store, index, f"checked: {len(index.shards)} shard(s) in {shown}")
 
 
 def _verify(
@@ -257,8 +271,8 @@ def _verify(
                 f"data/{name}",
                 f"files {found[name]} do not match packcli.json's {named} {sorted(listed)}",
             )
-    read = shards.folder is not None
-    parts = parts_of(meta, len(shards.index["shards"]) if read else None)
+    read = shards.folder is not None and shards.index is not None
+    parts = parts_of(meta, len(shards.index.shards) if shards.index is not None else None)
     largest = (meta["report"].get("largest_document") or {}).get("doc_id")
     wanted = tuple(range(SAMPLE_DOCS)) + ((int(largest),) if isinstance(largest, int) else ())
     job = VerifyJob(

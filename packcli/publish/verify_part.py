@@ -44,7 +44,8 @@ from packcli.pack.schedule import CostModel
 from packcli.publish.expected import expected_pieces, segment_hashes
 from packcli.publish.figures import ConfigScan, DocFigures, ShardFigures
 from packcli.publish.verify_rows import Padding, Segments, check_rows, concat, fail, piece_tags
-from packcli.tokenize.shards import ShardError, TokenShards, sha256_file
+from packcli.tokenize.records import ShardError
+from packcli.tokenize.shards import TokenShards, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,11 @@ from packcli.publish.report import (
 )
 from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
-from packcli.stages.work import owned_outputs, read_json, recorded_read, require_out
+from packcli.stages.work import owned_outputs, recorded_read, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write import cost_model_of, write_fingerprint, write_tail
+from packcli.stages.write_records import FileRecord, file_record_name
+from packcli.tokenize.records import ShardIndex, read_record
 from packcli.tokenize.shards import TokenShards
 from packcli.write import pad_token_id
 
@@ -62,14 +64,14 @@ def finalize_stage(
     _remove_strays(cfg, out, files, owned)
     gather_rejects(cfg, out, shards)
     report = _report(cfg, report_rows(cfg, plan, shards), shards, tokens_per_step)
-    run_info = {
+    run_info: dict[str, Any] = {
         "packcli_version": __version__,
         "command": command,
-        "tokenizer": shards.success["tokenizer"],
-        "tokenizer_backend": shards.success.get("backend", {}),
+        "tokenizer": shards.success.tokenizer,
+        "tokenizer_backend": shards.success.backend,
         "format": cfg.chat.format,
-        "inputs": shards.success["files"],
-        "tokens_fingerprint": shards.success["fingerprint"],
+        "inputs": shards.success.files,
+        "tokens_fingerprint": shards.success.fingerprint,
         # Inputs + tokenizer + every setting the Parquet bytes depend on.
         "fingerprint": fingerprint,
         "work_dir": store.record_name(out),
@@ -133,7 +135,7 @@ def report_rows(cfg: RunConfig, planset: PlanSet, shards: TokenShards) -> PlanRo
     tiers = {name: RowTotals(capacity[name]) for name in CONFIG_NAMES}
     pairs = dict.fromkeys(CONFIG_NAMES, 0)
     padding = dict.fromkeys(CONFIG_NAMES, 0)
-    preference = "preference" in shards.success
+    preference = shards.success.preference is not None
     for part in planset.parts:
         work_store(cfg).pull(*part.arrays)
         plan, _ = load_part(cfg.work_path, planset, part)
@@ -172,15 +174,14 @@ def _written_files(
     versions: dict[str, dict[str, str]] = {}
     missing = []
     for job in plan.jobs():
-        record = read_json(cfg.work_path / "write" / f"{job.config}-{job.index:05d}.json")
-        if record.get("fingerprint") != fingerprint:
-            missing.append(f"{job.config}-{job.index:05d}")
+        name = file_record_name(job.config, job.index)
+        record = read_record(FileRecord, cfg.work_path / "write" / name)  # None: not done
+        if record is None or record.fingerprint != fingerprint:
+            missing.append(name.removesuffix(".json"))
             continue
-        if isinstance(record.get("store_version"), dict):
-            versions[f"data/{job.config}/{record['file']}"] = record["store_version"]
-        files[job.config].append(
-            {k: v for k, v in record.items() if k not in ("fingerprint", "store_version")}
-        )
+        if record.store_version is not None:
+            versions[f"data/{job.config}/{record.file}"] = record.store_version
+        files[job.config].append(record.listing())
     if missing:
         raise PackcliError(
             f"write task(s) not finished: {len(missing)} output file(s) missing, "
@@ -214,16 +215,16 @@ def _report(
     """The run's report, from the plan's rows, the documents' lengths and the stage's index."""
     lengths = length_stats(cfg, shards)
     largest = lengths.largest
-    read_stats = shards.success["read_stats"]
-    entry = shards.success["files"][shards.value("file_index", largest)]
+    read_stats = shards.success.read_stats
+    entry = shards.success.files[shards.value("file_index", largest)]
     report = build_report(
         rows.tiers,
         rows.stats,
         lengths,
         input_stats={
-            "files": len(shards.success["files"]),
+            "files": len(shards.success.files),
             "blank_lines": read_stats["blank_lines"],
-            "bytes": sum(f["size"] for f in shards.success["files"]),
+            "bytes": sum(f["size"] for f in shards.success.files),
             "rejected_lines": sum(read_stats.get("rejected", {}).values()),
             "rejected": read_stats.get("rejected", {}),
             # Only when a file failed, so other reports (and their bytes) stay as they were.
@@ -233,19 +234,19 @@ def _report(
                 else {}
             ),
         },
-        chat=shards.success.get("chat"),
+        chat=shards.success.chat,
         tokenizer=tokenizer_report(shards.success),
         largest_provenance={
             "file": entry["path"],
             # A row (0-based) of a Parquet/Arrow file, a line (1-based) of a jsonl file.
             ("row" if "format" in entry else "line"): shards.value("line", largest),
         },
-        preference=shards.success.get("preference"),
+        preference=shards.success.preference,
         tokens_per_step=tokens_per_step,
         cp_padding=cp_padding_report(
             cfg.plan.cp_size,
             cfg.plan.pad_multiple,
-            pad_token_id(shards.success["tokenizer"]),
+            pad_token_id(shards.success.tokenizer),
             {name: rows.tiers[name].tokens for name in CONFIG_NAMES},
             rows.padding,
         )
@@ -253,11 +254,11 @@ def _report(
         else None,
     )
     if "mixture_spec" in rows.stats:  # a mixture: its sources and the token account
-        report["mixture"] = mixture_report(rows.stats, shards.success.get("sources") or [])
+        report["mixture"] = mixture_report(rows.stats, shards.success.sources or [])
         report["mixture"]["mode"] = cfg.mix_mode or "epochs"
         report["policy"]["repeat_tokens"] = report["mixture"]["repeat_tokens"]
         report["policy"]["subsampled_tokens"] = report["mixture"]["subsampled_tokens"]
-    if "preference" in shards.success:
+    if shards.success.preference is not None:
         # The plan places a pair as one piece; the output holds it as two segments, which is
         # what ``tiers.*.segments`` counts (and ``preference.kept_pairs``, the pairs written).
         for name in CONFIG_NAMES:
@@ -274,11 +275,11 @@ def _recorded_config(cfg: RunConfig) -> dict[str, Any]:
     return data
 
 
-def tokenizer_report(index: dict[str, Any]) -> dict[str, Any]:
+def tokenizer_report(index: ShardIndex) -> dict[str, Any]:
     """What the tokenizer did that the user should know: settings of the tokenizer file that
     were turned off, and special-token strings met inside documents (by token, most first)."""
-    info = index.get("tokenizer", {})
-    found = index.get("special_strings") or {}
+    info = index.tokenizer
+    found = index.special_strings
     return {
         "disabled_settings": info.get("disabled", []),
         "special_in_text": info.get("special_in_text"),

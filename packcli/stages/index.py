@@ -4,6 +4,7 @@ globally, in input order (``tokens/_SUCCESS.json``), with the summed read statis
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 from collections import Counter
@@ -19,7 +20,16 @@ from packcli.stages.units import unit_paths
 from packcli.stages.work import REJECTED, read_json, uncomplete
 from packcli.stages.workstore import work_store
 from packcli.tokenize.encode import StageTimes
-from packcli.tokenize.shards import SUCCESS, TokenShards
+from packcli.tokenize.records import (
+    STAGE,
+    SUCCESS,
+    OldRecordError,
+    ShardIndex,
+    StageRecord,
+    UnitRecord,
+    read_record,
+)
+from packcli.tokenize.shards import TokenShards
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +48,21 @@ class _Totals:
     specials: Counter[str] = field(default_factory=Counter)
     times: StageTimes = field(default_factory=StageTimes)
 
-    def add(self, done: dict[str, Any]) -> None:
+    def add(self, done: UnitRecord) -> None:
         """Add one unit's completion record."""
         for key in self.read:
-            self.read[key] += done["read_stats"][key]
-        for reason, n in done["read_stats"].get("rejected", {}).items():
+            self.read[key] += done.read_stats[key]
+        for reason, n in done.read_stats.get("rejected", {}).items():
             self.rejected[reason] = self.rejected.get(reason, 0) + n
-        self.corrupt_streams += done["read_stats"].get("corrupt_streams", [])
-        if done.get("chat") is not None:
-            self.chat = {k: (self.chat or {}).get(k, 0) + v for k, v in done["chat"].items()}
-        if done.get("preference") is not None:
+        self.corrupt_streams += done.read_stats.get("corrupt_streams", [])
+        if done.chat is not None:
+            self.chat = {k: (self.chat or {}).get(k, 0) + v for k, v in done.chat.items()}
+        if done.preference is not None:
             self.preference = {
-                k: (self.preference or {}).get(k, 0) + v for k, v in done["preference"].items()
+                k: (self.preference or {}).get(k, 0) + v for k, v in done.preference.items()
             }
-        self.specials.update(done.get("special_strings", {}))
-        self.times.add(done.get("times", {}))
+        self.specials.update(done.special_strings)
+        self.times.add(done.times)
 
 
 def index_tokens(cfg: RunConfig) -> TokenShards:
@@ -60,31 +70,28 @@ def index_tokens(cfg: RunConfig) -> TokenShards:
     folder = cfg.work_path / "tokens"
     store = work_store(cfg)
     store.pull_records("tokens")
-    stage = read_json(folder / "stage.json")
-    if not stage:
-        raise PackcliError(
-            f"no tokenize stage in {store.shown('tokens')}: run `packcli tokenize` first"
-        )
+    stage = _stage_record(folder / STAGE, store.shown("tokens"))
     index_path = folder / SUCCESS
-    if read_json(index_path).get("fingerprint") == stage["fingerprint"]:
+    index = read_record(ShardIndex, index_path)
+    if index is not None and index.fingerprint == stage.fingerprint:
         return TokenShards(folder, store)
     shards: list[dict[str, Any]] = []
     missing = []
     totals = _Totals()
     next_doc = 0
-    lines_before = [0] * len(stage["files"])  # per file: lines of its units read so far
+    lines_before = [0] * len(stage.files)  # per file: lines of its units read so far
     units = []
-    n_sources = len(stage.get("sources") or [])
+    n_sources = len(stage.sources or [])
     source_docs = [[None, 0, 0] for _ in range(n_sources)]  # first doc, docs, tokens
-    for unit in stage["units"]:
-        done = read_json(folder / "files" / unit["key"] / SUCCESS)
-        if done.get("fingerprint") != unit["fingerprint"]:
+    for unit in stage.units:
+        done = read_record(UnitRecord, folder / "files" / unit["key"] / SUCCESS)
+        if done is None or done.fingerprint != unit["fingerprint"]:
             missing.append(_unit_name(unit))
             continue
         first_line = lines_before[unit["file_index"]]
-        lines_before[unit["file_index"]] += done["read_stats"]["lines"]
+        lines_before[unit["file_index"]] += done.read_stats["lines"]
         units.append({"key": unit["key"], "first_line": first_line})
-        for m in done["shards"]:
+        for m in done.shards:
             shards.append(
                 {
                     **m,
@@ -93,68 +100,77 @@ def index_tokens(cfg: RunConfig) -> TokenShards:
                     "first_line": first_line,  # the shard's line column counts from its unit
                     "file_index": unit["file_index"],  # in this run's input list
                     # The unit's first file index when tokenized (the column's base).
-                    "tokenized_file_index": done.get("file_index"),
+                    "tokenized_file_index": done.file_index,
                     **({"source": unit["source"]} if "source" in unit else {}),
                 }
             )
         if "source" in unit:
             own = source_docs[unit["source"]]
             own[0] = next_doc if own[0] is None else own[0]
-            own[1] += done["num_docs"]
-            own[2] += done["num_tokens"]
-        next_doc += done["num_docs"]
+            own[1] += done.num_docs
+            own[2] += done.num_tokens
+        next_doc += done.num_docs
         totals.add(done)
     if missing:
         raise PackcliError(
-            f"tokenize task(s) not finished: {len(missing)} of {len(stage['units'])} input "
+            f"tokenize task(s) not finished: {len(missing)} of {len(stage.units)} input "
             f"unit(s) have no complete shards, e.g. {missing[0]}"
         )
     uncomplete(cfg)  # the index a finished output was checked against changes
-    atomic_write_json(
-        index_path,
-        {
-            "fingerprint": stage["fingerprint"],
-            "files": stage["files"],
-            "shards": shards,
-            "read_stats": {
-                "files": len(stage["files"]),
-                **totals.read,
-                "rejected": dict(sorted(totals.rejected.items())),
-                "corrupt_streams": totals.corrupt_streams,
-            },
-            "chat": totals.chat,
-            # Only for preference outputs, so other indexes (and reports) stay as they were.
-            **({"preference": totals.preference} if totals.preference is not None else {}),
-            "special_strings": dict(sorted(totals.specials.items())),
-            "units": units,
-            # Busy seconds of the tokenize stage's parts, summed over units (when they ran).
-            "times": {k: round(v, 3) for k, v in dataclasses.asdict(totals.times).items()},
-            "tokens": sum(m["num_tokens"] for m in shards),
-            "tokenizer": stage["tokenizer"],
-            "backend": read_json(folder / "backend.json"),
-            **_sources_index(stage, source_docs, next_doc),
+    record = ShardIndex(
+        fingerprint=stage.fingerprint,
+        files=stage.files,
+        shards=shards,
+        read_stats={
+            "files": len(stage.files),
+            **totals.read,
+            "rejected": dict(sorted(totals.rejected.items())),
+            "corrupt_streams": totals.corrupt_streams,
         },
+        chat=totals.chat,
+        preference=totals.preference,
+        special_strings=dict(sorted(totals.specials.items())),
+        units=units,
+        times={k: round(v, 3) for k, v in dataclasses.asdict(totals.times).items()},
+        tokens=sum(m["num_tokens"] for m in shards),
+        tokenizer=stage.tokenizer,
+        backend=read_json(folder / "backend.json"),
+        sources=_sources_index(stage, source_docs, next_doc),
     )
+    atomic_write_json(index_path, record.to_json())
     store.push(f"tokens/{SUCCESS}")
     return TokenShards(folder, store)
 
 
+def _stage_record(path: Path, shown: str) -> StageRecord:
+    """The stage record the index is built from: an error saying to run the tokenize stage
+    when there is none or it is of another version; one naming the field when damaged."""
+    if not path.is_file():
+        raise PackcliError(f"no tokenize stage in {shown}: run `packcli tokenize` first")
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        raise PackcliError(f"no tokenize stage in {shown}: run `packcli tokenize` first") from None
+    try:
+        return StageRecord.from_json(data, path)
+    except OldRecordError as exc:
+        raise PackcliError(f"{exc} (run `packcli tokenize` first)") from None
+
+
 def _sources_index(
-    stage: dict[str, Any], source_docs: list[list[Any]], n_docs: int
-) -> dict[str, Any]:
+    stage: StageRecord, source_docs: list[list[Any]], n_docs: int
+) -> list[dict[str, Any]] | None:
     """A mixture's sources in the index: each one's doc ids (consecutive, from
-    ``first_doc``), documents and tokens; nothing without sources."""
-    if not stage.get("sources"):
-        return {}
+    ``first_doc``), documents and tokens; None without sources."""
+    if not stage.sources:
+        return None
     out = []
-    for k, (src, (first, docs, tokens)) in enumerate(
-        zip(stage["sources"], source_docs, strict=True)
-    ):
+    for k, (src, (first, docs, tokens)) in enumerate(zip(stage.sources, source_docs, strict=True)):
         if first is None:  # a source with no documents starts where the next one does
             later = [d[0] for d in source_docs[k + 1 :] if d[0] is not None]
             first = later[0] if later else n_docs
         out.append({**src, "first_doc": first, "documents": docs, "tokens": tokens})
-    return {"sources": out}
+    return out
 
 
 def _unit_name(unit: dict[str, Any]) -> str:
@@ -175,7 +191,7 @@ def gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
     target = out / REJECTED
     parts = [
         (cfg.work_path / "tokens" / "files" / unit["key"] / REJECTED, unit["first_line"])
-        for unit in shards.success.get("units", [])
+        for unit in shards.success.units
     ]
     parts = [(p, first_line) for p, first_line in parts if p.is_file()]
     if not parts:

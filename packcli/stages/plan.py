@@ -52,6 +52,7 @@ from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
+from packcli.tokenize.records import STAGE, StageRecord, read_record
 from packcli.tokenize.shards import TokenShards, sha256_file
 from packcli.write import file_ranges, files_wanted
 
@@ -79,7 +80,7 @@ MIX_ORDER_RULE = 2  # 2: long rows' units exchanged between windows (issue 26)
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
     """The run's mixture as the planner needs it (share mode: multipliers from the counted
     tokens of each source) and each source's first doc id; None without sources."""
-    index = shards.success.get("sources")
+    index = shards.success.sources
     if not cfg.sources:
         return None
     if not index or [s["name"] for s in index] != [s.name for s in cfg.sources]:
@@ -201,7 +202,7 @@ class FileJob:
 
 def _groups(cfg: RunConfig, shards: TokenShards) -> list[np.ndarray]:
     """The shards of each group: from the corpus's tokens and ``plan.group_tokens`` only."""
-    n_groups = group_count(int(shards.success["tokens"]), cfg.plan.group_tokens)
+    n_groups = group_count(int(shards.success.tokens), cfg.plan.group_tokens)
     return shard_groups(len(shards), n_groups)
 
 
@@ -240,7 +241,7 @@ def _plan_groups(
     mix = mix_spec(cfg, shards)
     fp = fingerprint(
         [
-            plan_fingerprint(cfg.plan, shards.success["fingerprint"], mix and mix[0]),
+            plan_fingerprint(cfg.plan, shards.success.fingerprint, mix and mix[0]),
             *_file_cut(cfg.write),
         ]
     )
@@ -333,7 +334,7 @@ def plan_stage(
         cfg.write.min_files,
         cfg.write.cost_model,
     )
-    _save_plan(cfg, planset, shards.success["fingerprint"])
+    _save_plan(cfg, planset, shards.success.fingerprint)
     work_store(cfg).push("plan.json")
     crash_point("plan")
     return planset, shards
@@ -465,8 +466,8 @@ def _no_documents(cfg: RunConfig, shards: TokenShards) -> str:
     """Why there is nothing to pack, in figures: a run whose every line was rejected under
     ``--on-bad-line skip`` says so, and its quarantine is kept in ``OUT/rejected.jsonl``
     (finalize, which gathers it otherwise, never runs)."""
-    stats = shards.success["read_stats"]
-    files = f"{len(shards.success['files'])} input file(s)"
+    stats = shards.success.read_stats
+    files = f"{len(shards.success.files)} input file(s)"
     blank = f"{stats['blank_lines']} blank lines"
     rejected = stats.get("rejected") or {}
     if not rejected:
@@ -588,7 +589,7 @@ def load_plan(work: Path, shards: TokenShards) -> PlanSet:
     """The saved plan's parts and the settings it was made with (write tasks need no plan
     flags); each part's arrays are read by ``load_part`` when needed."""
     meta = read_json(work / "plan.json")
-    if not meta or meta.get("tokens_fingerprint") != shards.success["fingerprint"]:
+    if not meta or meta.get("tokens_fingerprint") != shards.success.fingerprint:
         raise PackcliError(
             f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
         )
@@ -653,13 +654,14 @@ def stored_config(cfg: RunConfig) -> RunConfig:
     plan settings from the plan stage, write settings from the write tasks. ``finalize``
     reports this, so the output says how it was made whichever commands made it."""
     work = cfg.work_path
-    stage = read_json(work / "tokens" / "stage.json")
+    stage = read_record(StageRecord, work / "tokens" / STAGE)  # None: of another version
+    recorded = stage.config if stage is not None else {}
     plan = read_json(work / "plan.json")
     write = read_json(work / "write" / "config.json")
     values = {
-        "read": stage.get("config", {}).get("read", dataclasses.asdict(cfg.read)),
-        "tokenize": stage.get("config", {}).get("tokenize", dataclasses.asdict(cfg.tokenize)),
-        "chat": stage.get("config", {}).get("chat", dataclasses.asdict(cfg.chat)),
+        "read": recorded.get("read", dataclasses.asdict(cfg.read)),
+        "tokenize": recorded.get("tokenize", dataclasses.asdict(cfg.tokenize)),
+        "chat": recorded.get("chat", dataclasses.asdict(cfg.chat)),
         "plan": plan.get("plan", dataclasses.asdict(cfg.plan)),
         "write": write.get("write", dataclasses.asdict(cfg.write)),
     }
@@ -670,6 +672,5 @@ def stored_config(cfg: RunConfig) -> RunConfig:
         plan=PlanConfig(**values["plan"]),
         write=WriteConfig(**values["write"]),
         chat=ChatConfig(**values["chat"]),
-        sources=tuple(SourceConfig(**s) for s in stage.get("config", {}).get("sources", []))
-        or cfg.sources,
+        sources=tuple(SourceConfig(**s) for s in recorded.get("sources", [])) or cfg.sources,
     )

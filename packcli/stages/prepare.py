@@ -22,7 +22,7 @@ from packcli.read import ReadStats, file_format, resolve_inputs
 from packcli.stages.units import input_column, read_unit
 from packcli.stages.work import require_out
 from packcli.tokenize.backends import bounded_sample, choose_encoder, preload
-from packcli.tokenize.shards import SUCCESS
+from packcli.tokenize.records import SUCCESS
 from packcli.tokenize.tokenizer import (
     LoadedTokenizer,
     load_tokenizer,

@@ -123,5 +123,5 @@ def _run_locked(
         report=report,
         timings=timings,
         reused_tokens=reused,
-        tokenize_times=StageTimes.ordered(shards.success.get("times", {})),
+        tokenize_times=StageTimes.ordered(shards.success.times),
     )

@@ -44,11 +44,18 @@ from packcli.stages.work import (
 )
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.tokenize.encode import StageTimes, prefetch, tokenize_batches
+from packcli.tokenize.records import (
+    STAGE,
+    SUCCESS,
+    ShardIndex,
+    StageRecord,
+    UnitRecord,
+    read_record,
+)
 from packcli.tokenize.shards import (
     CHAT_SHARD_SCHEMA,
     PREFERENCE_SHARD_SCHEMA,
     SHARD_SCHEMA,
-    SUCCESS,
     ShardWriter,
     manifest_name,
     shard_intact,
@@ -66,8 +73,11 @@ log = logging.getLogger(__name__)
 def _indexed_units(folder: Path, store: LocalWork) -> set[str]:
     """Keys of the units whose shards the stage's index lists (all units when it is damaged:
     then assume a finished output depends on every one)."""
+    index = read_record(ShardIndex, folder / SUCCESS)
+    if index is None:
+        return store.unit_keys() if (folder / SUCCESS).exists() else set()
     try:
-        return {m["file"].split("/")[1] for m in read_json(folder / SUCCESS).get("shards", [])}
+        return {m["file"].split("/")[1] for m in index.shards}
     except (KeyError, TypeError, AttributeError, IndexError):
         return store.unit_keys()
 
@@ -108,7 +118,7 @@ def tokenize_task(
     store = work_store(cfg)
     folder = cfg.work_path / "tokens"
     _write_stage_record(cfg, tok, stage_fp, files, units)
-    store.push("tokens/stage.json")
+    store.push(f"tokens/{STAGE}")
     store.pull(f"tokens/{SUCCESS}", "tokens/backend.json")
     task_of = assign_by_size([u["size"] for u in units], num_tasks)
     mine = [k for k in range(len(units)) if task_of[k] == task_index]
@@ -165,24 +175,21 @@ def _write_stage_record(
     same bytes from every task of the same run)."""
     folder = cfg.work_path / "tokens"
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(
-        folder / "stage.json",
-        {
-            "fingerprint": fingerprint({"stage": stage_fp, "units": units}),
-            "settings": tok.settings,
-            "tokenizer": tok.record,
-            "config": {
-                "read": recorded_read(cfg.read),
-                "tokenize": cfg.to_dict()["tokenize"],
-                "chat": dataclasses.asdict(cfg.chat),
-                **({"sources": cfg.to_dict()["sources"]} if cfg.sources else {}),
-            },
-            "files": files,
-            "units": units,
-            # A mixture's sources as tokenized (name, text field, BOS/EOS ids), by index.
-            **({"sources": list(tok.sources)} if tok.sources else {}),
+    record = StageRecord(
+        fingerprint=fingerprint({"stage": stage_fp, "units": units}),
+        settings=tok.settings,
+        tokenizer=tok.record,
+        config={
+            "read": recorded_read(cfg.read),
+            "tokenize": cfg.to_dict()["tokenize"],
+            "chat": dataclasses.asdict(cfg.chat),
+            **({"sources": cfg.to_dict()["sources"]} if cfg.sources else {}),
         },
+        files=files,
+        units=units,
+        sources=list(tok.sources) if tok.sources else None,
     )
+    atomic_write_json(folder / STAGE, record.to_json())
 
 
 def _render_pool(
@@ -302,7 +309,7 @@ def _tokenize_unit(
         f" bytes {unit['span']}" if unit["span"] else "",
         ", ".join(f"{k} {v:.2f}" for k, v in dataclasses.asdict(counts.times).items()),
     )
-    atomic_write_json(folder / SUCCESS, _unit_record(unit, writer.manifests, counts))
+    atomic_write_json(folder / SUCCESS, _unit_record(unit, writer.manifests, counts).to_json())
 
 
 def _schema(cfg: RunConfig) -> Any:
@@ -365,20 +372,18 @@ def _encoded(
 
 def _unit_record(
     unit: dict[str, Any], manifests: list[dict[str, Any]], counts: _UnitCounts
-) -> dict[str, Any]:
-    """The unit's completion record (``_SUCCESS.json``): its shards and what reading and
-    encoding it counted; written last, so its presence marks the unit complete."""
+) -> UnitRecord:
+    """The unit's completion record (``_SUCCESS.json``), from what tokenizing it counted."""
     stats = counts.read
-    return {
-        "fingerprint": unit["fingerprint"],
-        "path": unit["path"],
-        "span": unit["span"],
-        # The shards' file_index column is this plus the file's place in the unit.
-        "file_index": unit["file_index"],
-        "num_docs": sum(m["num_docs"] for m in manifests),
-        "num_tokens": sum(m["num_tokens"] for m in manifests),
-        "shards": manifests,
-        "read_stats": {
+    return UnitRecord(
+        fingerprint=unit["fingerprint"],
+        path=unit["path"],
+        span=unit["span"],
+        file_index=unit["file_index"],
+        num_docs=sum(m["num_docs"] for m in manifests),
+        num_tokens=sum(m["num_tokens"] for m in manifests),
+        shards=manifests,
+        read_stats={
             "documents": stats.documents,
             "blank_lines": stats.blank_lines,
             "bytes_read": stats.bytes_read,
@@ -386,15 +391,11 @@ def _unit_record(
             "rejected": dict(sorted(stats.rejected.items())),
             "corrupt_streams": stats.corrupt_streams,
         },
-        "chat": None if counts.chat is None else dataclasses.asdict(counts.chat),
-        **(
-            {"preference": dataclasses.asdict(counts.preference)}
-            if counts.preference is not None
-            else {}
-        ),
-        "special_strings": dict(sorted(counts.specials.items())),
-        "times": {k: round(v, 3) for k, v in dataclasses.asdict(counts.times).items()},
-    }
+        chat=None if counts.chat is None else dataclasses.asdict(counts.chat),
+        preference=None if counts.preference is None else dataclasses.asdict(counts.preference),
+        special_strings=dict(sorted(counts.specials.items())),
+        times={k: round(v, 3) for k, v in dataclasses.asdict(counts.times).items()},
+    )
 
 
 def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from packcli.fs import (
 from packcli.names import CONFIG_NAMES, MARKER, OUT_LOCK, WORK_DIR, WORK_MARKER
 from packcli.publish.marker import peek_marker, read_json_object
 from packcli.stages.workstore import check_remote_work, work_store
+from packcli.stages.write_records import FileClaim
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,9 @@ def _is_work_folder(work: Path, out: Path | None) -> bool:
     marker = read_json(work / WORK_MARKER)
     if marker.get("packcli_work") == 1:
         return out is None or marker.get("out") == str(out.resolve())
-    stage = read_json(work / "tokens" / "stage.json")
-    return out is None and "settings" in stage and "units" in stage
+    from packcli.tokenize.records import STAGE, StageRecord
+
+    return out is None and StageRecord.recognised(read_json(work / "tokens" / STAGE))
 
 
 def _is_output(out: Path) -> bool:
@@ -182,8 +184,8 @@ def owned_outputs(cfg: RunConfig) -> set[str]:
     work = cfg.work_path
     owned: set[str] = set()
     for path in (work / "write").glob("*-*.json"):
-        name, file = path.name.split("-", 1)[0], read_json(path).get("file")
-        if name in CONFIG_NAMES and isinstance(file, str) and "/" not in file:
+        name, file = path.name.split("-", 1)[0], FileClaim.named(read_json(path))
+        if name in CONFIG_NAMES and file is not None:
             owned.add(f"data/{name}/{file}")
     for path in (work / OWNED_DIR).glob("*.json"):
         files = read_json(path).get("files")

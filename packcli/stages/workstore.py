@@ -44,11 +44,13 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, WORK_LOCK
-from packcli.publish.marker import read_json_object
+
+if TYPE_CHECKING:
+    from packcli.stages.write_records import FileRecord
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +147,17 @@ class LocalWork:
     def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
         """Keys of the complete units: a record with the unit's fingerprint and every shard
         it lists still whole (a truncated shard is tokenized again, not read as garbage)."""
-        from packcli.tokenize.shards import SUCCESS, shard_intact
+        from packcli.tokenize.records import SUCCESS, UnitRecord, read_record
+        from packcli.tokenize.shards import shard_intact
 
         done = set()
         for unit in units:
             folder = self.local / UNITS / unit["key"]
-            record = read_json_object(folder / SUCCESS)
-            if record.get("fingerprint") == unit["fingerprint"] and all(
-                shard_intact(folder, m) for m in record.get("shards", [])
+            record = read_record(UnitRecord, folder / SUCCESS)  # None: redo it
+            if (
+                record is not None
+                and record.fingerprint == unit["fingerprint"]
+                and all(shard_intact(folder, m) for m in record.shards)
             ):
                 done.add(unit["key"])
         return done
@@ -170,14 +175,14 @@ class LocalWork:
         """Before the first output file changes (the local ``packcli.json`` is gone already:
         ``work.uncomplete``)."""
 
-    def output_written(self, rel: str, record: dict[str, Any]) -> bool:
+    def output_written(self, rel: str, record: FileRecord) -> bool:
         """Whether the output file that its current write record (``record``) names is there."""
         return (self.out / rel).is_file()
 
-    def place_output(self, rel: str, record: dict[str, Any]) -> dict[str, Any]:
-        """A file just written at ``out/rel`` (its record so far: bytes, sha256) goes where
-        the output is; returns what its record keeps of that (nothing here)."""
-        return {}
+    def place_output(self, rel: str, size: int, sha256: str) -> dict[str, str] | None:
+        """A file just written at ``out/rel`` (``size`` bytes, its ``sha256``) goes where
+        the output is; returns the store's version of it for its record (None here)."""
+        return None
 
     def remove_output(self, rel: str) -> None:
         """Delete an output file packcli wrote (missing is fine)."""
@@ -219,11 +224,11 @@ class StagingWork(LocalWork):
 
         begin_changes(self.out_url)
 
-    def place_output(self, rel: str, record: dict[str, Any]) -> dict[str, Any]:
+    def place_output(self, rel: str, size: int, sha256: str) -> dict[str, str] | None:
         from packcli.fs import put_output_file
 
-        put_output_file(self.out, self.local, self.out_url, rel, record["bytes"], record["sha256"])
-        return {}
+        put_output_file(self.out, self.local, self.out_url, rel, size, sha256)
+        return None
 
     def publish(
         self,
@@ -484,7 +489,7 @@ class WorkStore(StagingWork):
         and every shard it lists there at its recorded size and as the store had it when put
         (``STORED``; one listing for all units)."""
         from packcli.fs import same_version
-        from packcli.tokenize.shards import SUCCESS
+        from packcli.tokenize.records import SUCCESS, UnitRecord, parse_record
 
         found = self.infos(UNITS)
         done = set()
@@ -492,8 +497,10 @@ class WorkStore(StagingWork):
             rel = f"{UNITS}/{unit['key']}"
             if f"{rel}/{SUCCESS}" not in found:
                 continue
-            record = self.read_json(f"{rel}/{SUCCESS}")
-            if record.get("fingerprint") != unit["fingerprint"]:
+            record = parse_record(
+                UnitRecord, self.read_json(f"{rel}/{SUCCESS}"), f"{rel}/{SUCCESS}"
+            )
+            if record is None or record.fingerprint != unit["fingerprint"]:
                 continue
             # The store's version of each shard as it was put: a shard replaced since (the
             # same size, other tokens) is not the one the record vouches for.
@@ -510,14 +517,13 @@ class WorkStore(StagingWork):
                     and same_version(stored[name], there)
                 )
 
-            shards = record.get("shards", [])
-            if all(intact(m.get("file"), m.get("bytes")) for m in shards):
+            if all(intact(m.get("file"), m.get("bytes")) for m in record.shards):
                 done.add(unit["key"])
         return done
 
     def unit_finished(self, key: str) -> None:
         """Put a unit just tokenized here, its record last, and free its local folder."""
-        from packcli.tokenize.shards import SUCCESS
+        from packcli.tokenize.records import SUCCESS
 
         self.push_folder(f"{UNITS}/{key}", SUCCESS)
 
@@ -527,7 +533,7 @@ class WorkStore(StagingWork):
 
     # ------------------------------------------------------------------ the remote output
 
-    def output_written(self, rel: str, record: dict[str, Any]) -> bool:
+    def output_written(self, rel: str, record: FileRecord) -> bool:
         """There at its recorded size, and as the store had it when put (one listing of the
         output's ``data/``, taken when first asked)."""
         from packcli.fs import same_version
@@ -535,11 +541,11 @@ class WorkStore(StagingWork):
         there = self._listed("out:data", lambda: self.out_listing("data")).get(rel)
         return (
             there is not None
-            and int(there.get("size") or 0) == record.get("bytes")
-            and same_version(record.get("store_version") or {}, there)
+            and int(there.get("size") or 0) == record.bytes
+            and same_version(record.store_version or {}, there)
         )
 
-    def place_output(self, rel: str, record: dict[str, Any]) -> dict[str, Any]:
+    def place_output(self, rel: str, size: int, sha256: str) -> dict[str, str] | None:
         """Put the file straight under the remote ``--out``, then drop the local copy; its
         record keeps the store's version of it (for reuse, and finalize's check)."""
         from packcli.fs import stored_version
@@ -550,7 +556,7 @@ class WorkStore(StagingWork):
             f"stat {rel} of the output", lambda: stored_version(self.out_fs, target)
         )
         local.unlink()
-        return {"store_version": version}
+        return version
 
     def remove_output(self, rel: str) -> None:
         """Delete a file of the remote ``--out`` (missing is fine), and its local copy."""

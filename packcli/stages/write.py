@@ -28,6 +28,8 @@ from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
 from packcli.stages.workstore import in_mirror, work_store
+from packcli.stages.write_records import FileClaim, FileRecord, file_record_name
+from packcli.tokenize.records import read_record
 from packcli.tokenize.shards import TokenShards, sha256_file, shard_tokens
 from packcli.write import ROWS_VERSION, PieceRule, TokenSource, pad_token_id, write_config_file
 
@@ -38,7 +40,7 @@ def write_fingerprint(cfg: RunConfig, shards: TokenShards) -> str:
     model = cost_model_of(cfg)
     return fingerprint(
         {
-            "plan": plan_fingerprint(cfg.plan, shards.success["fingerprint"]),
+            "plan": plan_fingerprint(cfg.plan, shards.success.fingerprint),
             "plan_content": read_json(cfg.work_path / "plan.json").get("content_sha256"),
             "write": dataclasses.asdict(cfg.write),
             "rows": ROWS_VERSION,
@@ -80,28 +82,30 @@ class _Writer:
         self.out = require_out(cfg)
         self.store = work_store(cfg)
         self.fingerprint = write_fingerprint(cfg, shards)
-        self.mixture = shards.success.get("sources")  # a mixture's sources, else None
+        self.mixture = shards.success.sources  # a mixture's sources, else None
         self.records = cfg.work_path / "write"
         self.records.mkdir(parents=True, exist_ok=True)
-        self.pad_id = pad_token_id(shards.success["tokenizer"])  # context-parallel padding
+        self.pad_id = pad_token_id(shards.success.tokenizer)  # context-parallel padding
         self.pieces = piece_rule(planset)
         self.cost_model = cost_model_of(cfg)
 
     def written(self, job: FileJob) -> bool:
-        record = read_json(self.records / f"{job.config}-{job.index:05d}.json")
-        return record.get("fingerprint") == self.fingerprint and self.store.output_written(
-            job.rel, record
+        record = read_record(FileRecord, self.records / file_record_name(job.config, job.index))
+        return (
+            record is not None
+            and record.fingerprint == self.fingerprint
+            and self.store.output_written(job.rel, record)
         )
 
     def claim_file(self, job: FileJob, record_path: Path) -> None:
         """Before a file is written, its record names it (without a fingerprint: not done),
         so a kill mid-write leaves a file packcli's records own. A file of an earlier plan
         the record named (another name) is packcli's and stale: it goes first."""
-        old = read_json(record_path).get("file")
+        old = FileClaim.named(read_json(record_path))
         name = Path(job.rel).name
-        if isinstance(old, str) and old != name and "/" not in old:
+        if old is not None and old != name:
             self.store.remove_output(f"data/{job.config}/{old}")
-        atomic_write_json(record_path, {"file": name})
+        atomic_write_json(record_path, FileClaim(file=name).to_json())
         self.store.push(f"write/{record_path.name}")
 
     def begin(self, jobs: list[FileJob]) -> None:
@@ -124,7 +128,7 @@ class _Writer:
         def write_one(job: FileJob) -> None:
             layout = getattr(plan, job.config)
             final = self.out / job.rel
-            record_path = self.records / f"{job.config}-{job.index:05d}.json"
+            record_path = self.records / file_record_name(job.config, job.index)
             if self.written(job):
                 on_tokens(int(layout.row_tokens[job.r0 : job.r1].sum()))
                 return
@@ -142,16 +146,17 @@ class _Writer:
                 pieces=self.pieces,
                 cost_model=self.cost_model,
             )
-            record = {
-                "fingerprint": self.fingerprint,
-                "file": final.name,
-                "rows": job.r1 - job.r0,
-                "tokens": int(layout.row_tokens[job.r0 : job.r1].sum()),
-                "bytes": final.stat().st_size,
-                "sha256": sha256_file(final),
-            }
-            record.update(self.store.place_output(job.rel, record))  # then the record
-            atomic_write_json(record_path, record)
+            size, digest = final.stat().st_size, sha256_file(final)
+            record = FileRecord(
+                fingerprint=self.fingerprint,
+                file=final.name,
+                rows=job.r1 - job.r0,
+                tokens=int(layout.row_tokens[job.r0 : job.r1].sum()),
+                bytes=size,
+                sha256=digest,
+                store_version=self.store.place_output(job.rel, size, digest),  # then the record
+            )
+            atomic_write_json(record_path, record.to_json())
             self.store.push(f"write/{record_path.name}")
             crash_point(f"write:{job.config}:{job.index}")
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.atomic import atomic_path, atomic_write_json
-from packcli.errors import PackcliError
+from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex, damaged
 
 SHARD_SCHEMA = pa.schema(
     [
@@ -46,7 +46,6 @@ CHAT_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("labels", pa.list_(pa.int32()))
 # Preference shards hold each pair as one document (prompt+chosen, then prompt+rejected) and
 # the length of its first sequence (0: not a pair, e.g. a dropped one); see packcli.chat.preference.
 PREFERENCE_SHARD_SCHEMA = CHAT_SHARD_SCHEMA.append(pa.field("chosen_len", pa.int32()))
-SUCCESS = "_SUCCESS.json"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -233,10 +232,6 @@ class ShardWriter:
         self._pending_tokens = 0
 
 
-class ShardError(PackcliError):
-    """A tokenized shard or the stage's index in the work folder is damaged."""
-
-
 def shard_intact(folder: Path, manifest: dict[str, Any]) -> bool:
     """Whether the shard a manifest describes is still there and whole, for reuse: its size
     (when the manifest has one), its Arrow footer, and its content against the sha256 taken
@@ -255,14 +250,6 @@ def shard_intact(folder: Path, manifest: dict[str, Any]) -> bool:
         return "sha256" not in manifest or sha256_file(path) == manifest["sha256"]
     except (OSError, pa.ArrowException):
         return False
-
-
-def _damaged(path: Path, exc: Exception | str) -> ShardError:
-    return ShardError(
-        f"{path}: damaged tokenized shard or index ({exc}); rerun the same packcli pack or "
-        "tokenize command to rebuild it (`packcli verify --no-shards` checks the output "
-        "without the work folder)"
-    )
 
 
 @dataclass
@@ -322,13 +309,13 @@ class TokenShards:
         if not success.is_file():
             raise FileNotFoundError(f"no completed tokenize stage in {folder}")
         try:
-            self.success: dict[str, Any] = json.loads(success.read_text(encoding="utf-8"))
-            self.manifests: list[dict[str, Any]] = self.success["shards"]
+            self.success = ShardIndex.from_json(json.loads(success.read_bytes()), success)
+            self.manifests: list[dict[str, Any]] = self.success.shards
             self.first_doc_ids = np.array(
                 [m["first_doc_id"] for m in self.manifests], dtype=np.int64
             )
         except (ValueError, KeyError, TypeError) as exc:
-            raise _damaged(success, exc) from exc
+            raise damaged(success, exc) from exc
 
     @property
     def num_docs(self) -> int:
@@ -357,7 +344,7 @@ class TokenShards:
         try:
             return list(pa.ipc.open_file(self._source(0, ranged=True)).schema.names)
         except (OSError, pa.ArrowException) as exc:
-            raise _damaged(self.folder / self.manifests[0]["file"], exc) from exc
+            raise damaged(self.folder / self.manifests[0]["file"], exc) from exc
 
     def _reader(self, index: int, fields: list[str] | None = None) -> pa.ipc.RecordBatchFileReader:
         """Memory-mapped reader of one shard; ``fields`` limits what is read to those columns."""
@@ -372,13 +359,13 @@ class TokenShards:
             )
             return pa.ipc.open_file(source, options=opts)
         except (OSError, pa.ArrowException) as exc:
-            raise _damaged(path, exc) from exc
+            raise damaged(path, exc) from exc
 
     def _read_column(self, index: int, name: str) -> pa.ChunkedArray:
         try:
             return self._reader(index, [name]).read_all().column(0)
         except pa.ArrowException as exc:
-            raise _damaged(self.folder / self.manifests[index]["file"], exc) from exc
+            raise damaged(self.folder / self.manifests[index]["file"], exc) from exc
 
     def shard_column(self, index: int, name: str) -> np.ndarray:
         """One scalar column of one shard (reads only that column)."""
@@ -423,10 +410,10 @@ class TokenShards:
         try:
             size = path.stat().st_size
             if "bytes" in manifest and size != manifest["bytes"]:
-                raise _damaged(path, f"{size} bytes, written as {manifest['bytes']}")
+                raise damaged(path, f"{size} bytes, written as {manifest['bytes']}")
             same = sha256_file(path) == manifest["sha256"]
         except OSError as exc:
-            raise _damaged(path, exc) from exc
+            raise damaged(path, exc) from exc
         if not same:
             raise ShardError(
                 f"{path}: tokenized shard changed since it was written (its sha256 differs "

@@ -1,0 +1,246 @@
+"""The tokenize stage's records (packcli.tokenize.records): each one read back as written,
+a damaged one refused naming its file and field, and a work folder of an older packcli (no
+``version``) tokenized again instead of read."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from corpora import mixed_lengths, write_corpus
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packcli.tokenize.records import (
+    SUCCESS,
+    OldRecordError,
+    RecordError,
+    ShardIndex,
+    StageRecord,
+    UnitRecord,
+    read_record,
+)
+
+names = st.text("abcdefghij_", min_size=1, max_size=8)
+scalars = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8)
+objects = st.dictionaries(names, scalars, max_size=4)
+object_lists = st.lists(objects, max_size=3)
+counts = st.dictionaries(names, st.integers(0, 2**40), max_size=4)
+seconds = st.dictionaries(names, st.floats(0, 1e6, allow_nan=False), max_size=4)
+digests = st.text("0123456789abcdef", min_size=64, max_size=64)
+
+stage_records = st.builds(
+    StageRecord,
+    fingerprint=digests,
+    settings=objects,
+    tokenizer=objects,
+    config=objects,
+    files=object_lists,
+    units=object_lists,
+    sources=st.none() | object_lists,
+)
+unit_records = st.builds(
+    UnitRecord,
+    fingerprint=digests,
+    path=st.text(max_size=20),
+    span=st.none() | st.lists(st.integers(0, 2**40), min_size=2, max_size=2),
+    file_index=st.integers(0, 2**31),
+    num_docs=st.integers(0, 2**40),
+    num_tokens=st.integers(0, 2**40),
+    shards=object_lists,
+    read_stats=objects,
+    chat=st.none() | counts,
+    special_strings=counts,
+    times=seconds,
+    preference=st.none() | counts,
+)
+shard_indexes = st.builds(
+    ShardIndex,
+    fingerprint=digests,
+    files=object_lists,
+    shards=object_lists,
+    read_stats=objects,
+    chat=st.none() | counts,
+    special_strings=counts,
+    units=object_lists,
+    times=seconds,
+    tokens=st.integers(0, 2**50),
+    tokenizer=objects,
+    backend=objects,
+    preference=st.none() | counts,
+    sources=st.none() | object_lists,
+)
+records = stage_records | unit_records | shard_indexes
+STRATEGY: dict[type, st.SearchStrategy[Any]] = {
+    StageRecord: stage_records,
+    UnitRecord: unit_records,
+    ShardIndex: shard_indexes,
+}
+
+
+@given(records)
+def test_a_record_reads_back_as_written(record: Any) -> None:
+    data = json.loads(json.dumps(record.to_json()))
+    assert data["version"] == 1
+    assert type(record).from_json(data, "tokens/x.json") == record
+
+
+@given(unit_records | shard_indexes)
+def test_preference_and_sources_appear_only_when_set(record: Any) -> None:
+    """Text outputs' records keep the keys they had: ``preference`` (and ``sources``) only
+    when there are some; ``chat`` always (null for text)."""
+    data = record.to_json()
+    assert ("preference" in data) == (record.preference is not None)
+    assert "chat" in data
+    if isinstance(record, ShardIndex):
+        assert ("sources" in data) == (record.sources is not None)
+
+
+def _fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _required(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+
+
+@pytest.mark.parametrize("cls", [StageRecord, UnitRecord, ShardIndex])
+@given(data=st.data())
+def test_a_missing_field_is_named_with_the_file(cls: type, data: st.DataObject) -> None:
+    record = data.draw(STRATEGY[cls])
+    name = data.draw(st.sampled_from(_required(cls)))
+    raw = record.to_json()
+    del raw[name]
+    with pytest.raises(RecordError) as caught:
+        cls.from_json(raw, Path("work/tokens/files/u0/_SUCCESS.json"))
+    assert "work/tokens/files/u0/_SUCCESS.json" in str(caught.value)
+    assert repr(name) in str(caught.value) and "missing" in str(caught.value)
+
+
+WRONG: dict[str, object] = {
+    "fingerprint": 12,
+    "settings": [],
+    "tokenizer": "hf",
+    "config": None,
+    "files": {},
+    "units": 3,
+    "sources": "all",
+    "path": ["a"],
+    "span": "0-10",
+    "file_index": True,  # a JSON boolean is not a count
+    "num_docs": "7",
+    "num_tokens": 1.5,
+    "shards": None,
+    "read_stats": [],
+    "chat": [1],
+    "special_strings": [],
+    "times": 0,
+    "preference": "yes",
+    "backend": None,
+    "tokens": "many",
+}
+
+
+@pytest.mark.parametrize(
+    ("cls", "name"),
+    [(cls, name) for cls in (StageRecord, UnitRecord, ShardIndex) for name in _fields(cls)],
+)
+@given(data=st.data())
+def test_a_field_of_the_wrong_type_is_named_with_the_file(
+    cls: type, name: str, data: st.DataObject
+) -> None:
+    raw = data.draw(STRATEGY[cls]).to_json()
+    raw[name] = WRONG[name]
+    with pytest.raises(RecordError) as caught:
+        cls.from_json(raw, "w/tokens/stage.json")
+    message = str(caught.value)
+    assert message.startswith("w/tokens/stage.json: ") and f"field {name!r}" in message
+    assert type(WRONG[name]).__name__ in message
+
+
+@pytest.mark.parametrize("version", [None, 0, 2, "1"])
+@given(record=records)
+def test_a_record_of_another_version_is_refused(record: Any, version: object) -> None:
+    raw = record.to_json()
+    if version is None:
+        del raw["version"]  # written before records had versions
+    else:
+        raw["version"] = version
+    with pytest.raises(OldRecordError, match="record version"):
+        type(record).from_json(raw, "tokens/_SUCCESS.json")
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(record=unit_records)
+def test_read_record_is_none_for_what_must_be_redone(tmp_path: Path, record: UnitRecord) -> None:
+    path = tmp_path / SUCCESS
+    path.unlink(missing_ok=True)
+    assert read_record(UnitRecord, path) is None  # missing
+    path.write_text("{not json")
+    assert read_record(UnitRecord, path) is None
+    path.write_text(json.dumps({"fingerprint": "f", "shards": []}))  # an older packcli's
+    assert read_record(UnitRecord, path) is None
+    path.write_text(json.dumps(record.to_json()))
+    assert read_record(UnitRecord, path) == record
+
+
+CONFIG = """
+tokenize:
+  shard_tokens: 4096
+plan:
+  short_len: 64
+  long_len: 1024
+read:
+  split_bytes: 40000
+"""
+TINY_SPANS = (
+    "import sys, packcli.config as c; c.MIN_SPLIT_BYTES = 1; from packcli.cli import main; main()"
+)
+
+
+def _pack(corpus: Path, tok: Path, out: Path, cfg: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-c", TINY_SPANS, "-v", "pack", str(corpus), "-t", str(tok)]
+    cmd += ["-o", str(out), "-c", str(cfg), "-q"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_an_older_work_folder_is_tokenized_again_not_misread(
+    tmp_path: Path, toy_tokenizer_path: Path
+) -> None:
+    """Every record of the tokenize stage without its ``version`` (as an older packcli wrote
+    them) and with counts that would change the output if read: the rerun tokenizes every
+    unit again, rewrites the records, and its output is the first run's."""
+    corpus = tmp_path / "corpus.jsonl"
+    write_corpus(corpus, mixed_lengths(300, seed=3), seed=3)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG)
+    out = tmp_path / "out"
+    first = _pack(corpus, toy_tokenizer_path, out, cfg)
+    assert first.returncode == 0, first.stderr
+    expected = {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")}
+    report = json.loads((out / "packcli.json").read_text())["report"]
+    tokens = out / ".packcli" / "tokens"
+    unit_files = sorted(tokens.glob(f"files/*/{SUCCESS}"))
+    assert len(unit_files) >= 3  # byte spans: several units
+    true_docs = {}
+    for path in [tokens / "stage.json", tokens / SUCCESS, *unit_files]:
+        raw = json.loads(path.read_text())
+        del raw["version"]
+        if "num_docs" in raw:
+            true_docs[path] = raw["num_docs"]
+            raw["num_docs"] += 7
+        path.write_text(json.dumps(raw))
+    again = _pack(corpus, toy_tokenizer_path, out, cfg)
+    assert again.returncode == 0, again.stderr
+    assert "reusing tokenized shards" not in again.stderr
+    for path, docs in true_docs.items():
+        record = UnitRecord.from_json(json.loads(path.read_text()), path)
+        assert record.num_docs == docs
+    ShardIndex.from_json(json.loads((tokens / SUCCESS).read_text()), tokens / SUCCESS)
+    assert {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")} == expected
+    assert json.loads((out / "packcli.json").read_text())["report"] == report

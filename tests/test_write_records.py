@@ -1,0 +1,117 @@
+"""The write stage's per-file records (packcli.stages.write_records): read back as written,
+a damaged one refused naming file and field, and one of an older packcli (no ``version``)
+not taken for a finished file: the file is written again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from corpora import mixed_lengths, write_corpus
+from hypothesis import given
+from hypothesis import strategies as st
+
+from packcli.stages.write_records import FileClaim, FileRecord
+from packcli.tokenize.records import OldRecordError, RecordError
+
+file_records = st.builds(
+    FileRecord,
+    fingerprint=st.text("0123456789abcdef", min_size=64, max_size=64),
+    file=st.text(min_size=1, max_size=30),
+    rows=st.integers(0, 2**40),
+    tokens=st.integers(0, 2**50),
+    bytes=st.integers(0, 2**50),
+    sha256=st.text("0123456789abcdef", min_size=64, max_size=64),
+    store_version=st.none() | st.dictionaries(st.text(max_size=5), st.text(max_size=9)),
+)
+
+
+@given(file_records)
+def test_a_file_record_reads_back_as_written(record: FileRecord) -> None:
+    data = json.loads(json.dumps(record.to_json()))
+    assert FileRecord.from_json(data, "write/long-00000.json") == record
+    assert ("store_version" in data) == (record.store_version is not None)
+
+
+@given(file_records)
+def test_the_listing_is_the_record_without_its_bookkeeping(record: FileRecord) -> None:
+    """What packcli.json lists of a file: not the version, fingerprint or store version."""
+    data = record.to_json()
+    expected = {k: data[k] for k in ("file", "rows", "tokens", "bytes", "sha256")}
+    assert record.listing() == expected
+
+
+@pytest.mark.parametrize("name", ["fingerprint", "file", "rows", "tokens", "bytes", "sha256"])
+@given(record=file_records)
+def test_a_missing_or_wrong_field_is_named_with_the_file(record: FileRecord, name: str) -> None:
+    raw = record.to_json()
+    del raw[name]
+    with pytest.raises(RecordError, match=rf"^write/short-00003.json: field {name!r} missing"):
+        FileRecord.from_json(raw, "write/short-00003.json")
+    raw[name] = [1]
+    with pytest.raises(RecordError, match=rf"^write/short-00003.json: field {name!r} is list"):
+        FileRecord.from_json(raw, "write/short-00003.json")
+
+
+@given(record=file_records)
+def test_a_claim_or_an_old_record_is_not_a_finished_file(record: FileRecord) -> None:
+    raw = record.to_json()
+    del raw["version"]
+    with pytest.raises(OldRecordError):
+        FileRecord.from_json(raw, "write/long-00000.json")
+    claim = FileClaim(file=record.file).to_json()
+    with pytest.raises(RecordError, match="'fingerprint' missing"):
+        FileRecord.from_json(claim, "write/long-00000.json")
+    # Either still names the file packcli wrote (its own to replace).
+    expected = record.file if "/" not in record.file else None
+    assert FileClaim.named(raw) == FileClaim.named(claim) == expected
+
+
+CONFIG = """
+tokenize:
+  shard_tokens: 4096
+plan:
+  short_len: 64
+  long_len: 1024
+write:
+  shard_tokens: 8192
+"""
+
+
+def _pack(corpus: Path, tok: Path, out: Path, cfg: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "packcli", "-v", "pack", str(corpus), "-t", str(tok)]
+    cmd += ["-o", str(out), "-c", str(cfg), "-q"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_older_write_records_are_written_again(tmp_path: Path, toy_tokenizer_path: Path) -> None:
+    """Write records without ``version`` whose sizes would fail the output if read: the rerun
+    writes every file again (fresh records) and the output is the first run's."""
+    corpus = tmp_path / "corpus.jsonl"
+    write_corpus(corpus, mixed_lengths(300, seed=4), seed=4)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG)
+    out = tmp_path / "out"
+    first = _pack(corpus, toy_tokenizer_path, out, cfg)
+    assert first.returncode == 0, first.stderr
+    expected = {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")}
+    marker = (out / "packcli.json").read_bytes()
+    records = sorted((out / ".packcli" / "write").glob("*-0*.json"))
+    assert len(records) >= 2
+    truth = {}
+    for path in records:
+        raw = json.loads(path.read_text())
+        truth[path] = FileRecord.from_json(raw, path)
+        del raw["version"]
+        raw["rows"] += 5
+        path.write_text(json.dumps(raw))
+    (out / "packcli.json").unlink()  # the output is remade from the records
+    again = _pack(corpus, toy_tokenizer_path, out, cfg)
+    assert again.returncode == 0, again.stderr
+    for path, record in truth.items():
+        assert FileRecord.from_json(json.loads(path.read_text()), path) == record
+    assert {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")} == expected
+    assert (out / "packcli.json").read_bytes() == marker
