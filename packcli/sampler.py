@@ -11,19 +11,13 @@ another. It needs no torch: a ``DataLoader`` takes any sized iterable of indices
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
-from packcli.pack.schedule import CostModel, row_squares, schedule
+from packcli.pack.schedule import row_costs, schedule
 
-
-def row_costs(seq_lengths: Sequence[Any], model: CostModel) -> np.ndarray:
-    """Each row's cost from its ``seq_lengths`` (the output column: its segments' lengths)."""
-    squares = row_squares(seq_lengths)
-    tokens = np.array([float(np.sum(s)) for s in seq_lengths], np.float64)
-    return model.row_cost(tokens, squares)
+__all__ = ["PackedDistributedSampler", "row_costs"]
 
 
 class PackedDistributedSampler:

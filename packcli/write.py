@@ -32,7 +32,7 @@ from packcli.names import CONFIG_NAMES, IGNORE_INDEX
 from packcli.pack.mixture import key_doc, key_repeat, source_of
 from packcli.pack.padding import pad_mask, padded_sizes
 from packcli.pack.plan import Plan, RowLayout, piece_numbers, plan_two_tier
-from packcli.pack.schedule import CostModel
+from packcli.pack.schedule import CostModel, segment_row_costs
 from packcli.tokenize.shards import LazyShards, ShardTokens, TokenShards
 
 # The rows' layout, as a version: bumped when the same plan writes other bytes (2: the
@@ -91,7 +91,7 @@ SEQ_PAD_FIELD = pa.field("seq_pad", pa.list_(pa.int32()))
 # segment length, over its ``seq_lengths`` as stored), what ``PackedDistributedSampler``
 # balances. float64, not int64: the coefficients are real-valued estimates (FLOPs from an
 # estimated parameter count), which an integer would only round; float64 holds a 70B model's
-# 131k-token row (~6e16) to 1 part in 1e16, and it is what ``row_costs`` and the sampler
+# 131k-token row (~6e16) to 1 part in 1e16, and it is what ``segment_row_costs`` and the sampler
 # compute in. Off by default: without it the rows' bytes are what they were.
 COST_FIELD = pa.field("cost", pa.float64())
 
@@ -408,23 +408,9 @@ def rows_to_table(
     if pad is not None:
         columns.append(list_array(seg_offsets, pad, pa.int32()))
     if cost_model is not None:
-        columns.append(to_arrow(row_costs(seg_offsets, sizes, cost_model), pa.float64()))
+        columns.append(to_arrow(segment_row_costs(seg_offsets, sizes, cost_model), pa.float64()))
     schema = row_schema(source, pad is not None, cost_model is not None)
     return pa.Table.from_arrays(columns, schema=schema)
-
-
-def row_costs(seg_offsets: np.ndarray, sizes: np.ndarray, model: CostModel) -> np.ndarray:
-    """The ``cost`` column: each row's cost by ``model`` over its stored segments (rows'
-    segments are ``seg_offsets[r]:seg_offsets[r+1]`` of ``sizes``). Tokens and squares are
-    summed exactly in int64 before the model's float arithmetic, so ``verify`` gets the
-    same float64 from ``seq_lengths``."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    sq = np.zeros(sizes.size + 1, dtype=np.int64)
-    np.cumsum(sizes * sizes, out=sq[1:])
-    tok = np.zeros(sizes.size + 1, dtype=np.int64)
-    np.cumsum(sizes, out=tok[1:])
-    lo, hi = seg_offsets[:-1], seg_offsets[1:]
-    return model.row_cost(tok[hi] - tok[lo], sq[hi] - sq[lo])
 
 
 def pair_segments(

@@ -109,11 +109,27 @@ def resolve_cost_model(spec: str, *, causal: bool = True) -> CostModel:
         ) from exc
 
 
-def row_squares(seq_lengths: Iterable[Any]) -> np.ndarray:
-    """Sum of squared segment lengths of each row, from its ``seq_lengths`` list."""
-    return np.array(
-        [float(np.square(np.asarray(s, np.float64)).sum()) for s in seq_lengths], np.float64
-    )
+def row_costs(seq_lengths: Iterable[Any], model: CostModel) -> np.ndarray:
+    """Each row's cost from its ``seq_lengths`` (the output column: its segments' lengths)."""
+    lengths = [np.asarray(s, dtype=np.int64) for s in seq_lengths]
+    seg_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum([s.size for s in lengths], out=seg_offsets[1:])
+    sizes = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    return segment_row_costs(seg_offsets, sizes, model)
+
+
+def segment_row_costs(seg_offsets: np.ndarray, sizes: np.ndarray, model: CostModel) -> np.ndarray:
+    """Each row's cost by ``model`` over its segments (row ``r``'s are
+    ``sizes[seg_offsets[r]:seg_offsets[r + 1]]``): the ``cost`` column. Tokens and squares are
+    summed exactly in int64 before the model's float arithmetic, so the writer, the sampler
+    and ``verify`` get the same float64 from the same lengths."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    sq = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes * sizes, out=sq[1:])
+    tok = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=tok[1:])
+    lo, hi = seg_offsets[:-1], seg_offsets[1:]
+    return model.row_cost(tok[hi] - tok[lo], sq[hi] - sq[lo])
 
 
 def schedule(cost: np.ndarray, ranks: int, *, rows_per_rank: int = 1, seed: int = 0) -> np.ndarray:
