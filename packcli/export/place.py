@@ -65,7 +65,9 @@ def refuse_foreign(where: str, found: list[str]) -> None:
     """One line naming the foreign files (the first few) and what to do; nothing when none."""
     if not found:
         return
-    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    from packcli.fs.output import first_few
+
+    shown = first_few(found)
     raise ExportError(
         f"export folder {where} holds {len(found)} file(s) this export did not write, where "
         f"it writes: {shown}; packcli never replaces or deletes other files: move them out, "

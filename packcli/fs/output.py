@@ -149,13 +149,18 @@ def foreign_files(
     )
 
 
+def first_few(names: list[str], n: int = 5) -> str:
+    """The first ``n`` of ``names`` for a message, and how many more there are."""
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
 def refuse_foreign(where: str, foreign: list[str], claimed: bool = False) -> None:
     """One line naming the foreign files (the first few) and what to do; nothing when none.
     ``claimed``: the output is packcli's, so the files may be a killed run's whose work
     folder was deleted since (no record of packcli's names them any more)."""
     if not foreign:
         return
-    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    shown = first_few(foreign)
     lost = " (a killed run's files, once its work folder is deleted, are not known either)"
     raise ConfigError(
         f"{where} holds {len(foreign)} file(s) packcli did not write, where it writes its "
