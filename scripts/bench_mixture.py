@@ -136,11 +136,12 @@ def main() -> None:
 
 def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
     """The long config planned by groups (as ``packcli plan`` does past ``group_tokens``):
-    each group and the tail ordered alone, the output their rows one part after another;
-    packcli orders a group's rows without the exchange (its windows would start at the
-    group's first row, not at a step of the output), measured here with it too. Windows:
-    over the output, over the groups' rows (no tail), and each group's own (from its first
-    row, against the output's share and its own)."""
+    each group and the tail row-ordered alone (``order_plan`` without the exchange), the
+    output their rows one part after another; then, as packcli's second pass does, each part
+    exchanged on the output's windows (``exchange_plan`` at its first output row), against
+    the row order alone and the exchange on each part's own windows (from its first row, as
+    if it started the output). Windows: over the output, over the groups' rows (no tail),
+    and each group's own (from its first row, against the output's share and its own)."""
     tokens = np.array([x.sum() for x in lens])
     mult = mx.multipliers_from_shares(np.array([0.5, 0.2, 0.2, 0.1]), tokens)
     first = np.cumsum([0] + [x.size for x in lens[:-1]])
@@ -155,14 +156,26 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
         planned.append(gp.plan)
         tails.append(gp.tail)
     planned.append(plan_tail(tails, cfg))
-    for exchange in (False, True):
+    rows = [mx.order_plan(p, first, args.step, exchange=False) for p in planned]
+    offsets = np.cumsum([0] + [p.long.num_rows for p, _ in rows[:-1]])
+    bounds = [tier_summary(p.long)["rows_over_bound"] for p, _ in rows]
+    variants = {
+        "row order alone": lambda k, p, s: p,
+        "exchanged, each part on its own windows": lambda k, p, s: mx.exchange_plan(
+            p, first, s, spec.seed
+        )[0],
+        "exchanged on the output's windows (packcli)": lambda k, p, s: mx.exchange_plan(
+            p, first, s, spec.seed, int(offsets[k]), k < len(rows) - 1
+        )[0],
+    }
+    print(f"groups: {args.groups} and the tail; long rows per part {[int(p.long.num_rows) for p, _ in rows]}")
+    for label, how in variants.items():
         t0 = time.perf_counter()
-        parts = [mx.order_plan(p, first, args.step, exchange=exchange)[0] for p in planned[:-1]]
-        parts.append(mx.order_plan(planned[-1], first, args.step, exchange=False)[0])
-        print(
-            f"groups {'with' if exchange else 'without (packcli)'} the exchange: "
-            f"{args.groups} groups and the tail ordered in {time.perf_counter() - t0:.2f} s"
-        )
+        parts = [how(k, p, s["long"]) for k, (p, s) in enumerate(rows)]
+        took = time.perf_counter() - t0
+        after = [tier_summary(p.long)["rows_over_bound"] for p in parts]
+        assert after == bounds  # rows and tokens per row kept: rows / bound unchanged
+        print(f"{label}: {took:.2f} s; long rows / bound per part {np.round(after, 6).tolist()}")
         ms = []
         for part in parts:
             src = mx.source_of(part.piece_doc, first)
@@ -170,18 +183,16 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
             ms.append(
                 mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, part.piece_len, 4)
             )
-        print("  rows per part", [m.shape[0] for m in ms])
         target = np.vstack(ms).sum(axis=0) / np.vstack(ms).sum()
+        groups_target = np.vstack(ms[:-1]).sum(axis=0) / np.vstack(ms[:-1]).sum()
         for step in args.steps:
             w = max(1, step // cfg.long_len)
             out = mx.window_deviation(np.vstack(ms), w, target)["max"] * 100
             groups = mx.window_deviation(np.vstack(ms[:-1]), w, target)["max"] * 100
-            own = np.max([mx.window_deviation(m, w, target)["max"] for m in ms[:-1]], axis=0)
-            mine = np.max([mx.window_deviation(m, w)["max"] for m in ms[:-1]], axis=0)
+            own = mx.window_deviation(np.vstack(ms[:-1]), w, groups_target)["max"] * 100
             print(
                 f"  long {step:>11,}  output {np.round(out, 2)}  groups' rows "
-                f"{np.round(groups, 2)}  each group's {np.round(own * 100, 2)} (own share "
-                f"{np.round(mine * 100, 2)})"
+                f"{np.round(groups, 2)} (against their own share {np.round(own, 2)})"
             )
 
 
