@@ -112,7 +112,7 @@ def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] 
 
 
 PLAN_DIR = "plan"  # the parts' arrays: plan/group-NNNNN.npz, plan/tail.npz
-STEPS = "steps"  # a mixture's groups exchanged on the output's steps: plan/group-NNNNN.steps.*
+STEPS = "steps"  # a grouped mixture's second pass: plan/steps.json, plan/steps/group-NNNNN.*
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class PlanPart:
     tokens: dict[str, int]  # per config
     tail_pieces: int  # a group: pieces it released; the tail: pieces it holds
     content_sha256: str
-    steps: bool = False  # a mixture's group: its arrays after the second pass (_exchange_groups)
+    steps: bool = False  # a grouped mixture's group after the second pass (_exchange_groups)
 
     @property
     def is_tail(self) -> bool:
@@ -137,9 +137,11 @@ class PlanPart:
     @property
     def plan_array(self) -> str:
         """Its plan arrays in the work folder: ``plan/NAME.npz``, or after the second pass
-        ``plan/NAME.steps.npz`` (the first pass's file stays, so a killed second pass
+        ``plan/steps/NAME.npz`` (the first pass's file stays, so a killed second pass
         resumes without planning the group again)."""
-        return f"{PLAN_DIR}/{self.name}{'.' + STEPS if self.steps else ''}.npz"
+        return (
+            f"{PLAN_DIR}/{STEPS}/{self.name}.npz" if self.steps else f"{PLAN_DIR}/{self.name}.npz"
+        )
 
     @property
     def arrays(self) -> list[str]:
@@ -421,8 +423,12 @@ def steps_task(
         _exchange_groups(cfg, shards, at, mine, bar.update)
 
 
+def _steps_rel(g: int) -> str:
+    return f"{PLAN_DIR}/{STEPS}/{_group_name(g)}.json"
+
+
 def _steps_record(cfg: RunConfig, g: int) -> dict[str, Any]:
-    return read_json(cfg.work_path / PLAN_DIR / f"{_group_name(g)}.{STEPS}.json")
+    return read_json(cfg.work_path / _steps_rel(g))
 
 
 def _exchange_groups(
@@ -434,7 +440,7 @@ def _exchange_groups(
 ) -> None:
     """The second pass over a mixture's groups in ``mine``: each group's row-ordered plan
     with its long rows exchanged on the output's step windows (``exchange_plan`` at its
-    first output row), saved beside the first pass's (``plan/NAME.steps.npz`` and a record);
+    first output row), saved beside the first pass's (``plan/steps/NAME.npz``, a record);
     a group whose record is current is kept (resume). One group's plan in memory at a time,
     and each group alone, so the bytes are the same for any task count."""
     mix = mix_spec(cfg, shards)
@@ -442,15 +448,16 @@ def _exchange_groups(
         return
     spec, first_doc = mix
     store = work_store(cfg)
+    (cfg.work_path / PLAN_DIR / STEPS).mkdir(parents=True, exist_ok=True)
     for g in mine:
         name = _group_name(g)
-        store.pull(f"{PLAN_DIR}/{name}.json", f"{PLAN_DIR}/{name}.{STEPS}.json")
+        store.pull(f"{PLAN_DIR}/{name}.json", _steps_rel(g))
         record = _group_record(cfg, g)
         first_row, open_end = at.first_rows[g], at.open_end[g]
         fp = fingerprint(
             [record["fingerprint"], record["part"]["content_sha256"], first_row, open_end]
         )
-        if _reusable(store, _steps_record(cfg, g), fp):
+        if _reusable(store, _steps_record(cfg, g), fp, f"{PLAN_DIR}/{STEPS}"):
             on_group(1)
             continue
         part = PlanPart.from_record(record["part"])
@@ -465,7 +472,7 @@ def _exchange_groups(
         del plan, tail
         path = cfg.work_path / done.plan_array
         atomic_write_json(
-            cfg.work_path / PLAN_DIR / f"{name}.{STEPS}.json",
+            cfg.work_path / _steps_rel(g),
             {
                 "fingerprint": fp,
                 "part": done.as_record(),
@@ -473,7 +480,8 @@ def _exchange_groups(
                 "files": {done.plan_array: [path.stat().st_size, sha256_file(path)]},
             },
         )
-        store.push(done.plan_array, f"{PLAN_DIR}/{name}.{STEPS}.json")
+        store.push(done.plan_array, _steps_rel(g))
+        crash_point(f"plan-steps:{g}")
         on_group(1)
 
 
@@ -550,14 +558,14 @@ def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mixture": counts, "mixture_windows": windows}
 
 
-def _reusable(store: LocalWork, record: dict[str, Any], fp: str) -> bool:
+def _reusable(store: LocalWork, record: dict[str, Any], fp: str, under: str = PLAN_DIR) -> bool:
     """A group's record has the current fingerprint and its files are as written (on this
     disk re-hashed, so a damaged or edited plan file is planned again; on a store there at
     their recorded sizes, so reuse fetches nothing: ``LocalWork.intact``)."""
     files = record.get("files")
     if record.get("fingerprint") != fp or not isinstance(files, dict):
         return False
-    return store.intact(files, PLAN_DIR)
+    return store.intact(files, under)
 
 
 def _read_tail(path: Path) -> tuple[Pieces, dict[str, np.ndarray]]:
@@ -665,12 +673,12 @@ def _save_part(
     """A part's plan arrays (``plan/NAME.npz``) and, for a group, the pieces it released
     (``plan/NAME.tail.npz``: small, all the tail's planner reads); the digest covers both.
     ``groups``: how many groups the plan has (0 for the tail, which is cut by size only).
-    ``steps``: a group after the second pass, into ``plan/NAME.steps.npz`` (its released
+    ``steps``: a group after the second pass, into ``plan/steps/NAME.npz`` (its released
     pieces are the first pass's, already saved)."""
     # Any: numpy's stub types ``savez``'s **kwds as its allow_pickle flag.
     arrays: dict[str, Any] = _plan_arrays(plan)
     folder = cfg.work_path / PLAN_DIR
-    with atomic_writer(folder / f"{name}{'.' + STEPS if steps else ''}.npz") as fh:
+    with atomic_writer(folder / (f"{STEPS}/{name}.npz" if steps else f"{name}.npz")) as fh:
         np.savez(fh, **arrays)  # np.savez writes the same bytes to a file or a path
     if tail is not None:
         tail_arrays: dict[str, Any] = {
