@@ -176,7 +176,7 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
             p, first, s, spec.seed, int(offsets[k]), k < last
         )[0],
     }
-    shares = [p.long.row_tokens.sum() for p, _ in rows]
+    shares = [int(p.long.row_tokens.sum()) for p, _ in rows]
     print(f"{args.groups} groups and the tail; long rows per part {counts}; tokens {shares}")
     for label, how in variants.items():
         t0 = time.perf_counter()

@@ -410,12 +410,14 @@ def exchange_plan(
     max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
     window = int(spread["window_rows"])
     w_ex = xc.exchange_window(window, layout.num_rows, layout.capacity, max_piece, target)
-    at = {"offset": offset, "open_end": open_end}
-    new, moves = xc.balance_steps(layout, pack_of_piece, src, sizes, k, w_ex, seed, target, **at)
-    if w_ex > window:  # then the steps inside each window, trading within it only
-        new, fine = xc.balance_steps(
-            new, pack_of_piece, src, sizes, k, window, seed, target, group=w_ex // window, **at
+    def balance(layout: Any, rows: int, group: int = 0) -> tuple[Any, int]:
+        return xc.balance_steps(
+            layout, pack_of_piece, src, sizes, k, rows, seed, target, group, offset, open_end
         )
+
+    new, moves = balance(layout, w_ex)
+    if w_ex > window:  # then the steps inside each window, trading within it only
+        new, fine = balance(new, window, w_ex // window)
         moves += fine
     after_m = row_source_tokens(new.row_offsets, new.row_pieces, src, sizes, k)
     after = window_deviation(after_m, window, offset=offset)

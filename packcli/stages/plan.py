@@ -530,8 +530,9 @@ def _plan_mixed(
 
 def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The groups' per-source counts summed, and per config the largest window deviation (and
-    piece bound) of any group, over the output's windows within it (the long config's: the
-    second pass's; windows straddling two groups are not counted: docs/benchmarks.md
+    piece bound) of any group: the long config's over the output's windows within it (the
+    second pass's), the short config's from the group's first row (its rows are ordered,
+    not exchanged); windows straddling two groups are not counted (docs/benchmarks.md
     measures them)."""
     counts: dict[str, dict[str, int]] = {}
     windows: dict[str, Any] = {}
