@@ -435,6 +435,10 @@ def test_grouped_mixture_same_bytes_for_any_task_count(
         long, groups = _windows(out)
         assert sum(g["exchange_moves"] > 0 for g in groups) >= len(groups) // 2
         assert long["exchange_moves"] == sum(g["exchange_moves"] for g in groups)
+        assert len(long["straddling_max_deviation"]) == 3
+        report = json.loads((out / "packcli.json").read_text())["report"]["mixture"]
+        straddling = [s["long"]["straddling_window_max_deviation"] for s in report["sources"]]
+        assert straddling == long["straddling_max_deviation"]
         assert long["piece_bound"] == np.max([g["piece_bound"] for g in groups], axis=0).tolist()
         hashes.append(data_hashes(out))
     assert hashes[0] == hashes[1] == hashes[2]

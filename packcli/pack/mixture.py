@@ -308,6 +308,44 @@ def window_deviation(
     return {"max": dev.max(axis=0), "p99": np.percentile(dev, 99, axis=0), "windows": n_win}
 
 
+def window_edges(matrix: np.ndarray, window_rows: int, offset: int = 0) -> dict[str, Any]:
+    """Of a part whose first row is the output's row ``offset``: the tokens per source of
+    its rows before the first of the output's window cuts inside it (``head``), and after
+    the last (``tail``; None when no cut falls inside: the part is within one window), the
+    parts of the windows it shares with its neighbours (``straddling_deviation``)."""
+    matrix = np.asarray(matrix, np.float64)
+    w = max(1, window_rows)
+    first = -offset % w
+    n = matrix.shape[0]
+    if first > n:
+        return {"head": matrix.sum(axis=0).astype(np.int64).tolist(), "tail": None}
+    last = first + (n - first) // w * w
+    return {
+        "head": matrix[:first].sum(axis=0).astype(np.int64).tolist(),
+        "tail": matrix[last:].sum(axis=0).astype(np.int64).tolist(),
+    }
+
+
+def straddling_deviation(edges: list[dict[str, Any]], target: np.ndarray) -> np.ndarray:
+    """Per source, the largest |share - target| over the output's windows that straddle two
+    or more parts, from each part's ``window_edges`` in output order (the output's shorter
+    last window is not counted, as in ``window_deviation``)."""
+    target = np.asarray(target, np.float64)
+    worst = np.zeros(target.size)
+    begun: np.ndarray | None = None  # a window some earlier part began
+    for e in edges:
+        head = np.asarray(e["head"], np.float64)
+        if begun is not None:
+            head = begun + head
+        if e["tail"] is None:  # the part ends inside the window
+            begun = head
+            continue
+        if begun is not None and head.sum() > 0:
+            worst = np.maximum(worst, np.abs(head / head.sum() - target))
+        begun = np.asarray(e["tail"], np.float64)
+    return worst
+
+
 def permute_rows(layout: Any, order: np.ndarray) -> Any:
     """The layout with its rows in ``order`` (new row j is old row ``order[j]``)."""
     counts = np.diff(layout.row_offsets)[order]
@@ -410,6 +448,7 @@ def exchange_plan(
     max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
     window = int(spread["window_rows"])
     w_ex = xc.exchange_window(window, layout.num_rows, layout.capacity, max_piece, target)
+
     def balance(layout: Any, rows: int, group: int = 0) -> tuple[Any, int]:
         return xc.balance_steps(
             layout, pack_of_piece, src, sizes, k, rows, seed, target, group, offset, open_end

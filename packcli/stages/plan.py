@@ -48,6 +48,10 @@ from packcli.pack.mixture import (
     expand,
     multipliers_from_shares,
     order_plan,
+    row_source_tokens,
+    source_of,
+    straddling_deviation,
+    window_edges,
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import gather_rejects, index_tokens
@@ -340,6 +344,7 @@ def plan_stage(
                 tail_plan, _ = exchange_plan(
                     tail_plan, mix[1], spread["long"], mix[0].seed, first_row
                 )
+                tail_edges = _long_edges(tail_plan, mix[1], spread["long"], first_row)
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
@@ -359,6 +364,12 @@ def plan_stage(
             ]
         if len(groups) > 1 and mix is not None:
             stats.update(_mixture_stats(records))
+        if second:  # the long config's steps across parts, against the output's share
+            long = stats["mixture_windows"]["long"]
+            tokens = np.array(long["tokens"], np.float64) + tail_edges["tokens"]
+            edges = [*(x["edges"] for x in steps), tail_edges]
+            worst = straddling_deviation(edges, tokens / max(tokens.sum(), 1.0))
+            long["straddling_max_deviation"] = [round(float(x), 6) for x in worst]
     if mix is not None:
         stats["mixture_spec"] = {**mix[0].as_record(), "first_doc": mix[1].tolist()}
     planset = PlanSet(
@@ -423,6 +434,23 @@ def steps_task(
         _exchange_groups(cfg, shards, at, mine, bar.update)
 
 
+def _long_edges(
+    plan: Plan, first_doc: np.ndarray, spread: dict[str, Any], first_row: int
+) -> dict[str, Any]:
+    """A part's long rows at the edges of the output's step windows (``window_edges``), and
+    its long tokens per source."""
+    src = source_of(plan.piece_doc, first_doc)
+    layout = plan.long
+    assert layout is not None  # a plan of the plan stage has both configs
+    m = row_source_tokens(
+        layout.row_offsets, layout.row_pieces, src, plan.piece_size, first_doc.size
+    )
+    return {
+        **window_edges(m, int(spread["window_rows"]), first_row),
+        "tokens": m.sum(axis=0).astype(np.int64).tolist(),
+    }
+
+
 def _steps_rel(g: int) -> str:
     return f"{PLAN_DIR}/{STEPS}/{_group_name(g)}.json"
 
@@ -469,6 +497,7 @@ def _exchange_groups(
         )
         members = np.array(part.shards, np.int64)
         done = _save_part(cfg, name, plan, members, tail, len(at.first_rows), steps=True)
+        edges = _long_edges(plan, first_doc, windows["long"], first_row)
         del plan, tail
         path = cfg.work_path / done.plan_array
         atomic_write_json(
@@ -477,6 +506,7 @@ def _exchange_groups(
                 "fingerprint": fp,
                 "part": done.as_record(),
                 "mixture_windows": windows,
+                "edges": edges,  # its rows in the steps it shares with its neighbours
                 "files": {done.plan_array: [path.stat().st_size, sha256_file(path)]},
             },
         )
