@@ -11,7 +11,13 @@ every pack whole and contiguous (so the short config and verify's nesting check 
 untouched) and keeps the row count, so packing efficiency does not move at all.
 
 **Algorithm** (``balance_steps``). Windows are ``window_rows`` consecutive rows (the last,
-shorter one too); a window's error is its per-source share minus the target share.
+shorter one too); a window's error is its per-source share minus the target share. A part
+of the output after others (a group of a grouped plan, the tail) is balanced on the
+output's windows (``Windows``: cut at the output's multiples of ``window_rows`` from its
+first output row), and a window it shares with the part before or after it is held to
+its share of the step: its error is its tokens' excess over the target share of them per
+full window's tokens, what it adds to the step's share, so that each side near zero makes
+the straddling step near target too.
 
 1. *Deal* (``deal_windows``): rows, coarsest first (by their largest long piece, e.g. a
    book), each to the window with a free place whose squared error it leaves least; an
@@ -19,7 +25,8 @@ shorter one too); a window's error is its per-source share minus the target shar
 2. *Exchange* (``exchange_kernel``): passes over the windows, worst first; a window above
    ``STOP`` looks at partner windows (the most opposite in its worst source, plus drawn
    ones) and takes the single best of a swap of two whole rows (moves long pieces) or of
-   two units, among the ``N_CAND`` rows or units of each side that best carry the error
+   two units (``_best_swap``, one kind at a time), among the ``N_CAND`` rows or units of
+   each side that best carry the error
    across (largest projection on the error difference) plus as many drawn. A move is taken
    only if it lowers the two windows' sum of squared errors and does not raise the larger
    of their largest errors, so the largest error over all windows never rises and every
@@ -28,13 +35,15 @@ shorter one too); a window's error is its per-source share minus the target shar
    error, it runs again from the given order, so the result is never worse than the input.
 3. ``order_plan`` balances windows of ``exchange_window`` rows (4 steps, or more where a
    piece forbids), then the steps inside each one, with partners only in the same window
-   (``group``), which leaves every coarse window's sums exactly as they were.
+   (``group``), which leaves every coarse window's sums exactly as they were; for a
+   grouped plan ``exchange_plan`` does the same at each part's first output row, once
+   every group's row count is known (the plan stage's second pass).
 
 Cost: per move attempt ~``2 * N_PARTNERS * 2 * (2 N_CAND)**2`` pair scores of O(K), plus
 the deal's O(rows * windows * K) in blocks of ``DEAL_WINDOWS`` windows; measured ~300-600 s
 of compiled CPU per million long rows (``scripts/bench_mixture.py``), i.e. ~1 s per group
-of 2**28 tokens, in that group's plan task. Deterministic for given inputs: the only draws
-are from an array drawn from the seed.
+of 2**28 tokens, in that group's plan task (a grouped plan: its second-pass task).
+Deterministic for given inputs: the only draws are from an array drawn from the seed.
 
 **Bounds.** No layout gets a step closer than its largest indivisible piece allows: a step
 of ``T`` tokens holding a piece of ``p`` tokens of a source of share ``t`` is at least
