@@ -11,9 +11,11 @@ the row order alone (``mix_order``, before the exchange) and what packcli plans
 ``packcli.pack.exchange``); the piece bound (no layout does better at that step); rows /
 lower bound before and after; plan and order time (``order_plan`` timed on its second run,
 so numba's cache load is not in it, and again without the exchange: the difference is the
-exchange's cost). ``--groups G`` plans by groups instead and measures windows across them.
+exchange's cost). ``--groups G`` plans by groups instead and measures the output's windows
+across them (``grouped``).
 
     python scripts/bench_mixture.py --scale 1.0
+    python scripts/bench_mixture.py --scale 2.0 --groups 4
 """
 
 from __future__ import annotations
@@ -135,12 +137,17 @@ def main() -> None:
 
 
 def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
-    """The long config planned by groups (as ``packcli plan`` does past ``group_tokens``):
-    each group and the tail ordered alone, the output their rows one part after another;
-    packcli orders a group's rows without the exchange (its windows would start at the
-    group's first row, not at a step of the output), measured here with it too. Windows:
-    over the output, over the groups' rows (no tail), and each group's own (from its first
-    row, against the output's share and its own)."""
+    """The long config planned by groups (as ``packcli plan`` does past ``group_tokens``),
+    here of documents ``i mod G`` (every group samples every source): each group and the
+    tail row-ordered alone (``order_plan`` without the exchange), the output their rows
+    one part after another. Then three ways on: the row order alone; each part exchanged on
+    its own windows (from its first row, as if it started the output); and what packcli
+    plans, each part exchanged on the output's windows (``exchange_plan`` at its first
+    output row, the second pass). Deviation over the output's windows, largest per source:
+    over the whole output (the tail too), over the groups' rows against the output's share,
+    and over the groups' rows against each row's part's own share (a window's expected
+    tokens: each of its rows' tokens at its part's share), which leaves out how far the
+    groups' own shares are apart (a sampling matter, the same for every order)."""
     tokens = np.array([x.sum() for x in lens])
     mult = mx.multipliers_from_shares(np.array([0.5, 0.2, 0.2, 0.1]), tokens)
     first = np.cumsum([0] + [x.size for x in lens[:-1]])
@@ -155,14 +162,29 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
         planned.append(gp.plan)
         tails.append(gp.tail)
     planned.append(plan_tail(tails, cfg))
-    for exchange in (False, True):
+    rows = [mx.order_plan(p, first, args.step, exchange=False) for p in planned]
+    counts = [int(p.long.num_rows) for p, _ in rows]
+    offsets = np.cumsum([0, *counts[:-1]])
+    bounds = [tier_summary(p.long)["rows_over_bound"] for p, _ in rows]
+    last = len(rows) - 1
+    variants = {
+        "row order alone": lambda k, p, s: p,
+        "exchanged, each part on its own windows": lambda k, p, s: mx.exchange_plan(
+            p, first, s, spec.seed
+        )[0],
+        "exchanged on the output's windows (packcli)": lambda k, p, s: mx.exchange_plan(
+            p, first, s, spec.seed, int(offsets[k]), k < last
+        )[0],
+    }
+    shares = [int(p.long.row_tokens.sum()) for p, _ in rows]
+    print(f"{args.groups} groups and the tail; long rows per part {counts}; tokens {shares}")
+    for label, how in variants.items():
         t0 = time.perf_counter()
-        parts = [mx.order_plan(p, first, args.step, exchange=exchange)[0] for p in planned[:-1]]
-        parts.append(mx.order_plan(planned[-1], first, args.step, exchange=False)[0])
-        print(
-            f"groups {'with' if exchange else 'without (packcli)'} the exchange: "
-            f"{args.groups} groups and the tail ordered in {time.perf_counter() - t0:.2f} s"
-        )
+        parts = [how(k, p, s["long"]) for k, (p, s) in enumerate(rows)]
+        took = time.perf_counter() - t0
+        after = [tier_summary(p.long)["rows_over_bound"] for p in parts]
+        assert after == bounds  # the same rows, each its tokens: rows / bound unchanged
+        print(f"{label}: {took:.2f} s; long rows / bound per part {np.round(after, 6).tolist()}")
         ms = []
         for part in parts:
             src = mx.source_of(part.piece_doc, first)
@@ -170,19 +192,25 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
             ms.append(
                 mx.row_source_tokens(layout.row_offsets, layout.row_pieces, src, part.piece_len, 4)
             )
-        print("  rows per part", [m.shape[0] for m in ms])
-        target = np.vstack(ms).sum(axis=0) / np.vstack(ms).sum()
+        m = np.vstack(ms)
+        target = m.sum(axis=0) / m.sum()
+        expected = np.vstack([np.outer(x.sum(1), x.sum(0) / x.sum()) for x in ms])
+        n_groups = m.shape[0] - ms[-1].shape[0]
         for step in args.steps:
             w = max(1, step // cfg.long_len)
-            out = mx.window_deviation(np.vstack(ms), w, target)["max"] * 100
-            groups = mx.window_deviation(np.vstack(ms[:-1]), w, target)["max"] * 100
-            own = np.max([mx.window_deviation(m, w, target)["max"] for m in ms[:-1]], axis=0)
-            mine = np.max([mx.window_deviation(m, w)["max"] for m in ms[:-1]], axis=0)
+            out = mx.window_deviation(m, w, target)["max"] * 100
+            groups = mx.window_deviation(m[:n_groups], w, target)["max"] * 100
+            n = n_groups // w * w
+            got = m[:n].reshape(-1, w, 4).sum(1)
+            want = expected[:n].reshape(-1, w, 4).sum(1)
+            own = (np.abs(got - want) / got.sum(1, keepdims=True)).max(0) * 100
             print(
                 f"  long {step:>11,}  output {np.round(out, 2)}  groups' rows "
-                f"{np.round(groups, 2)}  each group's {np.round(own * 100, 2)} (own share "
-                f"{np.round(mine * 100, 2)})"
+                f"{np.round(groups, 2)}  against their parts' shares {np.round(own, 2)}"
             )
+    print(f"  the output's share {np.round(target * 100, 2)}")
+    for k, m in enumerate(ms[:-1]):
+        print(f"  group {k}'s share {np.round(m.sum(0) / m.sum() * 100, 2)}")
 
 
 if __name__ == "__main__":

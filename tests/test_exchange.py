@@ -52,12 +52,59 @@ def _window_errors(layout: RowLayout, src: np.ndarray, lens: np.ndarray, k: int,
     return max(float(np.abs(v / v.sum() - target).max()) for v in per if v.sum())
 
 
-def _check_exchange(lengths: list[int], sources: list[int], k: int, w: int, seed: int) -> None:
+def _output_window_errors(
+    layout: RowLayout,
+    src: np.ndarray,
+    lens: np.ndarray,
+    k: int,
+    w: int,
+    offset: int,
+    open_end: bool,
+) -> float:
+    """For a part whose first row is output row ``offset``: the largest error over the
+    output's windows of ``w`` rows cut to the part, a window the part shares with a
+    neighbour (its first when ``offset`` is not on a window's start; its last when
+    ``open_end`` and the part does not end on one) as its tokens' excess over the target
+    share per full window (``w * capacity``), any other as |share - target| (computed here
+    from the rows, not with the module's helpers)."""
+    rows = _rows(layout)
+    per: dict[int, np.ndarray] = {}
+    for r, row in enumerate(rows):
+        v = per.setdefault((offset + r) // w, np.zeros(k))
+        for p in row:
+            v[src[p]] += lens[p]
+    total = sum(per.values())
+    target = total / total.sum()
+    first, last = min(per), max(per)
+    errors = []
+    for win, v in per.items():
+        shared = (win == first and offset % w) or (
+            win == last and open_end and (offset + len(rows)) % w
+        )
+        if shared:
+            errors.append(np.abs(v - target * v.sum()).max() / (w * layout.capacity))
+        elif v.sum():
+            errors.append(np.abs(v / v.sum() - target).max())
+    return float(max(errors))
+
+
+def _check_exchange(
+    lengths: list[int],
+    sources: list[int],
+    k: int,
+    w: int,
+    seed: int,
+    offset: int = 0,
+    open_end: bool = False,
+) -> None:
     cfg = PlanConfig(short_len=32, long_len=256, overlong="split")
     plan = plan_two_tier(np.array(lengths, np.int64), cfg)
     src = np.array(sources, np.int64)[plan.piece_doc]
     before = plan.long
-    new, _moves = xc.balance_steps(before, _pack_of_piece(plan), src, plan.piece_len, k, w, seed)
+    at = {"offset": offset, "open_end": open_end}
+    new, _moves = xc.balance_steps(
+        before, _pack_of_piece(plan), src, plan.piece_len, k, w, seed, **at
+    )
     # Rows: as many, each within capacity, its tokens what its pieces say.
     assert new.num_rows == before.num_rows
     rows = _rows(new)
@@ -70,9 +117,17 @@ def _check_exchange(lengths: list[int], sources: list[int], k: int, w: int, seed
         at = sorted(where[p] for p in pack)
         assert len({r for r, _ in at}) == 1
         assert [i for _, i in at] == list(range(at[0][1], at[0][1] + len(at)))
-    # The largest window error does not rise.
-    after_err = _window_errors(new, src, plan.piece_len, k, w)
-    assert after_err <= _window_errors(before, src, plan.piece_len, k, w) + 1e-12
+    # The largest window error does not rise (the output's windows, for a part at offset).
+    after_err = _output_window_errors(new, src, plan.piece_len, k, w, offset, open_end)
+    assert (
+        after_err
+        <= _output_window_errors(before, src, plan.piece_len, k, w, offset, open_end) + 1e-12
+    )
+    if offset == 0 and not open_end:  # a part that starts the output: as it always was
+        assert (
+            _window_errors(new, src, plan.piece_len, k, w)
+            <= _window_errors(before, src, plan.piece_len, k, w) + 1e-12
+        )
 
 
 DOCS = st.lists(st.tuples(st.integers(1, 400), st.integers(0, 2)), min_size=2, max_size=300)
@@ -83,6 +138,64 @@ DOCS = st.lists(st.tuples(st.integers(1, 400), st.integers(0, 2)), min_size=2, m
 def test_exchange_keeps_packs_whole_rows_within_capacity(docs, w: int, seed: int) -> None:
     lengths, sources = zip(*docs, strict=True)
     _check_exchange(list(lengths), list(sources), 3, w, seed)
+
+
+@given(
+    docs=DOCS,
+    w=st.integers(2, 6),
+    seed=st.integers(0, 5),
+    offset=st.integers(0, 40),
+    open_end=st.booleans(),
+)
+@settings(max_examples=60, deadline=None)
+def test_exchange_of_a_part_on_the_outputs_windows(
+    docs, w: int, seed: int, offset: int, open_end: bool
+) -> None:
+    """A part after others (its first row at output row ``offset``): the same invariants, and
+    the largest error over the output's windows, shared edges held to their share of a
+    step, does not rise."""
+    lengths, sources = zip(*docs, strict=True)
+    _check_exchange(list(lengths), list(sources), 3, w, seed, offset, open_end)
+
+
+def test_the_outputs_windows_over_a_part() -> None:
+    # A part of 10 rows from output row 5, windows of 4: rows 5-7 | 8-11 | 12-14 of the
+    # output, i.e. positions 0-2 (shared with the part before), 3-6, 7-9 (shared: more follow).
+    win = xc.Windows.of(10, 4, 100, offset=5, open_end=True)
+    assert win.bounds.tolist() == [0, 3, 7, 10] and win.norm.tolist() == [400, 0, 400]
+    # The output's end: its shorter last window is held to its share, as in one group.
+    assert xc.Windows.of(10, 4, 100, offset=5).norm.tolist() == [400, 0, 0]
+    start = xc.Windows.of(10, 4, 100)
+    assert start.bounds.tolist() == [0, 4, 8, 10] and start.norm.tolist() == [0, 0, 0]
+    # Coarse windows of 2 x 4 rows from output row 0: output rows 0-7 | 8-15.
+    lo, hi = win.peers(2, 4, offset=5)
+    assert lo.tolist() == [0, 1, 1] and hi.tolist() == [1, 3, 3]
+
+
+def test_one_group_exchange_is_as_before() -> None:
+    """A one-group plan's exchange gives the long rows packcli gave before the second pass
+    existed (digest recorded from that version, both kernel modes)."""
+    import dataclasses
+    import hashlib
+
+    rng = np.random.default_rng(26)
+    lens = [rng.integers(1, 60, 2000), rng.integers(100, 900, 200), rng.integers(900, 4000, 30)]
+    first = np.cumsum([0] + [x.size for x in lens[:-1]])
+    spec = mx.MixSpec(("a", "b", "c"), (1.0, 1.5, 2.0), ("split",) * 3)
+    all_lens = np.concatenate(lens)
+    ex = mx.expand(all_lens, np.arange(all_lens.size), first, spec, 1024)
+    plan = plan_two_tier(ex.lengths, PlanConfig(short_len=64, long_len=1024))
+    plan = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc])
+    for mode in ("python", "numba"):
+        with jit.forced(mode):
+            out, spread = mx.order_plan(plan, first, 8192, seed=3)
+        digest = hashlib.sha256()
+        for a in (out.long.row_offsets, out.long.row_pieces, out.long.row_tokens):
+            digest.update(np.ascontiguousarray(a, np.int64).tobytes())
+        assert spread["long"]["exchange_moves"] == 218
+        assert digest.hexdigest() == (
+            "d3fc9b21cd25dddeea03a69a9ab73bba54491f7fff597982b31e102064165962"
+        )
 
 
 @given(docs=DOCS, w=st.integers(1, 4), group=st.integers(2, 4))
@@ -111,6 +224,30 @@ def test_exchange_within_groups_keeps_each_groups_sums(docs, w: int, group: int)
     assert sums(new) == sums(before)
     after_err = _window_errors(new, src, plan.piece_len, 3, w)
     assert after_err <= _window_errors(before, src, plan.piece_len, 3, w) + 1e-12
+
+
+@given(docs=DOCS, w=st.integers(1, 4), group=st.integers(2, 4), offset=st.integers(1, 30))
+@settings(max_examples=40, deadline=None)
+def test_a_parts_groups_are_the_outputs(docs, w: int, group: int, offset: int) -> None:
+    """A part from output row ``offset``: windows trade only within the output's coarse
+    windows of ``w * group`` rows (from output row 0), whose sums stay as they were."""
+    lengths, sources = zip(*docs, strict=True)
+    plan = plan_two_tier(np.array(lengths, np.int64), PlanConfig(short_len=32, long_len=256))
+    src = np.array(sources, np.int64)[plan.piece_doc]
+    before = plan.long
+    new, _ = xc.balance_steps(
+        before, _pack_of_piece(plan), src, plan.piece_len, 3, w, 0, group=group, offset=offset
+    )
+
+    def sums(layout: RowLayout) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for r, row in enumerate(_rows(layout)):
+            v = out.setdefault((offset + r) // (w * group), [0, 0, 0])
+            for p in row:
+                v[src[p]] += int(plan.piece_len[p])
+        return out
+
+    assert sums(new) == sums(before)
 
 
 def test_exchange_balances_what_no_row_order_can() -> None:
@@ -248,33 +385,150 @@ def test_mixture_with_the_exchange_verifies(
     assert any(ours[p] != theirs[p] for p in ours if "/long/" in p)
 
 
+# Groups of ~12k tokens from shards of ~1k (reads of 16 lines), so each group holds
+# several shards of every source and its long rows have windows to exchange.
+GROUPED = "  group_tokens: 12000\nread:\n  batch_size: 16\ntokenize:\n  shard_tokens: 1024\n"
+
+
+def _windows(out: Path) -> tuple[dict, list[dict]]:
+    """The plan's long-config window stats, and each group's after the second pass."""
+    plan = out / ".packcli" / "plan"
+    groups = [json.loads(p.read_text()) for p in sorted((plan / "steps").glob("group-*.json"))]
+    assert len(groups) == len(list(plan.glob("group-*.json"))) >= 2
+    stats = json.loads((out / ".packcli" / "plan.json").read_text())["stats"]
+    return stats["mixture_windows"]["long"], [g["mixture_windows"]["long"] for g in groups]
+
+
 def test_grouped_mixture_same_bytes_for_any_task_count(
     tmp_path: Path,
     toy_tokenizer_path: Path,
     mix_files: dict[str, Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Groups exchanged on the output's windows (the second pass): the same bytes for one
+    task, three, and three whose second pass runs as tasks too (``run_tasks``); verify
+    holds."""
     import packcli.stages.plan as plan_stage
+    import packcli.stages.run as run
 
     monkeypatch.setattr(plan_stage, "TOKENS_PER_STEP", 1024)
-    extra = "  group_tokens: 12000\ntokenize:\n  shard_tokens: 4096\n"
-    cfg = _mix_config(tmp_path, mix_files, extra)
+    cfg = _mix_config(tmp_path, mix_files, GROUPED)
     hashes = []
-    for tasks in (1, 3):
-        out = tmp_path / f"out{tasks}"
+    for tasks, as_tasks in ((1, False), (3, False), (3, True)):
+        out = tmp_path / f"out{tasks}{as_tasks}"
+        ran: list[str] = []
+        if as_tasks:  # as an executor's map would run them (Ray: on the cluster)
+
+            def with_tasks(cfg, *, quiet, run_tasks, ran=ran):
+                def local(fn):
+                    ran.append(fn.__name__)
+                    return [fn(cfg, task_index=i, num_tasks=3, quiet=True) for i in range(3)]
+
+                return plan_stage.plan_stage(cfg, quiet=quiet, run_tasks=local)
+
+            monkeypatch.setattr(run, "plan_stage", with_tasks)
         invoke_ok(
             "pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q", "--num-tasks", tasks
         )
-        assert len(list((out / ".packcli" / "plan").glob("group-*.json"))) >= 2
+        assert ran == (["plan_task", "steps_task"] if as_tasks else [])
         assert invoke("verify", out)[0] == 0
-        stats = json.loads((out / ".packcli" / "plan.json").read_text())["stats"]
-        groups = [
-            json.loads(p.read_text())["stats"]["mixture_windows"]["long"]
-            for p in sorted((out / ".packcli" / "plan").glob("group-*.json"))
-        ]
-        long = stats["mixture_windows"]["long"]
-        # Grouped: rows ordered, not exchanged (a group's windows are not the output's).
-        assert "exchange_moves" not in long and all("exchange_moves" not in g for g in groups)
+        long, groups = _windows(out)
+        assert sum(g["exchange_moves"] > 0 for g in groups) >= len(groups) // 2
+        assert long["exchange_moves"] == sum(g["exchange_moves"] for g in groups)
+        assert len(long["straddling_max_deviation"]) == 3
+        report = json.loads((out / "packcli.json").read_text())["report"]["mixture"]
+        straddling = [s["long"]["straddling_window_max_deviation"] for s in report["sources"]]
+        assert straddling == long["straddling_max_deviation"]
         assert long["piece_bound"] == np.max([g["piece_bound"] for g in groups], axis=0).tolist()
         hashes.append(data_hashes(out))
-    assert hashes[0] == hashes[1]
+    assert hashes[0] == hashes[1] == hashes[2]
+
+
+def test_grouped_mixture_exchanged_on_the_outputs_windows(
+    tmp_path: Path,
+    toy_tokenizer_path: Path,
+    mix_files: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over the groups' rows of the output (read back from its Parquet files), the output's
+    windows of 4 steps hold each source nearer its group's share than the row order alone
+    does, and the short config's bytes are the row order's."""
+    import pyarrow.parquet as pq
+
+    import packcli.stages.plan as plan_stage
+
+    monkeypatch.setattr(plan_stage, "TOKENS_PER_STEP", 1024)
+    cfg = _mix_config(tmp_path, mix_files, GROUPED)
+
+    def largest_error(out: Path, w: int) -> float:
+        parts = json.loads((out / ".packcli" / "plan.json").read_text())["parts"]
+        table = pq.read_table(sorted((out / "data" / "long").glob("*.parquet")))
+        m = np.zeros((table.num_rows, 3))
+        for r, (s, n) in enumerate(
+            zip(
+                table.column("source_ids").to_pylist(),
+                table.column("seq_lengths").to_pylist(),
+                strict=True,
+            )
+        ):
+            np.add.at(m[r], s, n)
+        ends = np.cumsum([p["rows"]["long"] for p in parts])
+        # Each row's expected tokens: its tokens at its group's share.
+        expected = np.vstack(
+            [
+                np.outer(m[a:b].sum(1), m[a:b].sum(0) / m[a:b].sum())
+                for a, b in zip([0, *ends[:-1]], ends, strict=True)
+            ]
+        )
+        n = int(ends[-2]) // w * w  # the groups' rows, in whole windows
+        got, want = m[:n].reshape(-1, w, 3).sum(1), expected[:n].reshape(-1, w, 3).sum(1)
+        return float((np.abs(got - want) / got.sum(1, keepdims=True)).max())
+
+    out = tmp_path / "out"
+    invoke_ok("pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q")
+    monkeypatch.setattr(xc, "balance_steps", lambda layout, *a, **k: (layout, 0))
+    plain = tmp_path / "plain"
+    invoke_ok("pack", "-t", toy_tokenizer_path, "-o", plain, "-c", cfg, "-q")
+    window = 4 * 1024 // 512
+    assert largest_error(out, window) < largest_error(plain, window) / 2
+    ours, theirs = data_hashes(out), data_hashes(plain)
+    short = [p for p in ours if "/short/" in p]
+    assert short and all(ours[p] == theirs[p] for p in short)
+
+
+@pytest.mark.parametrize("point", ["plan-steps:1", "plan"])
+def test_killed_grouped_mixture_resumes_to_identical_bytes(
+    tmp_path: Path, toy_tokenizer_path: Path, mix_files: dict[str, Path], point: str
+) -> None:
+    """Killed in the second pass (after group 1's record) or after it: the rerun keeps what
+    was saved, exchanges the rest, and gives the bytes of an uninterrupted run."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = _mix_config(tmp_path, mix_files, GROUPED)
+    # Steps of two long rows in the packcli processes too.
+    code = (
+        "import sys, runpy, packcli.stages.plan as p; p.TOKENS_PER_STEP = 1024; "
+        "sys.argv = ['packcli', *sys.argv[1:]]; runpy.run_module('packcli', run_name='__main__')"
+    )
+
+    def pack(out: Path, crash: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "PACKCLI_CRASH_AT"}
+        env.update({"PACKCLI_CRASH_AT": crash} if crash else {})
+        args = ["pack", "-t", str(toy_tokenizer_path), "-o", str(out), "-c", str(cfg), "-q"]
+        return subprocess.run(
+            [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+        )
+
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    assert pack(ref).returncode == 0
+    killed = pack(out, crash=point)
+    assert killed.returncode == -9, killed.stderr
+    steps = out / ".packcli" / "plan" / "steps"
+    saved = {p.name: p.stat().st_mtime_ns for p in steps.glob("*.npz")}
+    assert pack(out).returncode == 0
+    assert data_hashes(out) == data_hashes(ref)
+    # What the killed run saved is kept, not exchanged again.
+    assert saved and all(steps.joinpath(n).stat().st_mtime_ns == t for n, t in saved.items())
+    assert invoke("verify", out)[0] == 0

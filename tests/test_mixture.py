@@ -107,6 +107,30 @@ def test_permute_rows_keeps_every_row_whole() -> None:
         assert moved.row_tokens[j] == layout.row_tokens[r]
 
 
+@given(
+    sizes=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    w=st.integers(1, 5),
+    seed=st.integers(0, 99),
+)
+@settings(max_examples=80, deadline=None)
+def test_straddling_windows_from_the_parts_edges(sizes: list[int], w: int, seed: int) -> None:
+    """The windows of ``w`` rows over the output that hold rows of two or more parts, from
+    each part's edges alone, are those of the whole output (found here from the rows)."""
+    rng = np.random.default_rng(seed)
+    parts = [rng.integers(0, 50, (n, 3)) for n in sizes]
+    whole = np.vstack(parts)
+    target = np.array([0.5, 0.3, 0.2])
+    part_of = np.repeat(np.arange(len(parts)), sizes)
+    want = np.zeros(3)
+    for a in range(0, whole.shape[0] - w + 1, w):  # full windows only
+        v = whole[a : a + w].sum(axis=0)
+        if len(set(part_of[a : a + w])) > 1 and v.sum():
+            want = np.maximum(want, np.abs(v / v.sum() - target))
+    offsets = np.cumsum([0, *sizes[:-1]])
+    edges = [mx.window_edges(m, w, int(o)) for m, o in zip(parts, offsets, strict=True)]
+    assert np.allclose(mx.straddling_deviation(edges, target), want)
+
+
 def test_source_flag_form() -> None:
     s = SourceConfig.parse("code:30%=a.jsonl,b/")
     assert (s.name, s.inputs, s.share, s.weight) == ("code", ("a.jsonl", "b/"), 0.3, None)

@@ -11,7 +11,13 @@ every pack whole and contiguous (so the short config and verify's nesting check 
 untouched) and keeps the row count, so packing efficiency does not move at all.
 
 **Algorithm** (``balance_steps``). Windows are ``window_rows`` consecutive rows (the last,
-shorter one too); a window's error is its per-source share minus the target share.
+shorter one too); a window's error is its per-source share minus the target share. A part
+of the output after others (a group of a grouped plan, the tail) is balanced on the
+output's windows (``Windows``: cut at the output's multiples of ``window_rows`` from its
+first output row), and a window it shares with the part before or after it is held to
+its share of the step: its error is its tokens' excess over the target share of them per
+full window's tokens, what it adds to the step's share, so that each side near zero makes
+the straddling step near target too.
 
 1. *Deal* (``deal_windows``): rows, coarsest first (by their largest long piece, e.g. a
    book), each to the window with a free place whose squared error it leaves least; an
@@ -19,7 +25,8 @@ shorter one too); a window's error is its per-source share minus the target shar
 2. *Exchange* (``exchange_kernel``): passes over the windows, worst first; a window above
    ``STOP`` looks at partner windows (the most opposite in its worst source, plus drawn
    ones) and takes the single best of a swap of two whole rows (moves long pieces) or of
-   two units, among the ``N_CAND`` rows or units of each side that best carry the error
+   two units (``_best_swap``, one kind at a time), among the ``N_CAND`` rows or units of
+   each side that best carry the error
    across (largest projection on the error difference) plus as many drawn. A move is taken
    only if it lowers the two windows' sum of squared errors and does not raise the larger
    of their largest errors, so the largest error over all windows never rises and every
@@ -28,13 +35,15 @@ shorter one too); a window's error is its per-source share minus the target shar
    error, it runs again from the given order, so the result is never worse than the input.
 3. ``order_plan`` balances windows of ``exchange_window`` rows (4 steps, or more where a
    piece forbids), then the steps inside each one, with partners only in the same window
-   (``group``), which leaves every coarse window's sums exactly as they were.
+   (``group``), which leaves every coarse window's sums exactly as they were; for a
+   grouped plan ``exchange_plan`` does the same at each part's first output row, once
+   every group's row count is known (the plan stage's second pass).
 
 Cost: per move attempt ~``2 * N_PARTNERS * 2 * (2 N_CAND)**2`` pair scores of O(K), plus
 the deal's O(rows * windows * K) in blocks of ``DEAL_WINDOWS`` windows; measured ~300-600 s
 of compiled CPU per million long rows (``scripts/bench_mixture.py``), i.e. ~1 s per group
-of 2**28 tokens, in that group's plan task. Deterministic for given inputs: the only draws
-are from an array drawn from the seed.
+of 2**28 tokens, in that group's plan task (a grouped plan: its second-pass task).
+Deterministic for given inputs: the only draws are from an array drawn from the seed.
 
 **Bounds.** No layout gets a step closer than its largest indivisible piece allows: a step
 of ``T`` tokens holding a piece of ``p`` tokens of a source of share ``t`` is at least
@@ -134,11 +143,21 @@ def exchange_window(
 
 
 @kernel
-def _score(vec: np.ndarray, tot: float, target: np.ndarray) -> tuple[float, float]:
-    """A window's largest absolute share error and its sum of squared errors."""
+def _err(v: float, tot: float, norm: float, target: float) -> float:
+    """A window's error in one source: its share less the target, or (``norm`` > 0: a window
+    the part shares with its neighbour) its tokens' excess over the target share of them, per
+    ``norm`` tokens (a full window's), which is what it adds to the step it is part of."""
+    if norm > 0:
+        return (v - target * tot) / norm
+    return (v / tot if tot > 0 else 0.0) - target
+
+
+@kernel
+def _score(vec: np.ndarray, tot: float, norm: float, target: np.ndarray) -> tuple[float, float]:
+    """A window's largest absolute error (``_err``) and its sum of squared errors."""
     worst, ss = 0.0, 0.0
     for k in range(target.shape[0]):
-        e = (vec[k] / tot if tot > 0 else 0.0) - target[k]
+        e = _err(vec[k], tot, norm, target[k])
         ss += e * e
         if abs(e) > worst:
             worst = abs(e)
@@ -149,8 +168,10 @@ def _score(vec: np.ndarray, tot: float, target: np.ndarray) -> tuple[float, floa
 def _try(
     vi: np.ndarray,
     ti: float,
+    ni: float,
     vj: np.ndarray,
     tj: float,
+    nj: float,
     a: np.ndarray,
     sa: float,
     b: np.ndarray,
@@ -163,10 +184,10 @@ def _try(
     k = target.shape[0]
     for x in range(k):
         tmp[x] = vi[x] - a[x] + b[x]
-    mi, si = _score(tmp, ti - sa + sb, target)
+    mi, si = _score(tmp, ti - sa + sb, ni, target)
     for x in range(k):
         tmp[x] = vj[x] + a[x] - b[x]
-    mj, sj = _score(tmp, tj + sa - sb, target)
+    mj, sj = _score(tmp, tj + sa - sb, nj, target)
     return max(mi, mj), si + sj
 
 
@@ -200,17 +221,17 @@ def deal_windows(
     rows: np.ndarray,
     row_vec: np.ndarray,
     row_tok: np.ndarray,
-    window_rows: int,
+    bounds: np.ndarray,
     target: np.ndarray,
 ) -> np.ndarray:
-    """``rows`` (coarsest first) dealt to windows of ``window_rows`` positions: each to the
-    window with a free position whose error (tokens per source minus target share of its
-    tokens) it leaves least in squared sum (ties: the first window). Returns the rows in
-    position order: window after window, each window's in the order dealt."""
+    """``rows`` (coarsest first) dealt to the windows of positions ``bounds[v]`` to
+    ``bounds[v + 1]``: each to the window with a free position whose error (tokens per source
+    minus target share of its tokens) it leaves least in squared sum (ties: the first
+    window). Returns the rows in position order: window after window, each window's in the
+    order dealt."""
     n = rows.shape[0]
     k = target.shape[0]
-    w = window_rows
-    n_win = (n + w - 1) // w
+    n_win = bounds.shape[0] - 1
     err = np.zeros((n_win, k))
     fill = np.zeros(n_win, dtype=np.int64)
     out = np.empty(n, dtype=np.int64)
@@ -220,7 +241,7 @@ def deal_windows(
             e[x] = row_vec[r, x] - target[x] * row_tok[r]
         best, best_cost = -1, 0.0
         for v in range(n_win):
-            if fill[v] >= min(w, n - v * w):
+            if fill[v] >= bounds[v + 1] - bounds[v]:
                 continue
             cost = 0.0
             for x in range(k):
@@ -229,9 +250,127 @@ def deal_windows(
                 best, best_cost = v, cost
         for x in range(k):
             err[best, x] += e[x]
-        out[best * w + fill[best]] = r
+        out[bounds[best] + fill[best]] = r
         fill[best] += 1
     return out
+
+
+@kernel
+def _candidates(
+    kind: int,
+    lo: int,
+    hi: int,
+    sign: float,
+    g: np.ndarray,
+    pos_row: np.ndarray,
+    slot_offsets: np.ndarray,
+    slot_unit: np.ndarray,
+    row_vec: np.ndarray,
+    unit_vec: np.ndarray,
+    slots: np.ndarray,
+    score: np.ndarray,
+) -> int:
+    """The rows (``kind`` 1: their positions) or units (2: their slots) at positions
+    ``lo..hi-1``, into ``slots``, each scored by its projection on ``sign * g`` (how much of
+    the error it carries across); returns how many."""
+    k = g.shape[0]
+    n = 0
+    for p in range(lo, hi):
+        r = pos_row[p]
+        if kind == 1:
+            v = 0.0
+            for x in range(k):
+                v += sign * g[x] * row_vec[r, x]
+            slots[n] = p
+            score[n] = v
+            n += 1
+        else:
+            for s in range(slot_offsets[r], slot_offsets[r + 1]):
+                v = 0.0
+                for x in range(k):
+                    v += sign * g[x] * unit_vec[slot_unit[s], x]
+                slots[n] = s
+                score[n] = v
+                n += 1
+    return n
+
+
+@kernel
+def _best_swap(
+    kind: int,
+    i: int,
+    j: int,
+    bounds: np.ndarray,
+    pos_row: np.ndarray,
+    slot_offsets: np.ndarray,
+    slot_unit: np.ndarray,
+    row_vec: np.ndarray,
+    row_tok: np.ndarray,
+    unit_vec: np.ndarray,
+    unit_size: np.ndarray,
+    capacity: int,
+    win_vec: np.ndarray,
+    win_tot: np.ndarray,
+    norm: np.ndarray,
+    g: np.ndarray,
+    target: np.ndarray,
+    rand: np.ndarray,
+    draw: int,
+    n_cand: int,
+    bufs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    tmp: np.ndarray,
+    old_max: float,
+    old_ss: float,
+    best_gain: float,
+) -> tuple[float, int, int, int]:
+    """The best swap of one ``kind`` between windows i and j (1: two rows trade positions;
+    2: two units trade rows, both rows staying within ``capacity``) among each side's
+    candidates (``_candidates``, then ``_top``), if it gains more than ``best_gain`` without
+    raising ``old_max``: (its gain, its position or slot in i and in j (-1: none), the
+    draw counter after)."""
+    slots_i, slots_j, score_i, score_j, cand_i, cand_j = bufs
+    ni = _candidates(
+        kind, bounds[i], bounds[i + 1], 1.0, g, pos_row, slot_offsets, slot_unit, row_vec,
+        unit_vec, slots_i, score_i,
+    )  # fmt: skip
+    nj = _candidates(
+        kind, bounds[j], bounds[j + 1], -1.0, g, pos_row, slot_offsets, slot_unit, row_vec,
+        unit_vec, slots_j, score_j,
+    )  # fmt: skip
+    ci = _top(score_i[:ni], n_cand, rand, draw, cand_i)
+    draw += n_cand
+    cj = _top(score_j[:nj], n_cand, rand, draw, cand_j)
+    draw += n_cand
+    best_a, best_b = -1, -1
+    for a in range(ci):
+        sa = slots_i[cand_i[a]]
+        if kind == 1:
+            ra = pos_row[sa]
+            ua = ra
+        else:
+            ua = slot_unit[sa]
+            ra = _row_of_slot(slot_offsets, sa)
+        for b in range(cj):
+            sb = slots_j[cand_j[b]]
+            if kind == 1:
+                rb = pos_row[sb]
+                nm, ns = _try(
+                    win_vec[i], win_tot[i], norm[i], win_vec[j], win_tot[j], norm[j],
+                    row_vec[ra], row_tok[ra], row_vec[rb], row_tok[rb], target, tmp,
+                )  # fmt: skip
+            else:
+                ub = slot_unit[sb]
+                rb = _row_of_slot(slot_offsets, sb)
+                d = unit_size[ub] - unit_size[ua]
+                if row_tok[ra] + d > capacity or row_tok[rb] - d > capacity:
+                    continue
+                nm, ns = _try(
+                    win_vec[i], win_tot[i], norm[i], win_vec[j], win_tot[j], norm[j],
+                    unit_vec[ua], unit_size[ua], unit_vec[ub], unit_size[ub], target, tmp,
+                )  # fmt: skip
+            if nm <= old_max and old_ss - ns > best_gain:
+                best_gain, best_a, best_b = old_ss - ns, sa, sb
+    return best_gain, best_a, best_b, draw
 
 
 @kernel
@@ -243,21 +382,24 @@ def exchange_kernel(
     unit_vec: np.ndarray,
     row_tok: np.ndarray,
     capacity: int,
-    window_rows: int,
+    bounds: np.ndarray,
+    norm: np.ndarray,
     target: np.ndarray,
     rand: np.ndarray,
     max_passes: int,
     stop: float,
     n_cand: int,
-    group: int,
+    peer_lo: np.ndarray,
+    peer_hi: np.ndarray,
 ) -> int:
     """The exchange (module docstring), in place: ``pos_row[p]`` is the row at position p,
     ``slot_unit[slot_offsets[r]:slot_offsets[r+1]]`` the units of row r, ``row_tok`` each
-    row's tokens. Returns the number of moves."""
+    row's tokens; window i holds positions ``bounds[i]..bounds[i+1]-1``, its error per
+    ``_err`` with ``norm[i]``; with ``peer_lo`` (not empty) window i trades only with
+    windows ``peer_lo[i]..peer_hi[i]-1``. Returns the number of moves."""
     n_rows = pos_row.shape[0]
     k = target.shape[0]
-    w = window_rows
-    n_win = (n_rows + w - 1) // w
+    n_win = bounds.shape[0] - 1
     row_vec = np.zeros((n_rows, k))
     for r in range(n_rows):
         for s in range(slot_offsets[r], slot_offsets[r + 1]):
@@ -265,11 +407,16 @@ def exchange_kernel(
                 row_vec[r, x] += unit_vec[slot_unit[s], x]
     win_vec = np.zeros((n_win, k))
     win_tot = np.zeros(n_win)
-    for p in range(n_rows):
-        r = pos_row[p]
-        win_tot[p // w] += row_tok[r]
-        for x in range(k):
-            win_vec[p // w, x] += row_vec[r, x]
+    widest, most_peers = 1, 2 * N_PARTNERS
+    for i in range(n_win):
+        widest = max(widest, bounds[i + 1] - bounds[i])
+        if peer_lo.shape[0] > 0:
+            most_peers = max(most_peers, peer_hi[i] - peer_lo[i])
+        for p in range(bounds[i], bounds[i + 1]):
+            r = pos_row[p]
+            win_tot[i] += row_tok[r]
+            for x in range(k):
+                win_vec[i, x] += row_vec[r, x]
     worst = np.zeros(n_win)
     ss = np.zeros(n_win)
     dev = np.zeros((n_win, k))
@@ -278,23 +425,25 @@ def exchange_kernel(
     max_slots = 1
     for r in range(n_rows):
         max_slots = max(max_slots, slot_offsets[r + 1] - slot_offsets[r])
-    cap_slots = max_slots * w
-    slots_i = np.empty(cap_slots, dtype=np.int64)
-    slots_j = np.empty(cap_slots, dtype=np.int64)
-    score_i = np.empty(cap_slots)
-    score_j = np.empty(cap_slots)
-    cand_i = np.empty(2 * n_cand, dtype=np.int64)
-    cand_j = np.empty(2 * n_cand, dtype=np.int64)
-    partners = np.empty(max(2 * N_PARTNERS, group), dtype=np.int64)
+    cap_slots = max_slots * widest
+    bufs = (
+        np.empty(cap_slots, dtype=np.int64),
+        np.empty(cap_slots, dtype=np.int64),
+        np.empty(cap_slots),
+        np.empty(cap_slots),
+        np.empty(2 * n_cand, dtype=np.int64),
+        np.empty(2 * n_cand, dtype=np.int64),
+    )
+    partners = np.empty(most_peers, dtype=np.int64)
     draw = 0
     moves = 0
     stuck = np.zeros(n_win, dtype=np.bool_)  # found no move, and unchanged since
     for _ in range(max_passes):
         moved = 0
         for i in range(n_win):
-            worst[i], ss[i] = _score(win_vec[i], win_tot[i], target)
+            worst[i], ss[i] = _score(win_vec[i], win_tot[i], norm[i], target)
             for x in range(k):
-                dev[i, x] = (win_vec[i, x] / win_tot[i] if win_tot[i] > 0 else 0.0) - target[x]
+                dev[i, x] = _err(win_vec[i, x], win_tot[i], norm[i], target[x])
         by_source = np.empty((k, n_win), dtype=np.int64)
         for x in range(k):
             by_source[x] = np.argsort(dev[:, x], kind="mergesort")
@@ -307,9 +456,9 @@ def exchange_kernel(
                     if abs(dev[i, x]) > abs(dev[i, kw]):
                         kw = x
                 n_p = 0
-                if group > 0:  # partners only in i's group of windows: its sums stay put
-                    for j in range((i // group) * group, min(n_win, (i // group + 1) * group)):
-                        if j != i and n_p < partners.shape[0]:
+                if peer_lo.shape[0] > 0:  # partners only among i's peers: their sums stay put
+                    for j in range(peer_lo[i], peer_hi[i]):
+                        if j != i:
                             partners[n_p] = j
                             n_p += 1
                 else:
@@ -331,91 +480,19 @@ def exchange_kernel(
                     j = partners[q]
                     old_max = max(worst[i], worst[j])
                     old_ss = ss[i] + ss[j]
-                    # Row swaps among candidates that carry the error across.
-                    ti = win_tot[i] if win_tot[i] > 0 else 1.0
-                    tj = win_tot[j] if win_tot[j] > 0 else 1.0
+                    # The error's gradient: tokens per unit of each window's error.
+                    ti = norm[i] if norm[i] > 0 else (win_tot[i] if win_tot[i] > 0 else 1.0)
+                    tj = norm[j] if norm[j] > 0 else (win_tot[j] if win_tot[j] > 0 else 1.0)
                     for x in range(k):
                         g[x] = dev[i, x] / ti - dev[j, x] / tj
-                    ni = 0
-                    for pi in range(i * w, min(n_rows, (i + 1) * w)):
-                        v = 0.0
-                        for x in range(k):
-                            v += g[x] * row_vec[pos_row[pi], x]
-                        slots_i[ni] = pi
-                        score_i[ni] = v
-                        ni += 1
-                    nj = 0
-                    for pj in range(j * w, min(n_rows, (j + 1) * w)):
-                        v = 0.0
-                        for x in range(k):
-                            v -= g[x] * row_vec[pos_row[pj], x]
-                        slots_j[nj] = pj
-                        score_j[nj] = v
-                        nj += 1
-                    ci = _top(score_i[:ni], n_cand, rand, draw, cand_i)
-                    draw += n_cand
-                    cj = _top(score_j[:nj], n_cand, rand, draw, cand_j)
-                    draw += n_cand
-                    for a in range(ci):
-                        pi = slots_i[cand_i[a]]
-                        ri = pos_row[pi]
-                        for b in range(cj):
-                            pj = slots_j[cand_j[b]]
-                            rj = pos_row[pj]
-                            nm, ns = _try(
-                                win_vec[i], win_tot[i], win_vec[j], win_tot[j],
-                                row_vec[ri], row_tok[ri], row_vec[rj], row_tok[rj],
-                                target, tmp,
-                            )  # fmt: skip
-                            if nm <= old_max and old_ss - ns > best_gain:
-                                best_gain, best_kind, best_a, best_b, best_j = (
-                                    old_ss - ns, 1, pi, pj, j
-                                )  # fmt: skip
-                    # Unit swaps likewise.
-                    ni = 0
-                    for pi in range(i * w, min(n_rows, (i + 1) * w)):
-                        r = pos_row[pi]
-                        for s in range(slot_offsets[r], slot_offsets[r + 1]):
-                            slots_i[ni] = s
-                            v = 0.0
-                            for x in range(k):
-                                v += g[x] * unit_vec[slot_unit[s], x]
-                            score_i[ni] = v
-                            ni += 1
-                    nj = 0
-                    for pj in range(j * w, min(n_rows, (j + 1) * w)):
-                        r = pos_row[pj]
-                        for s in range(slot_offsets[r], slot_offsets[r + 1]):
-                            slots_j[nj] = s
-                            v = 0.0
-                            for x in range(k):
-                                v -= g[x] * unit_vec[slot_unit[s], x]
-                            score_j[nj] = v
-                            nj += 1
-                    ci = _top(score_i[:ni], n_cand, rand, draw, cand_i)
-                    draw += n_cand
-                    cj = _top(score_j[:nj], n_cand, rand, draw, cand_j)
-                    draw += n_cand
-                    for a in range(ci):
-                        sa_slot = slots_i[cand_i[a]]
-                        ua = slot_unit[sa_slot]
-                        ra = _row_of_slot(slot_offsets, sa_slot)
-                        for b in range(cj):
-                            sb_slot = slots_j[cand_j[b]]
-                            ub = slot_unit[sb_slot]
-                            rb = _row_of_slot(slot_offsets, sb_slot)
-                            d = unit_size[ub] - unit_size[ua]
-                            if row_tok[ra] + d > capacity or row_tok[rb] - d > capacity:
-                                continue
-                            nm, ns = _try(
-                                win_vec[i], win_tot[i], win_vec[j], win_tot[j],
-                                unit_vec[ua], unit_size[ua], unit_vec[ub], unit_size[ub],
-                                target, tmp,
-                            )  # fmt: skip
-                            if nm <= old_max and old_ss - ns > best_gain:
-                                best_gain, best_kind, best_a, best_b, best_j = (
-                                    old_ss - ns, 2, sa_slot, sb_slot, j
-                                )  # fmt: skip
+                    for kind in (1, 2):  # whole rows trade positions, then units trade rows
+                        best_gain, a, b, draw = _best_swap(
+                            kind, i, j, bounds, pos_row, slot_offsets, slot_unit, row_vec,
+                            row_tok, unit_vec, unit_size, capacity, win_vec, win_tot, norm, g,
+                            target, rand, draw, n_cand, bufs, tmp, old_max, old_ss, best_gain,
+                        )  # fmt: skip
+                        if a >= 0:
+                            best_kind, best_a, best_b, best_j = kind, a, b, j
                 if best_kind == 0 or best_gain <= 1e-15:
                     stuck[i] = True
                     break
@@ -446,10 +523,9 @@ def exchange_kernel(
                         win_vec[j, x] -= e
                 stuck[j] = False
                 for y in (i, j):
-                    worst[y], ss[y] = _score(win_vec[y], win_tot[y], target)
+                    worst[y], ss[y] = _score(win_vec[y], win_tot[y], norm[y], target)
                     for x in range(k):
-                        t = win_tot[y]
-                        dev[y, x] = (win_vec[y, x] / t if t > 0 else 0.0) - target[x]
+                        dev[y, x] = _err(win_vec[y, x], win_tot[y], norm[y], target[x])
                 moved += 1
         moves += moved
         if moved == 0:
@@ -470,6 +546,47 @@ def _row_of_slot(slot_offsets: np.ndarray, slot: int) -> int:
     return lo
 
 
+@dataclass(frozen=True)
+class Windows:
+    """The output's windows of ``rows`` rows (from output row 0) over a part of the output
+    whose first row is output row ``offset``: window i holds the part's positions
+    ``bounds[i]..bounds[i+1]-1``, and ``norm[i]`` > 0 marks a window the part shares with
+    the part before it (its first, unless the part starts a window) or after it (its last,
+    with ``open_end``, unless the part ends one), whose error is its tokens' excess over
+    their target share per ``norm`` tokens (a full window's): each side then holds its
+    share of the step, so the step is near target too. Every other window, the output's
+    shorter last one too, is held to its share (``_err``)."""
+
+    bounds: np.ndarray
+    norm: np.ndarray
+
+    @classmethod
+    def of(
+        cls, n_rows: int, rows: int, capacity: int, offset: int = 0, open_end: bool = False
+    ) -> Windows:
+        first = -offset % rows or rows  # the part's first cut
+        cuts = np.arange(first, n_rows, rows, dtype=np.int64)
+        bounds = np.concatenate([[0], cuts, [n_rows]]).astype(np.int64)
+        norm = np.zeros(bounds.size - 1)
+        if offset % rows:
+            norm[0] = rows * capacity
+        if open_end and (offset + n_rows) % rows:
+            norm[-1] = rows * capacity
+        return cls(bounds, norm)
+
+    @property
+    def count(self) -> int:
+        return int(self.bounds.size - 1)
+
+    def peers(self, group: int, rows: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per window, the windows ``lo..hi-1`` of its coarse window of ``group * rows``
+        output rows (aligned to output row 0 too): those it may trade with."""
+        coarse = (self.bounds[:-1] + offset) // (group * rows)
+        lo = np.searchsorted(coarse, coarse, "left").astype(np.int64)
+        hi = np.searchsorted(coarse, coarse, "right").astype(np.int64)
+        return lo, hi
+
+
 def balance_steps(
     layout: RowLayout,
     pack_of_piece: np.ndarray,
@@ -480,16 +597,21 @@ def balance_steps(
     seed: int,
     target: np.ndarray | None = None,
     group: int = 0,
+    offset: int = 0,
+    open_end: bool = False,
 ) -> tuple[RowLayout, int]:
     """The long layout after the exchange at windows of ``window_rows`` rows (rows trade
     positions, units trade rows), and the number of moves. ``group`` > 0: windows trade
-    only within their group of ``group`` consecutive windows, from the given order (so
-    every group's sums, hence any coarser balance, stay as they are); else from the deal
-    (``deal_windows``), or the given order where that ends worse. Within a row, units keep
-    the order of their old positions in the layout, so a row nothing moved in reads as
-    before."""
+    only within their group of ``group`` windows, from the given order (so every group's
+    sums, hence any coarser balance, stay as they are); else from the deal
+    (``deal_windows``), or the given order where that ends worse. ``offset``: the layout's
+    first row is the output's row ``offset`` (a part after others), and windows and groups
+    are the output's (``Windows``); ``open_end``: rows of another part follow it. Within a
+    row, units keep the order of their old positions in the layout, so a row nothing moved
+    in reads as before."""
     n_rows = layout.num_rows
-    if n_rows <= window_rows or n_sources < 2:  # one window: nothing to trade with
+    windows = Windows.of(n_rows, window_rows, int(layout.capacity), offset, open_end)
+    if windows.count < 2 or n_sources < 2:  # one window: nothing to trade with
         return layout, 0
     units = units_of(layout, pack_of_piece, piece_src, piece_size, n_sources)
     n_units = units.start.size
@@ -503,8 +625,10 @@ def balance_steps(
     rand = np.random.default_rng([seed, 26, 2]).integers(0, 1 << 62, 4099, dtype=np.int64)
     work = n_units * 64 + n_rows * window_rows * 8
     given = np.arange(n_rows, dtype=np.int64)
-    limit = _largest_error(units, given, np.arange(n_units), slot_offsets, window_rows, target)
-    starts = [given] if group > 0 else [_dealt(units, n_rows, window_rows, target), given]
+    limit = _largest_error(units, given, np.arange(n_units), slot_offsets, windows, target)
+    none = np.zeros(0, dtype=np.int64)
+    peer_lo, peer_hi = windows.peers(group, window_rows, offset) if group > 0 else (none, none)
+    starts = [given] if group > 0 else [_dealt(units, n_rows, windows.bounds, target), given]
     for start in starts:
         pos_row, slot_unit = start.copy(), np.arange(n_units, dtype=np.int64)
         row_tok = np.asarray(layout.row_tokens, np.int64).copy()
@@ -516,15 +640,17 @@ def balance_steps(
             vec,
             row_tok,
             int(layout.capacity),
-            int(window_rows),
+            windows.bounds,
+            windows.norm,
             target,
             rand,
             MAX_PASSES,
             STOP,
             N_CAND,
-            int(group),
+            peer_lo,
+            peer_hi,
         )
-        err = _largest_error(units, pos_row, slot_unit, slot_offsets, window_rows, target)
+        err = _largest_error(units, pos_row, slot_unit, slot_offsets, windows, target)
         if err <= limit:  # the deal is only a start: never one that ends worse
             break
     row_pos = np.empty(n_rows, dtype=np.int64)
@@ -542,7 +668,7 @@ def balance_steps(
     return RowLayout(layout.capacity, offsets, pieces, row_tok[pos_row]), int(moves)
 
 
-def _dealt(units: Units, n_rows: int, window_rows: int, target: np.ndarray) -> np.ndarray:
+def _dealt(units: Units, n_rows: int, bounds: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Rows in position order after ``deal_windows``, coarsest first (by their largest long
     piece: a row of packs only last), rows of a size in their given order; in blocks of
     ``DEAL_WINDOWS`` windows of consecutive rows (the row order keeps blocks on target),
@@ -553,15 +679,15 @@ def _dealt(units: Units, n_rows: int, window_rows: int, target: np.ndarray) -> n
     row_vec = np.zeros((n_rows, k))
     np.add.at(row_vec, units.row, units.vec)
     row_tok = row_vec.sum(axis=1)
-    block = DEAL_WINDOWS * window_rows
+    n_win = bounds.size - 1
     out = np.empty(n_rows, dtype=np.int64)
-    for a in range(0, n_rows, block):
-        rows = np.arange(a, min(n_rows, a + block), dtype=np.int64)
+    for v in range(0, n_win, DEAL_WINDOWS):
+        end = min(n_win, v + DEAL_WINDOWS)
+        a, b = int(bounds[v]), int(bounds[end])
+        rows = np.arange(a, b, dtype=np.int64)
         rows = rows[np.argsort(-coarse[rows], kind="stable")]
-        work = rows.size * (-(-rows.size // window_rows)) * k // 4
-        out[a : a + rows.size] = pick(deal_windows, work)(
-            rows, row_vec, row_tok, window_rows, target
-        )
+        work = rows.size * (end - v) * k // 4
+        out[a:b] = pick(deal_windows, work)(rows, row_vec, row_tok, bounds[v : end + 1] - a, target)
     return out
 
 
@@ -570,20 +696,23 @@ def _largest_error(
     pos_row: np.ndarray,
     slot_unit: np.ndarray,
     slot_offsets: np.ndarray,
-    window_rows: int,
+    windows: Windows,
     target: np.ndarray,
 ) -> float:
-    """The largest |share - target| over the windows (a shorter last one too) when row
-    ``pos_row[p]`` is at position p and row r holds units ``slot_unit[slot_offsets[r]:...]``."""
+    """The largest window error (``_err``: |share - target|, or a shared window's excess
+    per ``norm``) over the windows when row ``pos_row[p]`` is at position p and row r holds
+    units ``slot_unit[slot_offsets[r]:...]``."""
     n_rows = pos_row.size
     row_pos = np.empty(n_rows, dtype=np.int64)
     row_pos[pos_row] = np.arange(n_rows)
     unit_row = np.empty(slot_unit.size, dtype=np.int64)
     unit_row[slot_unit] = np.repeat(np.arange(n_rows), np.diff(slot_offsets))
-    win = row_pos[unit_row] // window_rows
-    n_win = -(-n_rows // window_rows)
+    win = np.searchsorted(windows.bounds, row_pos[unit_row], "right") - 1
+    n_win = windows.count
     per = np.zeros((n_win, target.size))
     np.add.at(per, win, units.vec)
     tot = per.sum(axis=1, keepdims=True)
-    share = np.divide(per, tot, out=np.zeros_like(per), where=tot > 0)
-    return float(np.abs(share - target).max()) if n_win else 0.0
+    err = np.abs(np.divide(per, tot, out=np.zeros_like(per), where=tot > 0) - target)
+    shared = windows.norm > 0
+    err[shared] = np.abs(per[shared] - target * tot[shared]) / windows.norm[shared, None]
+    return float(err.max()) if n_win else 0.0

@@ -284,23 +284,66 @@ def mix_order(matrix: np.ndarray, target: np.ndarray | None = None) -> np.ndarra
 
 
 def window_deviation(
-    matrix: np.ndarray, window_rows: int, target: np.ndarray | None = None
+    matrix: np.ndarray, window_rows: int, target: np.ndarray | None = None, offset: int = 0
 ) -> dict[str, np.ndarray]:
-    """Per source, over windows of ``window_rows`` consecutive rows (full windows from the
-    first row; a shorter last one counts when it is the only one): the largest and the 99th
-    percentile absolute deviation of the window's token share from ``target`` (default: the
-    share over all rows), in share units (0.005 = half a percentage point)."""
+    """Per source, over windows of ``window_rows`` consecutive rows (full windows, aligned to
+    row ``-offset``: the output's, for a part whose first row is the output's ``offset``; a
+    shorter one counts when there is no full one): the largest and the 99th percentile
+    absolute deviation of the window's token share from ``target`` (default: the share over
+    all rows), in share units (0.005 = half a percentage point)."""
     matrix = np.asarray(matrix, np.float64)
-    n_rows, k = matrix.shape
+    k = matrix.shape[1]
     if target is None:
         sums = matrix.sum(axis=0)
         target = sums / max(sums.sum(), 1.0)
+    skip = -offset % max(1, window_rows)
+    if matrix.shape[0] - skip >= window_rows:  # the part's own full windows
+        matrix = matrix[skip:]
+    n_rows = matrix.shape[0]
     n_win = max(1, n_rows // max(1, window_rows))
     w = matrix[: n_win * window_rows] if n_rows >= window_rows else matrix
     per = w.reshape(n_win, -1, k).sum(axis=1)
     share = per / np.maximum(per.sum(axis=1, keepdims=True), 1.0)
     dev = np.abs(share - np.asarray(target)[None, :])
     return {"max": dev.max(axis=0), "p99": np.percentile(dev, 99, axis=0), "windows": n_win}
+
+
+def window_edges(matrix: np.ndarray, window_rows: int, offset: int = 0) -> dict[str, Any]:
+    """Of a part whose first row is the output's row ``offset``: the tokens per source of
+    its rows before the first of the output's window cuts inside it (``head``), and after
+    the last (``tail``; None when no cut falls inside: the part is within one window), the
+    parts of the windows it shares with its neighbours (``straddling_deviation``)."""
+    matrix = np.asarray(matrix, np.float64)
+    w = max(1, window_rows)
+    first = -offset % w
+    n = matrix.shape[0]
+    if first > n:
+        return {"head": matrix.sum(axis=0).astype(np.int64).tolist(), "tail": None}
+    last = first + (n - first) // w * w
+    return {
+        "head": matrix[:first].sum(axis=0).astype(np.int64).tolist(),
+        "tail": matrix[last:].sum(axis=0).astype(np.int64).tolist(),
+    }
+
+
+def straddling_deviation(edges: list[dict[str, Any]], target: np.ndarray) -> np.ndarray:
+    """Per source, the largest |share - target| over the output's windows that straddle two
+    or more parts, from each part's ``window_edges`` in output order (the output's shorter
+    last window is not counted, as in ``window_deviation``)."""
+    target = np.asarray(target, np.float64)
+    worst = np.zeros(target.size)
+    begun: np.ndarray | None = None  # a window some earlier part began
+    for e in edges:
+        head = np.asarray(e["head"], np.float64)
+        if begun is not None:
+            head = begun + head
+        if e["tail"] is None:  # the part ends inside the window
+            begun = head
+            continue
+        if begun is not None and head.sum() > 0:
+            worst = np.maximum(worst, np.abs(head / head.sum() - target))
+        begun = np.asarray(e["tail"], np.float64)
+    return worst
 
 
 def permute_rows(layout: Any, order: np.ndarray) -> Any:
@@ -313,19 +356,31 @@ def permute_rows(layout: Any, order: np.ndarray) -> Any:
     return type(layout)(layout.capacity, offsets, pieces, layout.row_tokens[order])
 
 
+def _pack_of_piece(plan: Any) -> np.ndarray:
+    """The short row (pack) of each piece, -1 for a piece in no short row (a long one)."""
+    out = np.full(plan.piece_len.size, -1, np.int64)
+    short = plan.short
+    out[short.row_pieces] = np.repeat(
+        np.arange(short.num_rows, dtype=np.int64), np.diff(short.row_offsets)
+    )
+    return out
+
+
+def _rounded(values: np.ndarray) -> list[float]:
+    return [round(float(x), 6) for x in values]
+
+
 def order_plan(
     plan: Any, first_doc: np.ndarray, window_tokens: int, seed: int = 0, exchange: bool = True
 ) -> tuple[Any, dict[str, Any]]:
     """The plan with each config's rows in ``mix_order`` (pieces' keys give their source),
-    with ``exchange`` the long config's then balanced per window by exchanging units between
-    rows (``packcli.pack.exchange``: windows of 4 steps, then the steps inside them), and
+    with ``exchange`` the long config's then balanced per window (``exchange_plan``), and
     per config the per-window deviation (``window_deviation``) at ``window_tokens`` tokens
     per window, before (the shuffled order) and after, and the long config's piece bound.
 
     The exchange balances windows aligned to the plan's first row, so it is for a plan whose
-    rows start the output (one group); a group after the first starts wherever the rows
-    before it end, where the exchanged windows would straddle the output's steps and hold
-    worse than the row order alone (docs/benchmarks.md)."""
+    rows start the output (one group); a group of several is exchanged once every group's
+    row count, hence its first output row, is known (``exchange_plan``'s ``offset``)."""
     import dataclasses
 
     from packcli.pack import exchange as xc
@@ -339,48 +394,80 @@ def order_plan(
         m = row_source_tokens(layout.row_offsets, layout.row_pieces, src, sizes, k)
         order = mix_order(m)
         layouts[name] = permute_rows(layout, order)
-        after_m = m[order]
         window = max(1, window_tokens // layout.capacity)
-        extra: dict[str, Any] = {}
-        if name == "long" and plan.short is not None and k >= 2:
-            pack_of_piece = np.full(plan.piece_len.size, -1, np.int64)
-            short = plan.short
-            pack_of_piece[short.row_pieces] = np.repeat(
-                np.arange(short.num_rows, dtype=np.int64), np.diff(short.row_offsets)
-            )
-            units = xc.units_of(layouts[name], pack_of_piece, src, sizes, k)
-            target = m.sum(axis=0) / max(m.sum(), 1)
-            max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
-            bound = xc.piece_bound(max_piece, target, window * layout.capacity)
-            extra["piece_bound"] = [round(float(x), 6) for x in bound]
-        if extra and exchange and layout.num_rows > 1:
-            w_ex = xc.exchange_window(window, layout.num_rows, layout.capacity, max_piece, target)
-            layouts[name], moves = xc.balance_steps(
-                layouts[name], pack_of_piece, src, sizes, k, w_ex, seed, target
-            )
-            if w_ex > window:  # then the steps inside each window, trading within it only
-                layouts[name], fine = xc.balance_steps(
-                    layouts[name], pack_of_piece, src, sizes, k, window, seed, target,
-                    group=w_ex // window,
-                )  # fmt: skip
-                moves += fine
-            after_m = row_source_tokens(
-                layouts[name].row_offsets, layouts[name].row_pieces, src, sizes, k
-            )
-            at_ex = window_deviation(after_m, w_ex)
-            extra.update(
-                exchange_window_rows=int(w_ex),
-                exchange_moves=moves,
-                exchange_max_deviation=[round(float(x), 6) for x in at_ex["max"]],
-            )
-        before, after = window_deviation(m, window), window_deviation(after_m, window)
+        before, after = window_deviation(m, window), window_deviation(m[order], window)
         spread[name] = {
             "window_rows": window,
             "windows": int(after["windows"]),
             "tokens": m.sum(axis=0).astype(np.int64).tolist(),
-            "max_deviation": [round(float(x), 6) for x in after["max"]],
-            "p99_deviation": [round(float(x), 6) for x in after["p99"]],
-            "shuffled_max_deviation": [round(float(x), 6) for x in before["max"]],
-            **extra,
+            "max_deviation": _rounded(after["max"]),
+            "p99_deviation": _rounded(after["p99"]),
+            "shuffled_max_deviation": _rounded(before["max"]),
         }
-    return dataclasses.replace(plan, **layouts), spread
+        if name == "long" and plan.short is not None and k >= 2:
+            units = xc.units_of(layouts[name], _pack_of_piece(plan), src, sizes, k)
+            target = m.sum(axis=0) / max(m.sum(), 1)
+            max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
+            bound = xc.piece_bound(max_piece, target, window * layout.capacity)
+            spread[name]["piece_bound"] = _rounded(bound)
+    ordered = dataclasses.replace(plan, **layouts)
+    if exchange:
+        ordered, spread["long"] = exchange_plan(ordered, first_doc, spread["long"], seed)
+    return ordered, spread
+
+
+def exchange_plan(
+    plan: Any,
+    first_doc: np.ndarray,
+    spread: dict[str, Any],
+    seed: int = 0,
+    offset: int = 0,
+    open_end: bool = False,
+) -> tuple[Any, dict[str, Any]]:
+    """The plan with its long config's units exchanged between the output's windows
+    (``packcli.pack.exchange``: windows of 4 steps, or more where a piece forbids, then the
+    steps inside each), and its long config's ``spread`` (``order_plan``'s) updated.
+    ``offset``: the plan's first long row is the output's row ``offset``, whose windows
+    start at the output's row 0; ``open_end``: another part's rows follow (the windows the
+    plan shares with its neighbours then hold their share of a step: ``exchange.Windows``).
+    A plan ``order_plan`` gave no piece bound (no short config, one source) is as it was."""
+    import dataclasses
+
+    from packcli.pack import exchange as xc
+
+    layout = plan.long
+    if "piece_bound" not in spread or layout.num_rows <= 1:
+        return plan, spread
+    src = source_of(plan.piece_doc, first_doc)
+    k = first_doc.size
+    sizes = plan.piece_size
+    pack_of_piece = _pack_of_piece(plan)
+    m = row_source_tokens(layout.row_offsets, layout.row_pieces, src, sizes, k)
+    units = xc.units_of(layout, pack_of_piece, src, sizes, k)
+    target = m.sum(axis=0) / max(m.sum(), 1)
+    max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
+    window = int(spread["window_rows"])
+    w_ex = xc.exchange_window(window, layout.num_rows, layout.capacity, max_piece, target)
+
+    def balance(layout: Any, rows: int, group: int = 0) -> tuple[Any, int]:
+        return xc.balance_steps(
+            layout, pack_of_piece, src, sizes, k, rows, seed, target, group, offset, open_end
+        )
+
+    new, moves = balance(layout, w_ex)
+    if w_ex > window:  # then the steps inside each window, trading within it only
+        new, fine = balance(new, window, w_ex // window)
+        moves += fine
+    after_m = row_source_tokens(new.row_offsets, new.row_pieces, src, sizes, k)
+    after = window_deviation(after_m, window, offset=offset)
+    at_ex = window_deviation(after_m, w_ex, offset=offset)
+    spread = {
+        **spread,
+        "windows": int(after["windows"]),
+        "max_deviation": _rounded(after["max"]),
+        "p99_deviation": _rounded(after["p99"]),
+        "exchange_window_rows": int(w_ex),
+        "exchange_moves": moves,
+        "exchange_max_deviation": _rounded(at_ex["max"]),
+    }
+    return dataclasses.replace(plan, long=new), spread

@@ -370,7 +370,8 @@ def mixture_report(stats: dict[str, Any], sources: list[dict[str, Any]]) -> dict
     """A mixture's section of the report: per source what its weight did (documents, tokens,
     copies, repeats, drops), its realised share of each config's tokens, and that share's
     largest and 99th-percentile deviation over windows of one step (``window_rows`` rows of
-    ``window_tokens``; per group, each group's rows being consecutive). Token account:
+    ``window_tokens``; per group, each group's rows being consecutive; a grouped plan's long
+    config also over the windows across groups, against the output's share). Token account:
     ``long tokens = input.tokens - truncated - dropped + repeat_tokens - subsampled_tokens``."""
     spec = stats["mixture_spec"]
     counts = stats["mixture"]
@@ -398,6 +399,8 @@ def mixture_report(stats: dict[str, Any], sources: list[dict[str, Any]]) -> dict
                 "window_p99_deviation": w["p99_deviation"][k],
                 "shuffled_window_max_deviation": w["shuffled_max_deviation"][k],
             }
+            if "straddling_max_deviation" in w:  # grouped: the steps across groups too
+                row[tier]["straddling_window_max_deviation"] = w["straddling_max_deviation"][k]
         rows.append(row)
     return {
         "mode": "epochs",

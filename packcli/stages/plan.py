@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import logging
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,14 @@ from packcli.pack.groups import (
 from packcli.pack.mixture import (
     MixSpec,
     add_stats,
+    exchange_plan,
     expand,
     multipliers_from_shares,
     order_plan,
+    row_source_tokens,
+    source_of,
+    straddling_deviation,
+    window_edges,
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import gather_rejects, index_tokens
@@ -74,7 +79,9 @@ def plan_fingerprint(
 
 
 # The row order's rule for a mixture, as a version (part of the plan's fingerprint).
-MIX_ORDER_RULE = 2  # 2: long rows' units exchanged between windows (issue 26)
+# 2: long rows' units exchanged between windows (issue 26); 3: a grouped plan's too, on the
+# output's windows (the second pass, ``_exchange_groups``).
+MIX_ORDER_RULE = 3
 
 
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
@@ -109,6 +116,7 @@ def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] 
 
 
 PLAN_DIR = "plan"  # the parts' arrays: plan/group-NNNNN.npz, plan/tail.npz
+STEPS = "steps"  # a grouped mixture's second pass: plan/steps.json, plan/steps/group-NNNNN.*
 
 
 @dataclass(frozen=True)
@@ -124,15 +132,25 @@ class PlanPart:
     tokens: dict[str, int]  # per config
     tail_pieces: int  # a group: pieces it released; the tail: pieces it holds
     content_sha256: str
+    steps: bool = False  # a grouped mixture's group after the second pass (_exchange_groups)
 
     @property
     def is_tail(self) -> bool:
         return self.name == TAIL
 
     @property
+    def plan_array(self) -> str:
+        """Its plan arrays in the work folder: ``plan/NAME.npz``, or after the second pass
+        ``plan/steps/NAME.npz`` (the first pass's file stays, so a killed second pass
+        resumes without planning the group again)."""
+        return (
+            f"{PLAN_DIR}/{STEPS}/{self.name}.npz" if self.steps else f"{PLAN_DIR}/{self.name}.npz"
+        )
+
+    @property
     def arrays(self) -> list[str]:
         """Its files in the work folder: the plan arrays and (a group) its released pieces."""
-        names = [f"{PLAN_DIR}/{self.name}.npz"]
+        names = [self.plan_array]
         return names if self.is_tail else [*names, f"{PLAN_DIR}/{self.name}.tail.npz"]
 
     def as_record(self) -> dict[str, Any]:
@@ -148,6 +166,7 @@ class PlanPart:
             tokens=dict(r["tokens"]),
             tail_pieces=int(r["tail_pieces"]),
             content_sha256=r["content_sha256"],
+            steps=bool(r.get("steps", False)),  # a record from before the second pass: none
         )
 
 
@@ -286,7 +305,9 @@ def plan_stage(
     """The plan over the lengths of all tokenized documents, by groups of shards plus the
     tail (``packcli.pack.groups``; a corpus of one group is one global plan); saved for the
     write tasks. ``run_tasks(plan_task)`` runs the group tasks (an executor's map); what
-    they left undone, and the tail, are planned here.
+    they left undone, and the tail, are planned here. A grouped mixture then has a second
+    pass (``run_tasks(steps_task)``, the rest here): each group's long rows exchanged on
+    the output's step windows, which start where the groups before it end.
 
     The finished output (if any) stays complete: its Parquet files do not change here."""
     require_out(cfg)
@@ -294,9 +315,11 @@ def plan_stage(
     if shards.num_docs == 0:
         raise InputError(_no_documents(cfg, shards))
     groups = _groups(cfg, shards)
+    mix = mix_spec(cfg, shards)
     if run_tasks is not None and len(groups) > 1:
         run_tasks(plan_task)
-    with progress_bar(quiet, total=len(groups) + (len(groups) > 1), desc="plan") as bar:
+    second = len(groups) if mix is not None and len(groups) > 1 else 0  # the second pass
+    with progress_bar(quiet, total=len(groups) + (len(groups) > 1) + second, desc="plan") as bar:
         _plan_groups(cfg, shards, groups, range(len(groups)), bar.update)
         records = [_group_record(cfg, g) for g in range(len(groups))]
         parts = [PlanPart.from_record(r["part"]) for r in records]
@@ -306,8 +329,6 @@ def plan_stage(
             if len(groups) == 1
             else policy_counts([r["stats"] for r in records])
         )
-        if len(groups) > 1 and records and "mixture" in records[0]["stats"]:
-            stats.update(_mixture_stats(records))
         if len(groups) > 1:
             # Every released piece once, in one set of arrays (not a list and its concat).
             tails = Pieces.gather(
@@ -315,16 +336,41 @@ def plan_stage(
             )
             tail_plan = plan_tail([tails], cfg.plan)
             del tails
-            mix = mix_spec(cfg, shards)
-            if mix is not None:
-                tail_plan, _ = order_plan(
+            if mix is not None:  # the tail's rows start after every group's
+                tail_plan, spread = order_plan(
                     tail_plan, mix[1], TOKENS_PER_STEP, mix[0].seed, exchange=False
                 )
+                first_row = sum(p.rows["long"] for p in parts)
+                tail_plan, _ = exchange_plan(
+                    tail_plan, mix[1], spread["long"], mix[0].seed, first_row
+                )
+                tail_edges = _long_edges(tail_plan, mix[1], spread["long"], first_row)
             parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
             bar.update(1)
-    if (mix := mix_spec(cfg, shards)) is not None:
+        if second:
+            at = StepRows.of(parts)
+            atomic_write_json(cfg.work_path / PLAN_DIR / f"{STEPS}.json", at.as_record())
+            work_store(cfg).push(f"{PLAN_DIR}/{STEPS}.json")
+            if run_tasks is not None:
+                run_tasks(steps_task)
+            _exchange_groups(cfg, shards, at, range(len(groups)), bar.update)
+            steps = [_steps_record(cfg, g) for g in range(len(groups))]
+            parts[:-1] = [PlanPart.from_record(r["part"]) for r in steps]
+            records = [
+                {**r, "stats": {**r["stats"], "mixture_windows": x["mixture_windows"]}}
+                for r, x in zip(records, steps, strict=True)
+            ]
+        if len(groups) > 1 and mix is not None:
+            stats.update(_mixture_stats(records))
+        if second:  # the long config's steps across parts, against the output's share
+            long = stats["mixture_windows"]["long"]
+            tokens = np.array(long["tokens"], np.float64) + tail_edges["tokens"]
+            edges = [*(x["edges"] for x in steps), tail_edges]
+            worst = straddling_deviation(edges, tokens / max(tokens.sum(), 1.0))
+            long["straddling_max_deviation"] = [round(float(x), 6) for x in worst]
+    if mix is not None:
         stats["mixture_spec"] = {**mix[0].as_record(), "first_doc": mix[1].tolist()}
     planset = PlanSet(
         tuple(parts),
@@ -338,6 +384,135 @@ def plan_stage(
     work_store(cfg).push("plan.json")
     crash_point("plan")
     return planset, shards
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The second pass's input (``plan/steps.json``), fixed once every group and the tail
+    are planned (row counts do not change in it): per group, its first long row in the
+    output, and whether long rows follow it (a later group's or the tail's)."""
+
+    first_rows: tuple[int, ...]
+    open_end: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, parts: Sequence[PlanPart]) -> StepRows:
+        """From the parts in output order: the groups, then the tail."""
+        rows = [p.rows["long"] for p in parts]
+        first = np.cumsum([0, *rows[:-1]])
+        after = np.cumsum(rows[::-1])[::-1] - rows  # rows of the parts after each
+        return cls(tuple(int(x) for x in first[:-1]), tuple(bool(x > 0) for x in after[:-1]))
+
+    def as_record(self) -> dict[str, Any]:
+        return {"first_rows": list(self.first_rows), "open_end": list(self.open_end)}
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> StepRows:
+        try:
+            return cls(
+                tuple(int(x) for x in r["first_rows"]), tuple(bool(x) for x in r["open_end"])
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PackcliError(
+                f"plan/{STEPS}.json: damaged ({exc}); run `packcli plan` again"
+            ) from exc
+
+
+@in_mirror
+def steps_task(
+    cfg: RunConfig, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = False
+) -> None:
+    """The second pass over this task's groups of a mixture (every ``num_tasks``-th from
+    ``task_index``), once ``plan_stage`` has saved where each group's rows start."""
+    require_out(cfg)
+    shards = index_tokens(cfg)
+    rel = f"{PLAN_DIR}/{STEPS}.json"
+    work_store(cfg).pull(rel)
+    at = StepRows.from_record(read_json(cfg.work_path / rel))
+    mine = range(task_index, len(at.first_rows), num_tasks)
+    with progress_bar(quiet, total=len(mine), desc="plan steps") as bar:
+        _exchange_groups(cfg, shards, at, mine, bar.update)
+
+
+def _long_edges(
+    plan: Plan, first_doc: np.ndarray, spread: dict[str, Any], first_row: int
+) -> dict[str, Any]:
+    """A part's long rows at the edges of the output's step windows (``window_edges``), and
+    its long tokens per source."""
+    src = source_of(plan.piece_doc, first_doc)
+    layout = plan.long
+    assert layout is not None  # a plan of the plan stage has both configs
+    m = row_source_tokens(
+        layout.row_offsets, layout.row_pieces, src, plan.piece_size, first_doc.size
+    )
+    return {
+        **window_edges(m, int(spread["window_rows"]), first_row),
+        "tokens": m.sum(axis=0).astype(np.int64).tolist(),
+    }
+
+
+def _steps_rel(g: int) -> str:
+    return f"{PLAN_DIR}/{STEPS}/{_group_name(g)}.json"
+
+
+def _steps_record(cfg: RunConfig, g: int) -> dict[str, Any]:
+    return read_json(cfg.work_path / _steps_rel(g))
+
+
+def _exchange_groups(
+    cfg: RunConfig,
+    shards: TokenShards,
+    at: StepRows,
+    mine: range,
+    on_group: Callable[[int], object],
+) -> None:
+    """The second pass over a mixture's groups in ``mine``: each group's row-ordered plan
+    with its long rows exchanged on the output's step windows (``exchange_plan`` at its
+    first output row), saved beside the first pass's (``plan/steps/NAME.npz``, a record);
+    a group whose record is current is kept (resume). One group's plan in memory at a time,
+    and each group alone, so the bytes are the same for any task count."""
+    mix = mix_spec(cfg, shards)
+    if mix is None:
+        return
+    spec, first_doc = mix
+    store = work_store(cfg)
+    (cfg.work_path / PLAN_DIR / STEPS).mkdir(parents=True, exist_ok=True)
+    for g in mine:
+        name = _group_name(g)
+        store.pull(f"{PLAN_DIR}/{name}.json", _steps_rel(g))
+        record = _group_record(cfg, g)
+        first_row, open_end = at.first_rows[g], at.open_end[g]
+        fp = fingerprint(
+            [record["fingerprint"], record["part"]["content_sha256"], first_row, open_end]
+        )
+        if _reusable(store, _steps_record(cfg, g), fp, f"{PLAN_DIR}/{STEPS}"):
+            on_group(1)
+            continue
+        part = PlanPart.from_record(record["part"])
+        store.pull(*part.arrays)
+        plan, tail = _load_part(cfg.work_path, cfg.plan, part)
+        windows = dict(record["stats"]["mixture_windows"])
+        plan, windows["long"] = exchange_plan(
+            plan, first_doc, windows["long"], spec.seed, first_row, open_end
+        )
+        members = np.array(part.shards, np.int64)
+        done = _save_part(cfg, name, plan, members, tail, len(at.first_rows), steps=True)
+        edges = _long_edges(plan, first_doc, windows["long"], first_row)
+        del plan, tail
+        path = cfg.work_path / done.plan_array
+        atomic_write_json(
+            cfg.work_path / _steps_rel(g),
+            {
+                "fingerprint": fp,
+                "part": done.as_record(),
+                "mixture_windows": windows,
+                "edges": edges,  # its rows in the steps it shares with its neighbours
+                "files": {done.plan_array: [path.stat().st_size, sha256_file(path)]},
+            },
+        )
+        store.push(done.plan_array, _steps_rel(g))
+        crash_point(f"plan-steps:{g}")
+        on_group(1)
 
 
 def _plan_mixed(
@@ -361,7 +536,8 @@ def _plan_mixed(
     else:
         grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g)
         plan, tail = grouped.plan, grouped.tail
-    # The exchange's windows start at the plan's first row: the output's only for one group.
+    # The exchange's windows start at the plan's first row: the output's only for one group
+    # (several: the second pass, once each group's first output row is known).
     plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP, spec.seed, exchange=n_groups == 1)
     per = ex.stats.values()
     stats = dict(plan.stats)
@@ -384,8 +560,10 @@ def _plan_mixed(
 
 def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The groups' per-source counts summed, and per config the largest window deviation (and
-    piece bound) of any group, each group's rows being consecutive in the output (windows
-    straddling two groups are not counted: docs/benchmarks.md measures them)."""
+    piece bound) of any group: the long config's over the output's windows within it (the
+    second pass's), the short config's from the group's first row (its rows are ordered,
+    not exchanged); windows straddling two groups are not counted (docs/benchmarks.md
+    measures them)."""
     counts: dict[str, dict[str, int]] = {}
     windows: dict[str, Any] = {}
     for r in records:
@@ -411,14 +589,14 @@ def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mixture": counts, "mixture_windows": windows}
 
 
-def _reusable(store: LocalWork, record: dict[str, Any], fp: str) -> bool:
+def _reusable(store: LocalWork, record: dict[str, Any], fp: str, under: str = PLAN_DIR) -> bool:
     """A group's record has the current fingerprint and its files are as written (on this
     disk re-hashed, so a damaged or edited plan file is planned again; on a store there at
     their recorded sizes, so reuse fetches nothing: ``LocalWork.intact``)."""
     files = record.get("files")
     if record.get("fingerprint") != fp or not isinstance(files, dict):
         return False
-    return store.intact(files, PLAN_DIR)
+    return store.intact(files, under)
 
 
 def _read_tail(path: Path) -> tuple[Pieces, dict[str, np.ndarray]]:
@@ -521,14 +699,17 @@ def _save_part(
     members: np.ndarray,
     tail: Pieces | None,
     groups: int,
+    steps: bool = False,
 ) -> PlanPart:
     """A part's plan arrays (``plan/NAME.npz``) and, for a group, the pieces it released
     (``plan/NAME.tail.npz``: small, all the tail's planner reads); the digest covers both.
-    ``groups``: how many groups the plan has (0 for the tail, which is cut by size only)."""
+    ``groups``: how many groups the plan has (0 for the tail, which is cut by size only).
+    ``steps``: a group after the second pass, into ``plan/steps/NAME.npz`` (its released
+    pieces are the first pass's, already saved)."""
     # Any: numpy's stub types ``savez``'s **kwds as its allow_pickle flag.
     arrays: dict[str, Any] = _plan_arrays(plan)
     folder = cfg.work_path / PLAN_DIR
-    with atomic_writer(folder / f"{name}.npz") as fh:
+    with atomic_writer(folder / (f"{STEPS}/{name}.npz" if steps else f"{name}.npz")) as fh:
         np.savez(fh, **arrays)  # np.savez writes the same bytes to a file or a path
     if tail is not None:
         tail_arrays: dict[str, Any] = {
@@ -536,8 +717,9 @@ def _save_part(
             "tail_start": tail.start,
             "tail_len": tail.length,
         }
-        with atomic_writer(folder / f"{name}.tail.npz") as fh:
-            np.savez(fh, **tail_arrays)
+        if not steps:
+            with atomic_writer(folder / f"{name}.tail.npz") as fh:
+                np.savez(fh, **tail_arrays)
         arrays.update(tail_arrays)
     return PlanPart(
         name=name,
@@ -550,6 +732,7 @@ def _save_part(
         tokens={c: int(getattr(plan, c).row_tokens.sum()) for c in CONFIG_NAMES},
         tail_pieces=int(plan.piece_len.size if tail is None else tail.size),
         content_sha256=_digest(arrays),
+        steps=steps,
     )
 
 
@@ -611,8 +794,11 @@ def load_plan(work: Path, shards: TokenShards) -> PlanSet:
 def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Pieces]:
     """A part's plan, and (a group) the pieces it released to the tail; both checked
     against the digest ``plan.json`` holds."""
-    path = work / PLAN_DIR / f"{part.name}.npz"
-    cfg = planset.config
+    return _load_part(work, planset.config, part)
+
+
+def _load_part(work: Path, cfg: PlanConfig, part: PlanPart) -> tuple[Plan, Pieces]:
+    path = work / part.plan_array
     try:
         with np.load(path) as z:  # each array read once (z[k] reads it anew every time)
             arrays = {k: z[k] for k in z.files}
