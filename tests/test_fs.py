@@ -528,6 +528,6 @@ def test_a_failed_store_call_is_one_redacted_line_of_the_callers_error() -> None
     def ours() -> None:
         raise ConfigError("already one of packcli's, with its own words")
 
-    with pytest.raises(ConfigError, match="^already one of packcli's, with its own words$"):
+    with pytest.raises(ConfigError, match=r"^already one of packcli's, with its own words$"):
         packfs.store_call(ours, "x", "y", Mine)
     assert packfs.store_call(lambda: 7, "x", "y") == 7
