@@ -16,15 +16,8 @@ from corpora import mixed_lengths, write_corpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packcli.tokenize.records import (
-    SUCCESS,
-    OldRecordError,
-    RecordError,
-    ShardIndex,
-    StageRecord,
-    UnitRecord,
-    read_record,
-)
+from packcli.records import OldRecordError, RecordError, read_record
+from packcli.tokenize.records import SUCCESS, ShardIndex, StageRecord, UnitRecord
 
 names = st.text("abcdefghij_", min_size=1, max_size=8)
 scalars = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8)

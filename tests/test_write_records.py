@@ -14,8 +14,8 @@ from corpora import mixed_lengths, write_corpus
 from hypothesis import given
 from hypothesis import strategies as st
 
+from packcli.records import OldRecordError, RecordError
 from packcli.stages.write_records import FileClaim, FileRecord
-from packcli.tokenize.records import OldRecordError, RecordError
 
 file_records = st.builds(
     FileRecord,

@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER
 from packcli.publish.marker import read_json_object, read_marker, recorded_work_dir, work_folder
-from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex, parse_record
+from packcli.records import parse_record
+from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex
 from packcli.tokenize.shards import TokenShards, sha256_file
 
 

@@ -74,7 +74,8 @@ from packcli.publish.verify_part import (
     verify_task,
 )
 from packcli.publish.verify_rows import Segments, fail
-from packcli.tokenize.records import SUCCESS, OldRecordError, RecordError, ShardIndex
+from packcli.records import OldRecordError, RecordError
+from packcli.tokenize.records import SUCCESS, ShardIndex
 
 
 def verify_remote(

@@ -25,13 +25,14 @@ from packcli.publish.report import (
     cp_padding_report,
     mixture_report,
 )
+from packcli.records import read_record
 from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
 from packcli.stages.work import owned_outputs, recorded_read, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write import cost_model_of, write_fingerprint, write_tail
 from packcli.stages.write_records import FileRecord, file_record_name
-from packcli.tokenize.records import ShardIndex, read_record
+from packcli.tokenize.records import ShardIndex
 from packcli.tokenize.shards import TokenShards
 from packcli.write import pad_token_id
 

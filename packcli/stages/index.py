@@ -16,19 +16,12 @@ from packcli.atomic import atomic_write_json, atomic_writer
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.read import shift_reject_lines
+from packcli.records import OldRecordError, read_record
 from packcli.stages.units import unit_paths
 from packcli.stages.work import REJECTED, read_json, uncomplete
 from packcli.stages.workstore import work_store
 from packcli.tokenize.encode import StageTimes
-from packcli.tokenize.records import (
-    STAGE,
-    SUCCESS,
-    OldRecordError,
-    ShardIndex,
-    StageRecord,
-    UnitRecord,
-    read_record,
-)
+from packcli.tokenize.records import STAGE, SUCCESS, ShardIndex, StageRecord, UnitRecord
 from packcli.tokenize.shards import TokenShards
 
 log = logging.getLogger(__name__)

@@ -49,10 +49,11 @@ from packcli.pack.mixture import (
     order_plan,
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
+from packcli.records import read_record
 from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
-from packcli.tokenize.records import STAGE, StageRecord, read_record
+from packcli.tokenize.records import STAGE, StageRecord
 from packcli.tokenize.shards import TokenShards, sha256_file
 from packcli.write import file_ranges, files_wanted
 

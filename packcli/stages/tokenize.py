@@ -29,6 +29,7 @@ from packcli.config import RunConfig
 from packcli.errors import InputError
 from packcli.faults import crash_point
 from packcli.read import DocBatch, ReadStats, RejectSink, count_newlines
+from packcli.records import read_record
 from packcli.stages.prepare import Prepared, Tokenizing, choose_backend, prepare_tokenize
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.units import input_units, read_unit, source_units, unit_paths
@@ -44,14 +45,7 @@ from packcli.stages.work import (
 )
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.tokenize.encode import StageTimes, prefetch, tokenize_batches
-from packcli.tokenize.records import (
-    STAGE,
-    SUCCESS,
-    ShardIndex,
-    StageRecord,
-    UnitRecord,
-    read_record,
-)
+from packcli.tokenize.records import STAGE, SUCCESS, ShardIndex, StageRecord, UnitRecord
 from packcli.tokenize.shards import (
     CHAT_SHARD_SCHEMA,
     PREFERENCE_SHARD_SCHEMA,

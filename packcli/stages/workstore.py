@@ -147,7 +147,8 @@ class LocalWork:
     def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
         """Keys of the complete units: a record with the unit's fingerprint and every shard
         it lists still whole (a truncated shard is tokenized again, not read as garbage)."""
-        from packcli.tokenize.records import SUCCESS, UnitRecord, read_record
+        from packcli.records import read_record
+        from packcli.tokenize.records import SUCCESS, UnitRecord
         from packcli.tokenize.shards import shard_intact
 
         done = set()
@@ -489,7 +490,8 @@ class WorkStore(StagingWork):
         and every shard it lists there at its recorded size and as the store had it when put
         (``STORED``; one listing for all units)."""
         from packcli.fs import same_version
-        from packcli.tokenize.records import SUCCESS, UnitRecord, parse_record
+        from packcli.records import parse_record
+        from packcli.tokenize.records import SUCCESS, UnitRecord
 
         found = self.infos(UNITS)
         done = set()

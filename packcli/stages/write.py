@@ -23,13 +23,13 @@ from packcli.pack.groups import Pieces
 from packcli.pack.mixture import MixSpec
 from packcli.pack.plan import Plan
 from packcli.pack.schedule import CostModel, resolve_cost_model
+from packcli.records import read_record
 from packcli.stages.index import index_tokens
 from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan, plan_fingerprint
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write_records import FileClaim, FileRecord, file_record_name
-from packcli.tokenize.records import read_record
 from packcli.tokenize.shards import TokenShards, sha256_file, shard_tokens
 from packcli.write import ROWS_VERSION, PieceRule, TokenSource, pad_token_id, write_config_file
 

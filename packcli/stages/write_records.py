@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from packcli.tokenize.records import Record
+from packcli.records import Record
 
 
 def file_record_name(config: str, index: int) -> str:
