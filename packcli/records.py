@@ -87,7 +87,8 @@ def _parse(hint: Any, value: object, where: str, path: Path | str) -> Any:
             if len(value) != len(args):
                 raise _Mismatch(where, value, hint)
             items = [
-                _parse(a, v, f"{where}[{i}]", path) for i, (a, v) in enumerate(zip(args, value))
+                _parse(a, v, f"{where}[{i}]", path)
+                for i, (a, v) in enumerate(zip(args, value, strict=True))
             ]
         else:
             item = args[0] if args else Any

@@ -114,7 +114,7 @@ def _document_files(to: str, name: str, chat: bool) -> list[str]:
     """The files one part of a document-level export is (relative to the export)."""
     if to == "megatron":
         return [f"{name}.bin", f"{name}.idx"]
-    return [f"tokens/{name}.npy", f"tokens/{name}.csv.gz"] + (
+    return [f"{olmo.TOKENS}/{name}.npy", f"{olmo.TOKENS}/{name}.csv.gz"] + (
         [f"label_mask/{name}.npy"] if chat else []
     )
 
@@ -214,9 +214,9 @@ def _megatron_part(dest: Path, name: str, docs: ShardDocuments, dtype: np.dtype)
 def _olmo_part(
     dest: Path, name: str, docs: ShardDocuments, dtype: np.dtype, chat: bool
 ) -> list[Path]:
-    (dest / "tokens").mkdir(exist_ok=True)
-    ids = dest / "tokens" / f"{name}.npy"
-    bounds = dest / "tokens" / f"{name}.csv.gz"
+    (dest / olmo.TOKENS).mkdir(exist_ok=True)
+    ids = dest / olmo.TOKENS / f"{name}.npy"
+    bounds = dest / olmo.TOKENS / f"{name}.csv.gz"
     olmo.write_tokens(ids, docs.tokens, dtype)
     olmo.write_boundaries(bounds, docs.lengths)
     files = [ids, bounds]
@@ -250,7 +250,9 @@ def _list_file(place: Dest, to: str, parts: list[PartRecord]) -> str:
         atomic_write_bytes(place.folder / rel, (text + "\n").encode())
         return rel
     rel = "paths.json"
-    listing: dict[str, list[str]] = {"paths": [place.shown(f"tokens/{p.name}.npy") for p in parts]}
+    listing: dict[str, list[str]] = {
+        "paths": [place.shown(f"{olmo.TOKENS}/{p.name}.npy") for p in parts]
+    }
     if any(f.path.startswith("label_mask/") for p in parts for f in p.files):
         listing["label_mask_paths"] = [place.shown(f"label_mask/{p.name}.npy") for p in parts]
     atomic_write_bytes(place.folder / rel, (json.dumps(listing, indent=2) + "\n").encode())

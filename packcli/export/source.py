@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packcli.errors import PackcliError
-from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER, TOKENS_DIR
 from packcli.publish.marker import read_json_object, read_marker, recorded_work_dir, work_folder
 from packcli.records import parse_record
 from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex
@@ -138,7 +138,7 @@ def open_pack(out: Path) -> Pack:
         meta = read_marker(out)
     except PackcliError as exc:
         raise ExportError(str(exc)) from None
-    return Pack(out=out, meta=meta, tokens_dir=work_folder(out, meta) / "tokens")
+    return Pack(out=out, meta=meta, tokens_dir=work_folder(out, meta) / TOKENS_DIR)
 
 
 @contextmanager
@@ -192,7 +192,7 @@ def _open_remote(url: str, work_dir: str | None, scratch: Path) -> Pack:
         folder = Path(recorded)
         if not folder.is_absolute():
             folder = staging_root(url, work_dir or "") / folder
-        return Pack(local, meta, folder / "tokens", url=url, scratch=scratch, names=names)
+        return Pack(local, meta, folder / TOKENS_DIR, url=url, scratch=scratch, names=names)
     if work_dir is not None:
         raise ExportError(
             f"--work-dir: {shown}/{MARKER} names its work folder on the store "
@@ -202,9 +202,11 @@ def _open_remote(url: str, work_dir: str | None, scratch: Path) -> Pack:
 
     mirror = scratch / "work"
     store = WorkStore(recorded, mirror, url, scratch / "mirror-out")
-    store.pull(f"tokens/{SUCCESS}")  # the stage's index; the shards come one at a time
+    store.pull(f"{TOKENS_DIR}/{SUCCESS}")  # the stage's index; the shards come one at a time
     names = ((str(mirror), redact(recorded).rstrip("/")), *names)
-    return Pack(local, meta, mirror / "tokens", url=url, store=store, scratch=scratch, names=names)
+    return Pack(
+        local, meta, mirror / TOKENS_DIR, url=url, store=store, scratch=scratch, names=names
+    )
 
 
 def kept_lengths(lengths: np.ndarray, long_len: int, policy: str) -> np.ndarray:

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from packcli.errors import VerifyError
-from packcli.names import CONFIG_NAMES, WORK_DIR
+from packcli.names import CONFIG_NAMES, TOKENS_DIR, WORK_DIR
 from packcli.publish.figures import (
     ConfigScan,
     DocFigures,
@@ -122,11 +122,11 @@ def verify_copy(
             from packcli.stages.workstore import WorkStore
 
             work = scratch / "work"
-            WorkStore(recorded, work, url, scratch / "mirror-out").pull_records("tokens")
+            WorkStore(recorded, work, url, scratch / "mirror-out").pull_records(TOKENS_DIR)
             names[work] = recorded
-            shards = _shards_at(meta, work / "tokens", recorded, use_shards)
+            shards = _shards_at(meta, work / TOKENS_DIR, recorded, use_shards)
         else:
-            staged = staging_root(url) / WORK_DIR / "tokens"
+            staged = staging_root(url) / WORK_DIR / TOKENS_DIR
             shards = _shards_at(meta, staged, None, use_shards, strict=False)
         summary = _verify(meta, local, out, found, shards, executor, num_tasks)
     except VerifyError as exc:
@@ -167,10 +167,10 @@ def verify_output(
     this run's; ``executor`` (``stages.executors.Executor``, local when None) and
     ``num_tasks``: where the part checks run, and as how many tasks."""
     meta = read_marker(out)
-    tokens_dir = work_folder(out, meta) / "tokens"
+    tokens_dir = work_folder(out, meta) / TOKENS_DIR
     shards = _shards_at(meta, tokens_dir, None, use_shards)
     if work is not None and use_shards:
-        there = _shards_at(meta, work / "tokens", None, use_shards, strict=False)
+        there = _shards_at(meta, work / TOKENS_DIR, None, use_shards, strict=False)
         shards = there if there.folder is not None else shards
     return _verify(meta, out, str(out), _found_files(out), shards, executor, num_tasks)
 
@@ -224,7 +224,7 @@ def _shards_at(
     may hold them, not the one the output names): then they are not read."""
     if not use_shards:
         return _Shards(None, None, None, "not read (--no-shards)")
-    shown = f"{store.rstrip('/')}/tokens" if store else str(tokens_dir)
+    shown = f"{store.rstrip('/')}/{TOKENS_DIR}" if store else str(tokens_dir)
     success = tokens_dir / SUCCESS
     data = read_json_object(success) if success.is_file() else {}
     absent = _Shards(None, None, None, f"not found (no completed tokenize stage in {shown})")

@@ -15,6 +15,7 @@ from typing import Any
 from packcli.atomic import atomic_write_json, atomic_writer
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
+from packcli.names import TOKENS_DIR
 from packcli.read import shift_reject_lines
 from packcli.records import OldRecordError, read_record
 from packcli.stages.units import unit_paths
@@ -60,10 +61,10 @@ class _Totals:
 
 def index_tokens(cfg: RunConfig) -> TokenShards:
     """Check that every input file is tokenized and write the global shard index."""
-    folder = cfg.work_path / "tokens"
+    folder = cfg.work_path / TOKENS_DIR
     store = work_store(cfg)
-    store.pull_records("tokens")
-    stage = _stage_record(folder / STAGE, store.shown("tokens"))
+    store.pull_records(TOKENS_DIR)
+    stage = _stage_record(folder / STAGE, store.shown(TOKENS_DIR))
     index_path = folder / SUCCESS
     index = read_record(ShardIndex, index_path)
     if index is not None and index.fingerprint == stage.fingerprint:
@@ -131,7 +132,7 @@ def index_tokens(cfg: RunConfig) -> TokenShards:
         sources=_sources_index(stage, source_docs, next_doc),
     )
     atomic_write_json(index_path, record.to_json())
-    store.push(f"tokens/{SUCCESS}")
+    store.push(f"{TOKENS_DIR}/{SUCCESS}")
     return TokenShards(folder, store)
 
 
@@ -183,7 +184,7 @@ def gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
     Finalize writes it, and the plan stage when nothing is left to pack."""
     target = out / REJECTED
     parts = [
-        (cfg.work_path / "tokens" / "files" / unit["key"] / REJECTED, unit["first_line"])
+        (cfg.work_path / TOKENS_DIR / "files" / unit["key"] / REJECTED, unit["first_line"])
         for unit in shards.success.units
     ]
     parts = [(p, first_line) for p, first_line in parts if p.is_file()]

@@ -31,7 +31,7 @@ from packcli.config import (
 )
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.faults import crash_point
-from packcli.names import CONFIG_NAMES
+from packcli.names import CONFIG_NAMES, TOKENS_DIR
 from packcli.pack.groups import (
     RELEASE_RULE,
     Pieces,
@@ -49,10 +49,12 @@ from packcli.pack.mixture import (
     order_plan,
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
-from packcli.records import read_record
+from packcli.records import OldRecordError, RecordError, read_record
 from packcli.stages.index import gather_rejects, index_tokens
+from packcli.stages.plan_records import PLAN, PLAN_DIR, TAIL, GroupRecord, PlanPart, PlanRecord
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
+from packcli.stages.write_records import WRITE_DIR, WRITE_SETTINGS, WriteSettings
 from packcli.tokenize.records import STAGE, StageRecord
 from packcli.tokenize.shards import TokenShards, sha256_file
 from packcli.write import file_ranges, files_wanted
@@ -107,52 +109,6 @@ def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] 
     except ValueError as exc:
         raise ConfigError(f"sources: {exc} (a share this large needs more of its tokens)") from exc
     return spec, np.array([s["first_doc"] for s in index], np.int64)
-
-
-PLAN_DIR = "plan"  # the parts' arrays: plan/group-NNNNN.npz, plan/tail.npz
-
-
-@dataclass(frozen=True)
-class PlanPart:
-    """One independently planned part of the output: a group of token shards, or the tail
-    (the pieces the groups released, planned together). Its rows are written from its own
-    shards only (the tail: from the tail shards the groups' write tasks cut)."""
-
-    name: str  # group-NNNNN | tail
-    shards: tuple[int, ...]  # token shards its rows read (the tail: none)
-    files: dict[str, list[tuple[int, int]]]  # per config, each file's rows r0..r1-1
-    rows: dict[str, int]  # per config
-    tokens: dict[str, int]  # per config
-    tail_pieces: int  # a group: pieces it released; the tail: pieces it holds
-    content_sha256: str
-
-    @property
-    def is_tail(self) -> bool:
-        return self.name == TAIL
-
-    @property
-    def arrays(self) -> list[str]:
-        """Its files in the work folder: the plan arrays and (a group) its released pieces."""
-        names = [f"{PLAN_DIR}/{self.name}.npz"]
-        return names if self.is_tail else [*names, f"{PLAN_DIR}/{self.name}.tail.npz"]
-
-    def as_record(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_record(cls, r: dict[str, Any]) -> PlanPart:
-        return cls(
-            name=r["name"],
-            shards=tuple(r["shards"]),
-            files={k: [tuple(f) for f in v] for k, v in r["files"].items()},
-            rows=dict(r["rows"]),
-            tokens=dict(r["tokens"]),
-            tail_pieces=int(r["tail_pieces"]),
-            content_sha256=r["content_sha256"],
-        )
-
-
-TAIL = "tail"
 
 
 @dataclass(frozen=True)
@@ -211,8 +167,16 @@ def _group_name(g: int) -> str:
     return f"group-{g:05d}"
 
 
-def _group_record(cfg: RunConfig, g: int) -> dict[str, Any]:
-    return read_json(cfg.work_path / PLAN_DIR / f"{_group_name(g)}.json")
+def _group_path(cfg: RunConfig, g: int) -> Path:
+    return cfg.work_path / PLAN_DIR / f"{_group_name(g)}.json"
+
+
+def _group_record(cfg: RunConfig, g: int) -> GroupRecord:
+    """A planned group's record (``_plan_groups`` made every one it was asked for)."""
+    record = read_record(GroupRecord, _group_path(cfg, g))
+    if record is None:
+        raise PackcliError(f"{_group_path(cfg, g)}: missing or damaged; run `packcli plan` again")
+    return record
 
 
 @in_mirror
@@ -251,7 +215,7 @@ def _plan_groups(
     for g in mine:
         name = _group_name(g)
         store.pull(f"{PLAN_DIR}/{name}.json")
-        if _reusable(store, _group_record(cfg, g), fp):
+        if _reusable(store, read_record(GroupRecord, _group_path(cfg, g)), fp):
             on_group(1)
             continue
         members = groups[g]
@@ -266,13 +230,11 @@ def _plan_groups(
         del lengths
         part = _save_part(cfg, name, plan, members, tail, len(groups))
         files = {
-            rel: [(cfg.work_path / rel).stat().st_size, sha256_file(cfg.work_path / rel)]
+            rel: ((cfg.work_path / rel).stat().st_size, sha256_file(cfg.work_path / rel))
             for rel in part.arrays
         }
-        atomic_write_json(
-            cfg.work_path / PLAN_DIR / f"{name}.json",
-            {"fingerprint": fp, "part": part.as_record(), "stats": plan.stats, "files": files},
-        )
+        record = GroupRecord(fingerprint=fp, part=part, stats=plan.stats, files=files)
+        atomic_write_json(_group_path(cfg, g), record.to_json())
         store.push(*part.arrays, f"{PLAN_DIR}/{name}.json")
         on_group(1)
 
@@ -300,14 +262,14 @@ def plan_stage(
     with progress_bar(quiet, total=len(groups) + (len(groups) > 1), desc="plan") as bar:
         _plan_groups(cfg, shards, groups, range(len(groups)), bar.update)
         records = [_group_record(cfg, g) for g in range(len(groups))]
-        parts = [PlanPart.from_record(r["part"]) for r in records]
+        parts = [r.part for r in records]
         # One group: its plan's own stats (the balancer's too); several: the policy's, summed.
         stats: dict[str, Any] = (
-            dict(records[0]["stats"])
+            dict(records[0].stats)
             if len(groups) == 1
-            else policy_counts([r["stats"] for r in records])
+            else policy_counts([r.stats for r in records])
         )
-        if len(groups) > 1 and records and "mixture" in records[0]["stats"]:
+        if len(groups) > 1 and records and "mixture" in records[0].stats:
             stats.update(_mixture_stats(records))
         if len(groups) > 1:
             # Every released piece once, in one set of arrays (not a list and its concat).
@@ -336,7 +298,7 @@ def plan_stage(
         cfg.write.cost_model,
     )
     _save_plan(cfg, planset, shards.success.fingerprint)
-    work_store(cfg).push("plan.json")
+    work_store(cfg).push(PLAN)
     crash_point("plan")
     return planset, shards
 
@@ -383,15 +345,15 @@ def _plan_mixed(
     return dataclasses.replace(plan, stats=stats), tail if tail is not None else Pieces.concat([])
 
 
-def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _mixture_stats(records: list[GroupRecord]) -> dict[str, Any]:
     """The groups' per-source counts summed, and per config the largest window deviation (and
     piece bound) of any group, each group's rows being consecutive in the output (windows
     straddling two groups are not counted: docs/benchmarks.md measures them)."""
     counts: dict[str, dict[str, int]] = {}
     windows: dict[str, Any] = {}
     for r in records:
-        counts = add_stats(counts, r["stats"]["mixture"])
-        for name, w in r["stats"]["mixture_windows"].items():
+        counts = add_stats(counts, r.stats["mixture"])
+        for name, w in r.stats["mixture_windows"].items():
             if name not in windows:
                 windows[name] = dict(w)
                 continue
@@ -412,14 +374,14 @@ def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mixture": counts, "mixture_windows": windows}
 
 
-def _reusable(store: LocalWork, record: dict[str, Any], fp: str) -> bool:
-    """A group's record has the current fingerprint and its files are as written (on this
-    disk re-hashed, so a damaged or edited plan file is planned again; on a store there at
-    their recorded sizes, so reuse fetches nothing: ``LocalWork.intact``)."""
-    files = record.get("files")
-    if record.get("fingerprint") != fp or not isinstance(files, dict):
+def _reusable(store: LocalWork, record: GroupRecord | None, fp: str) -> bool:
+    """A group's record (None: missing, damaged or of another version) has the current
+    fingerprint and its files are as written (on this disk re-hashed, so a damaged or edited
+    plan file is planned again; on a store there at their recorded sizes, so reuse fetches
+    nothing: ``LocalWork.intact``)."""
+    if record is None or record.fingerprint != fp:
         return False
-    return store.intact(files, PLAN_DIR)
+    return store.intact(record.files, PLAN_DIR)
 
 
 def _read_tail(path: Path) -> tuple[Pieces, dict[str, np.ndarray]]:
@@ -568,45 +530,48 @@ def _recorded_spec(planset: PlanSet) -> MixSpec | None:
 
 def _save_plan(cfg: RunConfig, planset: PlanSet, tokens_fingerprint: str) -> None:
     digest = fingerprint([p.content_sha256 for p in planset.parts])
-    atomic_write_json(
-        cfg.work_path / "plan.json",
-        {
-            "content_sha256": digest,
-            "fingerprint": plan_fingerprint(cfg.plan, tokens_fingerprint, _recorded_spec(planset)),
-            "tokens_fingerprint": tokens_fingerprint,
-            "stats": planset.stats,
-            "plan": dataclasses.asdict(cfg.plan),
-            # Output files are cut when planning (each part's rows into files of about
-            # this many tokens), so write tasks need only their own parts' arrays.
-            "write_shard_tokens": cfg.write.shard_tokens,
-            "write_min_files": cfg.write.min_files,
-            "write_cost_model": cfg.write.cost_model,
-            "parts": [p.as_record() for p in planset.parts],
-        },
+    record = PlanRecord(
+        content_sha256=digest,
+        fingerprint=plan_fingerprint(cfg.plan, tokens_fingerprint, _recorded_spec(planset)),
+        tokens_fingerprint=tokens_fingerprint,
+        stats=planset.stats,
+        plan=dataclasses.asdict(cfg.plan),
+        write_shard_tokens=cfg.write.shard_tokens,
+        write_min_files=cfg.write.min_files,
+        write_cost_model=cfg.write.cost_model,
+        parts=planset.parts,
     )
+    atomic_write_json(cfg.work_path / PLAN, record.to_json())
 
 
 def load_plan(work: Path, shards: TokenShards) -> PlanSet:
     """The saved plan's parts and the settings it was made with (write tasks need no plan
     flags); each part's arrays are read by ``load_part`` when needed."""
-    meta = read_json(work / "plan.json")
-    if not meta or meta.get("tokens_fingerprint") != shards.success.fingerprint:
-        raise PackcliError(
-            f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
-        )
+    path = work / PLAN
+    no_plan = f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
+    data = read_json(path)
+    if not data:
+        raise PackcliError(no_plan)
     try:
-        return PlanSet(
-            tuple(PlanPart.from_record(r) for r in meta["parts"]),
-            PlanConfig(**meta["plan"]),
-            meta["stats"],
-            int(meta["write_shard_tokens"]),
-            meta.get("write_min_files", 1),  # a plan from before the setting: by size only
-            meta.get("write_cost_model"),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PackcliError(
-            f"{work / 'plan.json'}: damaged plan ({exc}); run `packcli plan` again"
-        ) from exc
+        meta = PlanRecord.from_json(data, path)
+    except OldRecordError:  # a plan of another packcli: made again, never read
+        raise PackcliError(f"{no_plan} (its plan.json is of another packcli)") from None
+    except RecordError as exc:
+        raise PackcliError(f"{exc} (damaged plan: run `packcli plan` again)") from None
+    if meta.tokens_fingerprint != shards.success.fingerprint:
+        raise PackcliError(no_plan)
+    try:
+        config = PlanConfig(**meta.plan)
+    except (ValueError, TypeError) as exc:
+        raise PackcliError(f"{path}: damaged plan ({exc}); run `packcli plan` again") from exc
+    return PlanSet(
+        meta.parts,
+        config,
+        meta.stats,
+        meta.write_shard_tokens,
+        meta.write_min_files,
+        meta.write_cost_model,
+    )
 
 
 def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Pieces]:
@@ -655,16 +620,16 @@ def stored_config(cfg: RunConfig) -> RunConfig:
     plan settings from the plan stage, write settings from the write tasks. ``finalize``
     reports this, so the output says how it was made whichever commands made it."""
     work = cfg.work_path
-    stage = read_record(StageRecord, work / "tokens" / STAGE)  # None: of another version
+    stage = read_record(StageRecord, work / TOKENS_DIR / STAGE)  # None: of another version
     recorded = stage.config if stage is not None else {}
-    plan = read_json(work / "plan.json")
-    write = read_json(work / "write" / "config.json")
+    plan = read_record(PlanRecord, work / PLAN)
+    write = read_record(WriteSettings, work / WRITE_DIR / WRITE_SETTINGS)
     values = {
         "read": recorded.get("read", dataclasses.asdict(cfg.read)),
         "tokenize": recorded.get("tokenize", dataclasses.asdict(cfg.tokenize)),
         "chat": recorded.get("chat", dataclasses.asdict(cfg.chat)),
-        "plan": plan.get("plan", dataclasses.asdict(cfg.plan)),
-        "write": write.get("write", dataclasses.asdict(cfg.write)),
+        "plan": plan.plan if plan is not None else dataclasses.asdict(cfg.plan),
+        "write": write.write if write is not None else dataclasses.asdict(cfg.write),
     }
     return dataclasses.replace(
         cfg,

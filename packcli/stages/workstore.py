@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 from packcli.errors import PackcliError
-from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, WORK_LOCK
+from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, TOKENS_DIR, WORK_LOCK
 
 if TYPE_CHECKING:
     from packcli.stages.write_records import FileRecord
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 _KEEP = frozenset({OUT_LOCK, WORK_LOCK, TASK_LOCKS})
 _SHARD_MANIFEST = re.compile(r"^shard-\d+\.json$")
 _PUT_THREADS = 8
-UNITS = "tokens/files"
+UNITS = f"{TOKENS_DIR}/files"
 STORED = "_STORED.json"
 """In a unit folder on the store: the store's version (ETag, generation) of each file put,
 taken right after the puts; resume trusts a shard only while the store still has it."""
