@@ -76,14 +76,14 @@ def test_a_plan_record_reads_back_as_written(
 
 
 CONFIG = """
+read:
+  batch_size: 16
 tokenize:
-  shard_tokens: 2048
+  shard_tokens: 1024
 plan:
-  short_len: 64
+  short_len: 128
   long_len: 1024
-  group_tokens: 6000
-write:
-  shard_tokens: 4096
+  group_tokens: 4096
 """
 
 

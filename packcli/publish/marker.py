@@ -16,7 +16,7 @@ Three strengths, for three kinds of caller:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self, cast
 
@@ -137,7 +137,8 @@ class Marker(Record):
     run: dict[str, Any]
     report: dict[str, Any]
     files: MarkerFiles
-    parts: list[MarkerPart]
+    # An output of a packcli before parts has none: one part of every file and shard.
+    parts: list[MarkerPart] | None = field(default=None, metadata={"omit": True})
 
     @classmethod
     def from_json(cls, data: object, path: Path | str, prefix: str = "") -> Self:
