@@ -267,11 +267,9 @@ def _export_rows(
     extra: list[str] = []
     written = reused = 0
     planned = {f"{c}/metadata.jsonl" for c in configs}
-    planned |= {
-        f"{c}/{bridge.bridge_name(e['file'])}" for c in configs for e in pack.parquet_files(c)
-    }
+    planned |= {f"{c}/{bridge.bridge_name(e.file)}" for c in configs for e in pack.parquet_files(c)}
     place.begin(planned)
-    total = sum(int(f.get("tokens", 0)) for c in configs for f in pack.parquet_files(c))
+    total = sum(f.tokens for c in configs for f in pack.parquet_files(c))
     with tqdm(
         total=total, unit="tok", unit_scale=True, desc="export megatron-bridge", disable=quiet
     ) as bar:
@@ -279,11 +277,11 @@ def _export_rows(
             (place.folder / config).mkdir(exist_ok=True)
             ours: list[PartRecord] = []
             for entry in pack.parquet_files(config):
-                name = f"{config}-{entry['file'].removesuffix('.parquet')}"
-                fp = fingerprint({**settings, "part": name, "source": entry["sha256"]})
+                name = f"{config}-{entry.file.removesuffix('.parquet')}"
+                fp = fingerprint({**settings, "part": name, "source": entry.sha256})
                 record = place.done_part(name, fp)
                 if record is None:
-                    final = place.folder / config / bridge.bridge_name(entry["file"])
+                    final = place.folder / config / bridge.bridge_name(entry.file)
                     with parquet_file(pack, config, entry) as src:
                         stats = bridge.write_bridge_file(src, final)
                     record = PartRecord(
@@ -299,7 +297,7 @@ def _export_rows(
                 else:
                     reused += 1
                 ours.append(record)
-                bar.update(int(entry.get("tokens", record.tokens)))
+                bar.update(entry.tokens)
             merged = _merge([r.stats for r in ours])
             meta_rel = f"{config}/metadata.jsonl"
             rows = bridge.metadata(merged, pack.capacity(config))

@@ -33,8 +33,15 @@ import pyarrow.parquet as pq
 
 from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER, TOKENS_DIR
-from packcli.publish.marker import read_json_object, read_marker, recorded_work_dir, work_folder
+from packcli.publish.marker import (
+    Marker,
+    read_json_object,
+    read_marker,
+    recorded_work_dir,
+    work_folder,
+)
 from packcli.records import parse_record
+from packcli.stages.write_records import Listing
 from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex
 from packcli.tokenize.shards import TokenShards, sha256_file
 
@@ -127,9 +134,10 @@ class Pack:
         if self.store is not None:
             (self.tokens_dir / shards.manifests[index]["file"]).unlink(missing_ok=True)
 
-    def parquet_files(self, config: str) -> list[dict[str, Any]]:
-        """The config's Parquet files as ``packcli.json`` lists them (file, rows, sha256)."""
-        return list(self.meta["files"][config])
+    def parquet_files(self, config: str) -> list[Listing]:
+        """The config's Parquet files as ``packcli.json`` lists them (read through ``Marker``,
+        which ``read_marker`` checked them with)."""
+        return Marker.from_json(self.meta, MARKER).files.of(config)
 
 
 def open_pack(out: Path) -> Pack:
@@ -270,18 +278,18 @@ def trained(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
-def check_parquet(pack: Pack, config: str, entry: dict[str, Any]) -> Path:
+def check_parquet(pack: Pack, config: str, entry: Listing) -> Path:
     """A listed Parquet file of the pack, checked against the sha256 ``packcli.json``
     records for it (one read; an edited file would otherwise be exported as truth)."""
-    path: Path = pack.out / "data" / config / entry["file"]
+    path: Path = pack.out / "data" / config / entry.file
     if not path.is_file():
         raise ExportError(f"{path}: missing, but {pack.out / 'packcli.json'} lists it")
     _check_sha(path, str(path), entry)
     return path
 
 
-def _check_sha(path: Path, shown: str, entry: dict[str, Any]) -> None:
-    if sha256_file(path) != entry["sha256"]:
+def _check_sha(path: Path, shown: str, entry: Listing) -> None:
+    if sha256_file(path) != entry.sha256:
         raise ExportError(
             f"{shown}: changed since packcli wrote it (its sha256 differs from packcli.json); "
             "rerun packcli write/finalize or the same packcli pack"
@@ -289,7 +297,7 @@ def _check_sha(path: Path, shown: str, entry: dict[str, Any]) -> None:
 
 
 @contextmanager
-def parquet_file(pack: Pack, config: str, entry: dict[str, Any]) -> Iterator[Path]:
+def parquet_file(pack: Pack, config: str, entry: Listing) -> Iterator[Path]:
     """A listed Parquet file, checked (``check_parquet``); of a URL pack, fetched whole
     once into the scratch folder and deleted after."""
     if pack.url is None:
@@ -298,7 +306,7 @@ def parquet_file(pack: Pack, config: str, entry: dict[str, Any]) -> Iterator[Pat
     from packcli.fs import fetch_output_file
 
     assert pack.scratch is not None
-    rel = f"data/{config}/{entry['file']}"
+    rel = f"data/{config}/{entry.file}"
     try:
         path = fetch_output_file(pack.url, rel, pack.scratch / "rows")
     except PackcliError as exc:

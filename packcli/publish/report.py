@@ -12,6 +12,7 @@ The report holds no timings, so the same inputs and config give a byte-identical
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 from packcli.config import TOKENS_PER_STEP
 from packcli.pack.plan import RowTotals
 from packcli.publish.steps import plan_totals
+from packcli.tokenize.records import SourceCount
 
 
 def training_hints(totals: RowTotals, tokens_per_step: int) -> dict[str, Any] | None:
@@ -96,8 +98,11 @@ class LengthStats:
         """These documents and ``other``'s (ties keep the smaller doc id, so the sum does
         not depend on the order)."""
         top = larger(self, other)
-        counts = ("documents", "tokens", "short", "long", "overlong", "empty", "overlong_tokens")
-        summed = {k: getattr(self, k) + getattr(other, k) for k in counts}
+        summed = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("largest", "largest_tokens")  # the larger's, not a sum
+        }
         return LengthStats(**summed, largest=top.largest, largest_tokens=top.largest_tokens)
 
 
@@ -366,7 +371,7 @@ def _tokenizer_lines(tok: dict[str, Any]) -> list[str]:
     return lines
 
 
-def mixture_report(stats: dict[str, Any], sources: list[dict[str, Any]]) -> dict[str, Any]:
+def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[str, Any]:
     """A mixture's section of the report: per source what its weight did (documents, tokens,
     copies, repeats, drops), its realised share of each config's tokens, and that share's
     largest and 99th-percentile deviation over windows of one step (``window_rows`` rows of
@@ -384,8 +389,8 @@ def mixture_report(stats: dict[str, Any], sources: list[dict[str, Any]]) -> dict
             "source_id": k,
             "multiplier": round(float(spec["multipliers"][k]), 6),
             "overlong": spec["overlong"][k],
-            "eos_id": sources[k].get("eos"),
-            "bos_id": sources[k].get("bos"),
+            "eos_id": sources[k].eos,
+            "bos_id": sources[k].bos,
             "first_doc": int(spec["first_doc"][k]),
             **{key: int(c.get(key, 0)) for key in sorted(c)},
         }

@@ -22,7 +22,14 @@ from packcli.stages.units import unit_paths
 from packcli.stages.work import REJECTED, read_json, uncomplete
 from packcli.stages.workstore import work_store
 from packcli.tokenize.encode import StageTimes
-from packcli.tokenize.records import STAGE, SUCCESS, ShardIndex, StageRecord, UnitRecord
+from packcli.tokenize.records import (
+    STAGE,
+    SUCCESS,
+    ShardIndex,
+    SourceCount,
+    StageRecord,
+    UnitRecord,
+)
 from packcli.tokenize.shards import TokenShards
 
 log = logging.getLogger(__name__)
@@ -153,7 +160,7 @@ def _stage_record(path: Path, shown: str) -> StageRecord:
 
 def _sources_index(
     stage: StageRecord, source_docs: list[list[Any]], n_docs: int
-) -> list[dict[str, Any]] | None:
+) -> list[SourceCount] | None:
     """A mixture's sources in the index: each one's doc ids (consecutive, from
     ``first_doc``), documents and tokens; None without sources."""
     if not stage.sources:
@@ -163,7 +170,10 @@ def _sources_index(
         if first is None:  # a source with no documents starts where the next one does
             later = [d[0] for d in source_docs[k + 1 :] if d[0] is not None]
             first = later[0] if later else n_docs
-        out.append({**src, "first_doc": first, "documents": docs, "tokens": tokens})
+        count = SourceCount(
+            **dataclasses.asdict(src), first_doc=first, documents=docs, tokens=tokens
+        )
+        out.append(count)
     return out
 
 

@@ -86,14 +86,14 @@ def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] 
     index = shards.success.sources
     if not cfg.sources:
         return None
-    if not index or [s["name"] for s in index] != [s.name for s in cfg.sources]:
+    if not index or [s.name for s in index] != [s.name for s in cfg.sources]:
         raise PackcliError(
             "the tokenized shards were made for other sources: run `packcli tokenize` again"
         )
     if cfg.mix_mode == "share":
-        tokens = np.array([s["tokens"] for s in index], np.float64)
+        tokens = np.array([s.tokens for s in index], np.float64)
         if (tokens == 0).any():
-            empty = [s["name"] for s in index if not s["tokens"]]
+            empty = [s.name for s in index if not s.tokens]
             raise InputError(f"source(s) {', '.join(empty)} have no tokens: no share possible")
         shares = np.array([s.share or 0.0 for s in cfg.sources], np.float64)
         multipliers = multipliers_from_shares(shares, tokens)
@@ -108,7 +108,7 @@ def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] 
         )
     except ValueError as exc:
         raise ConfigError(f"sources: {exc} (a share this large needs more of its tokens)") from exc
-    return spec, np.array([s["first_doc"] for s in index], np.int64)
+    return spec, np.array([s.first_doc for s in index], np.int64)
 
 
 @dataclass(frozen=True)

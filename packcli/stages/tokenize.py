@@ -46,7 +46,14 @@ from packcli.stages.work import (
 )
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.tokenize.encode import StageTimes, prefetch, tokenize_batches
-from packcli.tokenize.records import STAGE, SUCCESS, ShardIndex, StageRecord, UnitRecord
+from packcli.tokenize.records import (
+    STAGE,
+    SUCCESS,
+    ShardIndex,
+    SourceSpec,
+    StageRecord,
+    UnitRecord,
+)
 from packcli.tokenize.shards import (
     CHAT_SHARD_SCHEMA,
     PREFERENCE_SHARD_SCHEMA,
@@ -182,7 +189,7 @@ def _write_stage_record(
         },
         files=files,
         units=units,
-        sources=list(tok.sources) if tok.sources else None,
+        sources=[SourceSpec(**s) for s in tok.sources] if tok.sources else None,
     )
     atomic_write_json(folder / STAGE, record.to_json())
 

@@ -322,7 +322,7 @@ def _write_tail(writer: _Writer, planset: PlanSet, quiet: bool) -> None:
     mix = writer.mixture  # a mixture's rows say their sources, the tail's too
     source = TokenSource(  # its columns and first doc ids from the tail shards
         loaded,
-        source_first_doc=np.array([s["first_doc"] for s in mix], np.int64) if mix else None,
+        source_first_doc=np.array([s.first_doc for s in mix], np.int64) if mix else None,
     )
     with progress_bar(
         quiet, total=sum(part.tokens.values()), unit="tok", unit_scale=True, desc="write tail"

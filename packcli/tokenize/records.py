@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import PackcliError
-from packcli.records import Record
+from packcli.records import Fields, Record
 
 STAGE = "stage.json"
 """The stage record's file name, in ``tokens/``."""
@@ -39,6 +39,26 @@ def damaged(path: Path | str, exc: Exception | str) -> ShardError:
 
 
 @dataclass(frozen=True)
+class SourceSpec(Fields):
+    """A mixture's source as tokenized: its name, text field and BOS/EOS ids."""
+
+    name: str
+    text_field: str
+    bos: int | None
+    eos: int | None
+
+
+@dataclass(frozen=True)
+class SourceCount(SourceSpec):
+    """A mixture's source in the index: its doc ids (consecutive from ``first_doc``),
+    documents and tokens."""
+
+    first_doc: int
+    documents: int
+    tokens: int
+
+
+@dataclass(frozen=True)
 class StageRecord(Record):
     """``tokens/stage.json``: the stage's settings, tokenizer, input files and units (the same
     bytes from every task of the same run). ``fingerprint`` covers settings and units."""
@@ -49,8 +69,8 @@ class StageRecord(Record):
     config: dict[str, Any]  # read, tokenize, chat (and sources) settings, as run
     files: list[dict[str, Any]]
     units: list[dict[str, Any]]
-    # A mixture's sources as tokenized (name, text field, BOS/EOS ids), by index.
-    sources: list[dict[str, Any]] | None = field(default=None, metadata={"omit": True})
+    # A mixture's sources as tokenized, by index.
+    sources: list[SourceSpec] | None = field(default=None, metadata={"omit": True})
 
     @staticmethod
     def recognised(data: dict[str, Any]) -> bool:
@@ -99,5 +119,5 @@ class ShardIndex(Record):
     backend: dict[str, Any]
     # Only for preference outputs, so other indexes (and reports) stay as they were.
     preference: dict[str, Any] | None = field(default=None, metadata={"omit": True})
-    # A mixture's sources: each one's doc ids (from ``first_doc``), documents and tokens.
-    sources: list[dict[str, Any]] | None = field(default=None, metadata={"omit": True})
+    # A mixture's sources, counted.
+    sources: list[SourceCount] | None = field(default=None, metadata={"omit": True})
