@@ -46,8 +46,15 @@ def _marker() -> dict[str, Any]:
         "run": {"tokenizer": {"vocab_size": 300, "eos_id": 0}, "work_dir": ".packcli"},
         "report": {
             "input": {"tokens": 9, "documents": 1},
-            "policy": {"truncated_tokens": 0, "dropped_tokens": 0},
-            "tiers": {name: {"rows": 2, "tokens": 9, "capacity": 64} for name in CONFIG_NAMES},
+            "policy": dict.fromkeys(
+                [f"{w}_{n}" for w in ("split", "truncated", "dropped") for n in ("docs", "tokens")]
+                + ["split_pieces", "empty_docs"],
+                0,
+            ),
+            "tiers": {
+                name: {"rows": 2, "tokens": 9, "segments": 1, "capacity": 64}
+                for name in CONFIG_NAMES
+            },
         },
         "files": {name: [{**listing, "sha256": "a" * 64}] for name in CONFIG_NAMES},
         "parts": [
@@ -61,7 +68,7 @@ def test_the_marker_reads_back_to_the_same_bytes(tmp_path: Path) -> None:
     record = marker.Marker.from_json(data, "packcli.json")
     assert json_bytes(record.to_json()) == json_bytes(data)
     assert record.plan_shape() == marker.PlanShape(64, 1024, "split")
-    assert record.report_shape().tiers.short == marker.TierCounts(rows=2, tokens=9)
+    assert record.report_shape().tiers.short == marker.TierCounts(rows=2, tokens=9, segments=1)
     (tmp_path / "packcli.json").write_bytes(json_bytes(data))
     assert marker.read_marker(tmp_path) == data
     del data["parts"]  # an output of a packcli before parts: one part (verify_part.parts_of)

@@ -74,25 +74,54 @@ class RunShape(Fields):
 
 @dataclass(frozen=True)
 class InputCounts(Fields):
+    """``report.input``: the documents read and their tokens as encoded."""
+
+    documents: int
     tokens: int
 
 
 @dataclass(frozen=True)
 class PolicyCounts(Fields):
+    """``report.policy``: what the length policy and the encoders did (and a mixture's
+    weights: copies beyond each document's first, what weights below 1 left out)."""
+
+    split_docs: int
+    split_pieces: int
+    split_tokens: int
+    truncated_docs: int
     truncated_tokens: int
+    dropped_docs: int
     dropped_tokens: int
+    empty_docs: int
+    repeat_tokens: int = 0
+    subsampled_tokens: int = 0
 
 
 @dataclass(frozen=True)
 class TierCounts(Fields):
+    """``report.tiers.<config>``: what a config's rows hold (the card's byte counts too)."""
+
     rows: int
     tokens: int
+    segments: int
+
+
+@dataclass(frozen=True)
+class TierSummary(TierCounts):
+    """A config's line of the card's table."""
+
+    capacity: int
+    efficiency: float
+    rows_over_bound: float
 
 
 @dataclass(frozen=True)
 class Tiers(Fields):
     long: TierCounts
     short: TierCounts
+
+    def of(self, config: str) -> TierCounts:
+        return self.long if config == "long" else self.short
 
 
 @dataclass(frozen=True)

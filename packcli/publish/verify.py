@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from packcli.errors import VerifyError
-from packcli.names import CONFIG_NAMES, TOKENS_DIR, WORK_DIR
+from packcli.names import CONFIG_NAMES, MARKER, TOKENS_DIR, WORK_DIR
 from packcli.publish.figures import (
     ConfigScan,
     DocFigures,
@@ -61,7 +61,7 @@ from packcli.publish.figures import (
     derive,
     rejected_counts,
 )
-from packcli.publish.marker import read_json_object, read_marker, work_folder
+from packcli.publish.marker import ReportShape, read_json_object, read_marker, work_folder
 from packcli.publish.verify_part import (
     PartResult,
     VerifyJob,
@@ -309,12 +309,12 @@ def _verify(
         meta, local, scans, docs, figures, shards.index if read else None, rejected_counts(local)
     )
     summary["figures_checked"] = check_figures(meta, derived)
-    report = meta["report"]
-    pol = report["policy"]
-    kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
+    report = ReportShape.from_json(meta["report"], MARKER, prefix="report.")
+    pol = report.policy
+    kept = report.input.tokens - pol.truncated_tokens - pol.dropped_tokens
     # A mixture's weights add repeats and remove a subset (counted in the plan, and the
     # multiset check above proved each document's copies one by one).
-    kept += pol.get("repeat_tokens", 0) - pol.get("subsampled_tokens", 0)
+    kept += pol.repeat_tokens - pol.subsampled_tokens
     if scans["long"].totals.tokens != kept:
         fail(
             "config long",

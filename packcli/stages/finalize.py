@@ -85,7 +85,7 @@ def finalize_stage(
         stale.unlink()
     crash_point("finalize")
     marker = Marker(_recorded_config(cfg), run_info, report, files, plan_parts(plan)).to_json()
-    card = render_card(report, run_info, marker["files"], out)
+    card = render_card(report, run_info, files, out)
     atomic_write_bytes(out / "README.md", card.encode("utf-8"))
     atomic_write_json(out / MARKER, marker)
     # A remote output: every file is final here, put (or checked) with packcli.json last.
