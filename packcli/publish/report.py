@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from packcli.config import TOKENS_PER_STEP
+from packcli.pack.mixture import WindowSpread
 from packcli.pack.plan import RowTotals
 from packcli.publish.steps import plan_totals
 from packcli.tokenize.records import SourceCount
@@ -379,8 +380,11 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
     ``long tokens = input.tokens - truncated - dropped + repeat_tokens - subsampled_tokens``."""
     spec = stats["mixture_spec"]
     counts = stats["mixture"]
-    windows = stats.get("mixture_windows", {})
-    out_tokens = {name: sum(w["tokens"]) for name, w in windows.items()}
+    windows = {
+        name: WindowSpread.from_json(w, "plan.json", f"stats.mixture_windows.{name}.")
+        for name, w in stats.get("mixture_windows", {}).items()
+    }
+    out_tokens = {name: sum(w.tokens) for name, w in windows.items()}
     rows = []
     for k, name in enumerate(spec["names"]):
         c = counts.get(name, {})
@@ -397,18 +401,18 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
         for tier, w in windows.items():
             total = out_tokens[tier]
             row[tier] = {
-                "tokens": int(w["tokens"][k]),
-                "share": round(w["tokens"][k] / total, 6) if total else 0.0,
-                "window_max_deviation": w["max_deviation"][k],
-                "window_p99_deviation": w["p99_deviation"][k],
-                "shuffled_window_max_deviation": w["shuffled_max_deviation"][k],
+                "tokens": int(w.tokens[k]),
+                "share": round(w.tokens[k] / total, 6) if total else 0.0,
+                "window_max_deviation": w.max_deviation[k],
+                "window_p99_deviation": w.p99_deviation[k],
+                "shuffled_window_max_deviation": w.shuffled_max_deviation[k],
             }
         rows.append(row)
     return {
         "mode": "epochs",
         "seed": int(spec["seed"]),
         "window_tokens": TOKENS_PER_STEP,
-        "window_rows": {tier: w["window_rows"] for tier, w in windows.items()},
+        "window_rows": {tier: w.window_rows for tier, w in windows.items()},
         "repeat_tokens": sum(int(c.get("repeat_tokens", 0)) for c in counts.values()),
         "subsampled_tokens": sum(int(c.get("subsampled_tokens", 0)) for c in counts.values()),
         "sources": rows,

@@ -43,6 +43,7 @@ from packcli.pack.groups import (
 )
 from packcli.pack.mixture import (
     MixSpec,
+    WindowSpread,
     add_stats,
     expand,
     multipliers_from_shares,
@@ -350,28 +351,14 @@ def _mixture_stats(records: list[GroupRecord]) -> dict[str, Any]:
     piece bound) of any group, each group's rows being consecutive in the output (windows
     straddling two groups are not counted: docs/benchmarks.md measures them)."""
     counts: dict[str, dict[str, int]] = {}
-    windows: dict[str, Any] = {}
-    for r in records:
+    windows: dict[str, WindowSpread] = {}
+    for g, r in enumerate(records):
         counts = add_stats(counts, r.stats["mixture"])
         for name, w in r.stats["mixture_windows"].items():
-            if name not in windows:
-                windows[name] = dict(w)
-                continue
-            mine = windows[name]
-            for key in (
-                "max_deviation",
-                "p99_deviation",
-                "shuffled_max_deviation",
-                "piece_bound",
-                "exchange_max_deviation",
-            ):
-                if key in mine and key in w:
-                    mine[key] = [max(a, b) for a, b in zip(mine[key], w[key], strict=True)]
-            mine["tokens"] = [a + b for a, b in zip(mine["tokens"], w["tokens"], strict=True)]
-            mine["windows"] += w["windows"]
-            if "exchange_moves" in mine and "exchange_moves" in w:
-                mine["exchange_moves"] += w["exchange_moves"]
-    return {"mixture": counts, "mixture_windows": windows}
+            where = f"stats.mixture_windows.{name}."
+            spread = WindowSpread.from_json(w, f"{PLAN_DIR}/{_group_name(g)}.json", where)
+            windows[name] = windows[name].merged(spread) if name in windows else spread
+    return {"mixture": counts, "mixture_windows": {k: w.to_json() for k, w in windows.items()}}
 
 
 def _reusable(store: LocalWork, record: GroupRecord | None, fp: str) -> bool:
