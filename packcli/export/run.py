@@ -312,14 +312,14 @@ def _export_rows(
 def _merge(stats: list[dict[str, int]]) -> bridge.BridgeStats:
     """A config's figures from its files' records (so a resumed export has them too)."""
     out = bridge.BridgeStats()
-    for s in stats:
-        out.rows += s["rows"]
-        out.tokens += s["tokens"]
-        out.segments += s["segments"]
-        out.trained += s["trained"]
-        out.max_segments = max(out.max_segments, s["max_segments"])
-        out.max_seqlen = max(out.max_seqlen, s["max_seqlen"])
-        if s["rows"]:
-            low = s["min_packed"]
+    for s in map(bridge.BridgeStats.of_record, stats):
+        out.rows += s.rows
+        out.tokens += s.tokens
+        out.segments += s.segments
+        out.trained += s.trained
+        out.max_segments = max(out.max_segments, s.max_segments)
+        out.max_seqlen = max(out.max_seqlen, s.max_seqlen)
+        if s.rows:
+            low = s.min_packed
             out.min_packed = low if out.min_packed < 0 else min(out.min_packed, low)
     return out
