@@ -17,8 +17,13 @@ byte-identical Parquet files. Output folder layout::
         plan/group-<g>.{npz,tail.npz,json}  a group's plan, the pieces it released, its record
         plan/tail.npz, plan.json        the tail's plan; the parts and their files' rows
         write/<config>-<i>.json         one record per finished Parquet file
-        write/tail-group-<g>.arrow      a group's released pieces' tokens (for the tail)
+        write/tail-group-<g>.{arrow,json}  a group's released pieces' tokens (for the tail)
+        write/config.json               the write settings, as run
         packcli-work.json               marks the folder as packcli's (and names its output)
+
+The stage, unit, index, plan, group, write and tail records are frozen dataclasses with one
+reader and one writer (``packcli.records``; ``tokenize/records.py``, ``plan_records.py``,
+``write_records.py``): one of another ``version`` is redone, never read field by field.
 
 Resume: a stage's unit of work (an input file, a byte span of a big one or a group of small
 ones; a tokenized shard; an output file) is skipped when its completion record carries the
