@@ -1,91 +1,23 @@
 """Training-time collator: turn packcli rows into what an attention kernel needs.
 
 Why: a packed row is several documents back to back. Trained naively (plain positions, one
-causal mask) every document attends to the unrelated ones before it and the last token of a
+causal mask) every document attends to the unrelated ones before it, and the last token of a
 document is trained to predict the first token of the next. ``PackedCollator`` turns the
-stored boundaries (``seq_lengths``, TRL's column) into one of three equivalent forms, each of
-which makes a transformers model compute every document exactly as if it were alone
-(``tests/test_training_equivalence.py`` proves it to 1e-4 on sdpa and eager), and it sets
-the label of every document's first token to -100 so no loss crosses a boundary.
+stored boundaries (``seq_lengths``, TRL's column) into one of three equivalent forms
+(``flash``: a flattened batch with ``cu_seq_lens``; ``position_ids``: per-document positions;
+``mask4d``: a float block-causal mask), each of which makes a transformers model compute every
+document exactly as if it were alone, and it sets the label of every document's first token to
+-100 so no loss crosses a boundary. Also here: preference rows' per-segment log-probabilities
+(``segment_logps``, ``preference_pairs``), per-document loss normalisation (``packed_loss``,
+``PackedLossMixin``), context-parallel rows' TE boundaries (``te_thd_kwargs``,
+``cp_rank_indices``) and numpy conversions for other frameworks.
 
-Transformers mechanisms relied upon, as read in transformers 5.24.0 (the tests pin every one
-that runs on CPU, so an upgrade that changes one fails loudly; the flash-attn call itself
-needs a GPU and is covered by a reference varlen attention that reads only ``cu_seq_lens``):
-
-* ``mode="flash"``: the batch is flattened to ``[1, total]`` with ``cu_seq_lens_q/k`` and
-  ``max_length_q/k``. The model forwards these keyword arguments to the attention function,
-  and ``modeling_flash_attention_utils._flash_attention_forward`` calls
-  ``flash_attn_varlen_func`` with them when all four are given and ``attention_mask`` is
-  None (the names ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` emits). The
-  restarting ``position_ids`` of the same batch also make sdpa/eager exact (next item), so a
-  ``flash`` batch is correct on any backend.
-* ``mode="position_ids"``: ``masking_utils._preprocess_mask_arguments`` calls
-  ``find_packed_sequence_indices(position_ids)`` when ``attention_mask`` is None **and there
-  is no cache**; a new sequence starts wherever ``position_ids`` does not step by +1, and
-  ``create_causal_mask`` ANDs ``packed_sequence_mask_function`` into the causal mask (tested
-  on sdpa and eager; flex builds its block mask from the same function). Two traps: (1)
-  the model creates a ``DynamicCache`` whenever ``use_cache`` is on - ``config.use_cache``
-  defaults to True even in training mode - and then the packing is silently ignored, so
-  call the model with ``use_cache=False`` (HF ``Trainer`` sets ``config.use_cache =
-  args.use_cache``, False by default); (2) flash-attention derives varlen boundaries from
-  ``position_ids`` only for batch size 1 (``_is_packed_sequence``), so a padded
-  ``[batch, len]`` batch is *not* separated there: use ``mode="flash"`` with it.
-* ``mode="mask4d"``: ``_preprocess_mask_arguments`` returns a 4D ``attention_mask`` as is.
-  ``eager_attention_forward`` *adds* it to the scores, and ``sdpa_attention_forward`` passes
-  it to ``F.scaled_dot_product_attention`` (float: additive; bool: True = attend). So the
-  mask is float (0 = attend, dtype-min = blocked): a boolean mask added by eager becomes
-  biases of 1.0 and 0.0, which masks nothing. It works with or without a cache. It costs
-  ``batch * len**2`` elements (8 rows of 4096: 512 MiB, ~1.5 s to build on one CPU core),
-  so prefer the other modes for long rows.
-
-Padding (``position_ids`` and ``mask4d`` pad every row on the right to the batch's longest
-row; ``flash`` pads only for ``pad_to_multiple_of``): the pad tokens of a row form one extra
-segment of their own, with positions restarting at 0, label -100, and in ``mask4d`` a causal
-block of their own. Real tokens never attend to them, so the real tokens' logits are exact,
-and no query row of the mask is fully blocked (such a row yields NaN with a boolean or
--inf mask in sdpa, whose gradient poisons the step). TRL pads ``position_ids`` with 0
-instead, making every pad token its own one-token segment; both are exact for the real
-tokens.
-
-Preference rows (``packcli pack --format preference``) also carry ``seq_roles``, one int8 per
-segment (0 ordinary document, 1 a pair's prompt+chosen, 2 its prompt+rejected, right after the
-1). The collator passes them on with each segment's place in the batch (``seq_spans``), and
-``segment_logps`` / ``preference_pairs`` turn a forward pass into what DPO, IPO, ORPO and SimPO
-consume: one summed (or mean) log-probability per segment, and which segments pair up.
-``tests/test_preference_collate.py`` proves a DPO loss and its gradients from packed rows equal
-those from the pairs run alone.
-
-Loss normalisation: a model's own loss over a packed batch is the mean over the batch's trained
-tokens, which is what an unpacked run with HF ``Trainer`` or TRL computes too (both divide the
-summed loss by ``num_items_in_batch``, the trained tokens of the whole accumulated batch). A
-per-document mean ("sequence": every document weighs the same, whatever its length) cannot be
-had from the model's loss once documents share a row; ``loss_normalization`` adds per-token
-``loss_weights`` from which ``packed_loss`` computes either convention exactly, also over
-gradient accumulation (``count_loss_items``, ``PackedLossMixin`` for ``Trainer``);
-``tests/test_loss_norm.py`` proves both against unpacked computation.
-
-Context-parallel rows (``packcli pack --cp-size C``): every segment is its real tokens
-followed by padding (``seq_pad`` of them, label -100) up to a multiple of 2C, and
-``seq_lengths`` counts the padding, so each stored segment is a block of the row as
-Transformer Engine's THD layout lays sequences out. Real tokens come first in their segment,
-so under a causal mask no real token attends to padding: every mode above is exact for real
-tokens as it stands, and the collator only sets the padding's labels to -100 (in case a row
-lost its ``labels``). ``mode="flash"`` batches of such rows also carry TE's boundaries:
-``cu_seqlens`` (int32, cumulative *real* lengths), ``cu_seqlens_padded`` (the padded ones,
-the segments' offsets in the batch: equal to ``cu_seq_lens_q``, except that a batch's
-trailing padding is folded into its last segment, as Megatron's ``PackedSeqParams`` expects)
-and ``max_seqlen`` (the longest padded segment); ``te_thd_kwargs`` turns them into
-``DotProductAttention``'s keyword arguments and ``cp_rank_indices`` into the tokens of one
-context-parallel rank (TE's ``get_batch_on_this_cp_rank`` split: chunks ``r`` and
-``2C - 1 - r`` of every segment). ``tests/test_training_equivalence.py`` proves the logits
-of CP-padded rows equal every document run alone, in every mode and through a reference
-THD attention that reads only ``cu_seqlens`` and ``cu_seqlens_padded``.
-
-``position_ids_from_lengths``, ``cu_seqlens_from_lengths`` and ``segment_ids_from_lengths``
-are the same conversions in numpy without torch, for other frameworks. torch is imported
-inside the functions that need it, so ``import packcli.collate`` works without it. Cost,
-measured on one CPU core: 0.6 ms (``flash``) and 0.9 ms (``position_ids``) for 4 rows of 512
-tokens, 4-6 ms for 8 rows of 4096; ``mask4d`` is dominated by its mask (above).
+docs/training.md says how to use each, which transformers mechanisms they rely on (read in
+transformers 5.24) and the traps (a cache silently turns ``position_ids`` packing off; a
+boolean 4D mask is added, not applied, on eager); the tests pin every mechanism that runs on
+CPU (``tests/test_training_equivalence.py``: logits to 1e-4 on sdpa and eager), so an upgrade
+that changes one fails loudly. torch is imported inside the functions that need it, so
+``import packcli.collate`` works without it.
 """
 
 from __future__ import annotations

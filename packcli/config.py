@@ -345,10 +345,6 @@ class RunConfig:
             )
         if self.chat.format != "text":
             raise ConfigError("sources (mixtures) are for text pretraining: chat.format text")
-        if self.plan.cp_size > 1:  # rows would need both the padding and the source columns
-            raise ConfigError(
-                "--cp-size does not apply to mixtures (sources:) yet: leave --cp-size out"
-            )
         shares = [s.share is not None for s in self.sources]
         if any(shares) and not all(shares):
             raise ConfigError(

@@ -76,9 +76,11 @@ PREFERENCE_ROW_SCHEMA = CHAT_ROW_SCHEMA.append(pa.field("seq_roles", pa.list_(pa
 ROLE_DOCUMENT, ROLE_CHOSEN, ROLE_REJECTED = 0, 1, 2
 # A mixture's outputs add, per segment, the index of its source (``sources`` in the card and
 # ``packcli.json``) and its repeat (0 for a document's first copy; ``packcli.pack.mixture``).
-MIX_ROW_SCHEMA = ROW_SCHEMA.append(pa.field("source_ids", pa.list_(pa.int16()))).append(
-    pa.field("doc_repeats", pa.list_(pa.int32()))
+MIX_FIELDS = (
+    pa.field("source_ids", pa.list_(pa.int16())),
+    pa.field("doc_repeats", pa.list_(pa.int32())),
 )
+MIX_ROW_SCHEMA = ROW_SCHEMA.append(MIX_FIELDS[0]).append(MIX_FIELDS[1])
 
 
 # Rows padded for context parallelism (``--cp-size``) add ``seq_pad``, per segment: how many
@@ -106,8 +108,11 @@ def schema_for(
 ) -> pa.Schema:
     """The row schema of an output: the base columns, then those its format and settings
     add (the one place the card and the writer take it from)."""
-    if mixture:  # never padded, never chat: the config refuses both
-        schema = MIX_ROW_SCHEMA
+    if mixture:  # never chat (the config refuses it); padded: labels before, seq_pad after
+        schema = CHAT_ROW_SCHEMA if padded else ROW_SCHEMA
+        schema = schema.append(MIX_FIELDS[0]).append(MIX_FIELDS[1])
+        if padded:
+            schema = schema.append(SEQ_PAD_FIELD)
     elif pairs:
         schema = PREFERENCE_ROW_SCHEMA
     elif padded:

@@ -8,6 +8,7 @@ import random
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from corpora import random_text, write_corpus
@@ -69,3 +70,20 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> tuple[Path, Any]:
+    """``export_cases.text_pack``: a text pack and its documents, made once per test module
+    that asks (the export and torchtitan tests read it)."""
+    from export_cases import text_pack  # here, not at the top: after the environment above
+
+    return text_pack(tmp_path_factory.mktemp("text"), toy_tokenizer_path)
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """``export_cases.chat_pack``: a chat pack and its dialogues, once per test module."""
+    from export_cases import chat_pack
+
+    return chat_pack(tmp_path_factory.mktemp("chat"))

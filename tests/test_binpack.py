@@ -161,9 +161,13 @@ def test_open_bins_match_naive_reference(
     assert (loads <= capacity).all()
 
 
-def test_large_input_quality_and_determinism() -> None:
-    rng = np.random.default_rng(1)
-    lengths = np.clip(rng.lognormal(np.log(350), 1.0, 200_000).astype(np.int64), 1, 4096)
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("median", [60, 350, 1500])
+def test_large_input_quality_and_determinism(seed: int, median: int) -> None:
+    """Best-fit decreasing on many lognormal items lands within 0.05% of the volume bound,
+    for several seeds and shapes (not one tuned draw)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(median), 1.0, 200_000).astype(np.int64), 1, 4096)
     a = pack_lengths(lengths, 4096)
     assert np.array_equal(a, pack_lengths(lengths.copy(), 4096))
     bound = -(-int(lengths.sum()) // 4096)

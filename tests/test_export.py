@@ -14,21 +14,10 @@ import pytest
 from clirun import invoke, invoke_ok
 from export_cases import (
     bridge_collate,
-    chat_pack,
     read_megatron,
     read_olmo_bounds,
     text_pack,
 )
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path):
-    return text_pack(tmp_path_factory.mktemp("text"), toy_tokenizer_path)
-
-
-@pytest.fixture(scope="module")
-def chat(tmp_path_factory: pytest.TempPathFactory):
-    return chat_pack(tmp_path_factory.mktemp("chat"))
 
 
 def test_megatron_holds_every_document_once_whole_with_eos(text, tmp_path: Path) -> None:

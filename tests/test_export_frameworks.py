@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clirun import invoke_ok
-from export_cases import chat_pack, text_pack
 
 pytestmark = pytest.mark.frameworks
 
@@ -26,16 +25,6 @@ def _need(module: str, extra: str) -> None:
         __import__(module)
     except ImportError as exc:
         pytest.skip(f"{module} not importable ({exc}); `make test-frameworks` installs {extra}")
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path):
-    return text_pack(tmp_path_factory.mktemp("text"), toy_tokenizer_path)
-
-
-@pytest.fixture(scope="module")
-def chat(tmp_path_factory: pytest.TempPathFactory):
-    return chat_pack(tmp_path_factory.mktemp("chat"))
 
 
 def _megatron(out: Path) -> list[Path]:

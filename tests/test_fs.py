@@ -502,3 +502,32 @@ def test_overwrite_on_a_shared_prefix_never_deletes_other_peoples_files(
     assert code == 1 and "data/long/mine.parquet" in output, output
     assert fs.cat_file(f"{bucket}/shared/data/long/mine.parquet") == b"their long data"
     assert "packcli.json" in remote_files(out)
+
+
+def test_a_failed_store_call_is_one_redacted_line_of_the_callers_error() -> None:
+    class Boto(Exception):
+        pass
+
+    class Mine(ConfigError):
+        pass
+
+    def fails() -> None:
+        raise Boto(
+            "An error occurred (SlowDown) on https://bucket.example/key?X-Amz-Signature=abc123\n"
+            "Traceback line two"
+        )
+
+    with pytest.raises(Mine) as err:
+        packfs.store_call(fails, "work folder s3://b/w: cannot read x", "rerun to resume", Mine)
+    message = str(err.value)
+    assert message.startswith("work folder s3://b/w: cannot read x: Boto: An error occurred")
+    assert message.endswith("; rerun to resume") and "\n" not in message
+    assert "abc123" not in message and "line two" not in message
+    assert isinstance(err.value.__cause__, Boto)
+
+    def ours() -> None:
+        raise ConfigError("already one of packcli's, with its own words")
+
+    with pytest.raises(ConfigError, match="^already one of packcli's, with its own words$"):
+        packfs.store_call(ours, "x", "y", Mine)
+    assert packfs.store_call(lambda: 7, "x", "y") == 7

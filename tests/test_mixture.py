@@ -9,13 +9,14 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli.config import SourceConfig, build_config
+from packcli.config import SourceConfig
 from packcli.errors import ConfigError
 from packcli.pack import mixture as mx
 from packcli.pack.plan import plan_two_tier
@@ -112,12 +113,6 @@ def test_source_flag_form() -> None:
     assert SourceConfig.parse("web:0.5=x").weight == 0.5
     with pytest.raises(ConfigError, match="NAME:WEIGHT=INPUT"):
         SourceConfig.parse("web:0.5")
-
-
-def test_mixtures_refuse_cp_padding() -> None:
-    sources = [{"name": "web", "inputs": ["a.jsonl"], "weight": 1.0}]
-    with pytest.raises(ConfigError, match="--cp-size does not apply to mixtures"):
-        build_config({"sources": sources, "plan": {"cp_size": 2}})
 
 
 def _write(path: Path, key: str, docs: list[str]) -> None:
@@ -252,3 +247,70 @@ def test_no_sources_and_inputs_together(tmp_path: Path, toy_tokenizer_path: Path
         "pack", corpus, "-t", toy_tokenizer_path, "-o", tmp_path / "o", "--source", f"w:1={corpus}"
     )
     assert code != 0 and "not both" in text
+
+
+def _documents(out: Path, config: str) -> dict[tuple[int, int], list[int]]:
+    """Each copy's real tokens (padding cut off), its pieces joined in piece order, keyed by
+    (doc id, repeat): what a mixture pack holds whatever its padding."""
+    table = pq.read_table(sorted((out / "data" / config).glob("*.parquet")))
+    cols = table.to_pydict()
+    pieces: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}
+    for r, ids in enumerate(cols["input_ids"]):
+        at = 0
+        pads = cols["seq_pad"][r] if "seq_pad" in cols else [0] * len(cols["seq_lengths"][r])
+        for k, n in enumerate(cols["seq_lengths"][r]):
+            key = (cols["doc_ids"][r][k], cols["doc_repeats"][r][k])
+            real = ids[at : at + n - pads[k]]
+            pieces.setdefault(key, []).append((cols["seq_pieces"][r][k], real))
+            at += n
+        assert at == len(ids)
+    return {k: [t for _, p in sorted(v) for t in p] for k, v in pieces.items()}
+
+
+def test_a_mixture_padded_for_context_parallelism_keeps_every_copy_and_its_source(
+    tmp_path: Path, toy_tokenizer_path: Path, mixture: tuple[Path, dict[str, list[str]]]
+) -> None:
+    """``--cp-size 2`` on a mixture: every segment padded to a multiple of 4 (EOS, label
+    -100, the fewest), the same copies with the same real tokens as the unpadded pack, each
+    segment still labelled with its source; verify holds the padding to the policy."""
+    config, _ = mixture
+    plain, padded = tmp_path / "plain", tmp_path / "padded"
+    invoke_ok("pack", "-t", toy_tokenizer_path, "-o", plain, "--config", config, "-q")
+    invoke_ok(
+        "pack", "-t", toy_tokenizer_path, "-o", padded, "--config", config, "--cp-size", "2",
+        "-q",
+    )  # fmt: skip
+    for name in ("long", "short"):
+        assert _documents(padded, name) == _documents(plain, name)
+        table = pq.read_table(sorted((padded / "data" / name).glob("*.parquet")))
+        cols = table.to_pydict()
+        assert {"labels", "seq_pad", "source_ids", "doc_repeats"} <= set(cols)
+        seg = _segments(plain, name)
+        sources = dict(zip(seg["doc_ids"], seg["source_ids"], strict=True))
+        for r, ids in enumerate(cols["input_ids"]):
+            at = 0
+            for k, n in enumerate(cols["seq_lengths"][r]):
+                pad = cols["seq_pad"][r][k]
+                assert n % 4 == 0 and 0 <= pad < 4
+                assert cols["labels"][r][at + n - pad : at + n] == [-100] * pad
+                assert len(set(ids[at + n - pad : at + n])) <= 1
+                assert cols["source_ids"][r][k] == sources[cols["doc_ids"][r][k]]
+                at += n
+    summary = json.loads(invoke_ok("verify", padded, "--json"))
+    assert "report.cp_padding.long.pad_tokens" in summary["figures_checked"]
+    # A padding token given a label fails verify: the policy is checked on mixture rows too.
+    path = sorted((padded / "data" / "long").glob("*.parquet"))[0]
+    table = pq.read_table(path)
+    data = table.to_pydict()
+    r, k = next((r, k) for r, pads in enumerate(data["seq_pad"]) for k, p in enumerate(pads) if p)
+    t = sum(data["seq_lengths"][r][: k + 1]) - 1
+    data["labels"][r][t] = data["input_ids"][r][t]
+    pq.write_table(pa.Table.from_pydict(data, schema=table.schema), path)
+    meta = json.loads((padded / "packcli.json").read_text())
+    from packcli.tokenize.shards import sha256_file
+
+    entry = next(f for f in meta["files"]["long"] if f["file"] == path.name)
+    entry["sha256"], entry["bytes"] = sha256_file(path), path.stat().st_size
+    (padded / "packcli.json").write_text(json.dumps(meta))
+    code, text = invoke("verify", padded)
+    assert code != 0 and "a padding token has a label" in text

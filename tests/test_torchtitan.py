@@ -22,7 +22,6 @@ import pytest
 import torch
 from clirun import invoke_ok
 from corpora import mixed_lengths, packed_string_pairs, write_corpus
-from export_cases import chat_pack, text_pack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -44,16 +43,6 @@ def _need_torchtitan() -> None:
         import torchtitan.models.common.attention  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"torchtitan not importable ({exc}); `make test-frameworks` installs it")
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path):
-    return text_pack(tmp_path_factory.mktemp("text"), toy_tokenizer_path)
-
-
-@pytest.fixture(scope="module")
-def chat(tmp_path_factory: pytest.TempPathFactory):
-    return chat_pack(tmp_path_factory.mktemp("chat"))
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from packcli.atomic import atomic_write_json, json_bytes
-from packcli.errors import PackcliError
 from packcli.export.record import (
     CLAIM,
     EXPORT_MARKER,
@@ -143,19 +142,10 @@ class StoreDest:
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """A store call; its failure as one line naming the export folder."""
-        from packcli.fs import redact_text
+        from packcli.fs import store_call
 
-        try:
-            return fn()
-        except PackcliError:
-            raise
-        except Exception as exc:  # botocore, aiohttp...: one line, never a traceback
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise ExportError(
-                f"export folder {self.where}: cannot {what}: {type(exc).__name__}: "
-                f"{redact_text(first)}; it is not marked complete: rerun the same command "
-                "to resume"
-            ) from exc
+        then = "it is not marked complete: rerun the same command to resume"
+        return store_call(fn, f"export folder {self.where}: cannot {what}", then, ExportError)
 
     def _read_json(self, rel: str) -> dict[str, Any]:
         """A small record on the store ({} when missing or not a JSON object)."""

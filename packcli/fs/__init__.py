@@ -65,6 +65,7 @@ from packcli.fs.urls import (
     remote_version,
     same_version,
     staging_root,
+    store_call,
     stored_version,
     url_folder,
 )
@@ -113,6 +114,7 @@ __all__ = [
     "same_version",
     "spool",
     "staging_root",
+    "store_call",
     "stored_version",
     "upload_output",
     "uploaded_files",

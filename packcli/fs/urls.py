@@ -26,10 +26,11 @@ import re
 import socket
 import threading
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from packcli.errors import ConfigError, InputError
+from packcli.errors import ConfigError, InputError, PackcliError
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
@@ -95,6 +96,24 @@ def redact(url: str) -> str:
 def redact_text(text: str) -> str:
     """Every URL inside ``text`` redacted (a command line, an error message)."""
     return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
+
+
+T = TypeVar("T")
+
+
+def store_call(
+    fn: Callable[[], T], failed: str, then: str, error: type[PackcliError] = PackcliError
+) -> T:
+    """``fn()``, a call to object storage; any failure but packcli's own becomes one line,
+    ``{failed}: {type}: {its first line, URLs redacted}; {then}``, never a traceback (botocore's
+    and aiohttp's run to pages and may carry signed URLs)."""
+    try:
+        return fn()
+    except PackcliError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise error(f"{failed}: {type(exc).__name__}: {redact_text(first)}; {then}") from exc
 
 
 def _missing_package(url: str, exc: Exception) -> ConfigError:

@@ -46,7 +46,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
-from packcli.errors import PackcliError
 from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, TOKENS_DIR, WORK_LOCK
 
 if TYPE_CHECKING:
@@ -292,18 +291,10 @@ class WorkStore(StagingWork):
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """A store call; its failure as one line naming the work folder (redacted)."""
-        from packcli.fs import redact, redact_text
+        from packcli.fs import redact, store_call
 
-        try:
-            return fn()
-        except PackcliError:
-            raise
-        except Exception as exc:
-            raise PackcliError(
-                f"work folder {redact(self.url)}: cannot {what}: {type(exc).__name__}: "
-                f"{redact_text(str(exc).strip().splitlines()[0] if str(exc).strip() else '')}; "
-                "rerun the same command to resume"
-            ) from exc
+        failed = f"work folder {redact(self.url)}: cannot {what}"
+        return store_call(fn, failed, "rerun the same command to resume")
 
     # ------------------------------------------------------------------ listing
 
