@@ -14,7 +14,9 @@ from corpora import mixed_lengths, write_corpus
 from hypothesis import given
 from hypothesis import strategies as st
 
+from packcli.atomic import json_bytes
 from packcli.errors import PackcliError
+from packcli.publish.marker import Marker
 from packcli.records import OldRecordError, RecordError
 from packcli.stages.plan import load_plan
 from packcli.stages.plan_records import GroupRecord, PlanPart, PlanRecord
@@ -138,3 +140,5 @@ def test_an_older_plan_is_planned_again(tmp_path: Path, toy_tokenizer_path: Path
         assert TailShard.from_json(json.loads(path.read_text()), path) == tail
     assert {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")} == expected
     assert (out / "packcli.json").read_bytes() == marker
+    # packcli.json's typed reader gives back its bytes (what finalize writes through it).
+    assert json_bytes(Marker.from_json(json.loads(marker), "packcli.json").to_json()) == marker
