@@ -19,6 +19,7 @@ MARKER = "packcli.json"  # config + report + file hashes; written last, marks a 
 STATS_DIR = "stats"  # plots written by `packcli stats`, embedded in the card
 OUT_LOCK = ".packcli.lock"  # in the output folder, while `pack` runs
 WORK_DIR = ".packcli"  # the work folder, inside the output unless --work-dir moves it
+TOKENS_DIR = "tokens"  # in the work folder: the tokenize stage's shards and records
 WORK_MARKER = "packcli-work.json"  # in the work folder: marks it as packcli's
 WORK_LOCK = "lock"  # in the work folder, while `pack` runs
 TASK_LOCKS = "locks"  # in the work folder: one file per stage task index

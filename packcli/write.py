@@ -261,7 +261,7 @@ class TokenSource:
             LazyShards(shards),
             first_doc=shards.first_doc_ids,
             columns=shards.column_names(),
-            source_first_doc=np.array([s["first_doc"] for s in mix], np.int64) if mix else None,
+            source_first_doc=np.array([s.first_doc for s in mix], np.int64) if mix else None,
         )
 
     def doc_lengths(self, docs: np.ndarray) -> np.ndarray:

@@ -98,6 +98,8 @@ def test_small_pack_does_not_import_pandas_numba_or_datasets(
         from packcli.pack.plan import plan_two_tier
         from packcli.write import TokenSource, write_config_file
         from packcli.publish.card import render_card
+        from packcli.publish.marker import MarkerFiles
+        from packcli.stages.write_records import Listing
         folder = Path({str(tmp_path / "tokens")!r})
         with ShardWriter(folder, 1 << 20) as w:
             for b in iter_batches([Path({str(corpus)!r})], "text", ReadOptions(64)):
@@ -120,14 +122,14 @@ def test_small_pack_does_not_import_pandas_numba_or_datasets(
             write_config_file(plan, lay, source, out, WriteConfig(), 0, lay.num_rows)
         tier = {{"capacity": 1, "rows": 1, "tokens": 1, "segments": 1, "efficiency": 1.0,
                  "rows_over_bound": 1.0}}
-        pol = dict.fromkeys(["split_docs", "split_pieces", "truncated_docs",
+        pol = dict.fromkeys(["split_docs", "split_pieces", "split_tokens", "truncated_docs",
                              "truncated_tokens", "dropped_docs", "dropped_tokens",
                              "empty_docs"], 0)
         report = {{"tiers": {{"short": tier, "long": tier}}, "policy": pol,
                    "input": {{"documents": 1, "tokens": 1}}}}
         run = {{"tokenizer": {{"source": "t", "vocab_size": 1, "eos_id": 0}},
                 "packcli_version": "0", "command": "c"}}
-        files = {{"short": [{{"bytes": 1}}], "long": [{{"bytes": 1}}]}}
+        files = MarkerFiles([Listing("a", 1, 1, 1, "")], [Listing("b", 1, 1, 1, "")])
         render_card(report, run, files)
         print(sorted(m for m in ("pandas", "numba", "datasets") if m in sys.modules))
     """

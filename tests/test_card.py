@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from packcli.publish.card import CONFIG_NAMES, _arrow_bytes, dataset_info, features_yaml
+from packcli.publish.marker import MarkerFiles, TierCounts
+from packcli.stages.write_records import Listing
 from packcli.write import CHAT_ROW_SCHEMA, PREFERENCE_ROW_SCHEMA, ROW_SCHEMA
 
 REPORT = {
@@ -20,13 +22,13 @@ REPORT = {
         "short": {"rows": 2585, "tokens": 10_584_302, "segments": 14_171, "capacity": 4096},
     }
 }
-FILES = {
-    "long": [{"bytes": 27_285_755}, {"bytes": 12}],
-    "short": [{"bytes": 17_266_203}],
-}
+FILES = MarkerFiles(
+    long=[Listing("a", 1, 1, 27_285_755, ""), Listing("b", 1, 1, 12, "")],
+    short=[Listing("c", 1, 1, 17_266_203, "")],
+)
 
 
-def datasets_dataset_info(report: dict[str, Any], files: dict[str, Any], chat: bool) -> list:
+def datasets_dataset_info(report: dict[str, Any], files: MarkerFiles, chat: bool) -> list:
     """``dataset_info`` as ``datasets`` makes it (what card.py called until it stopped
     importing ``datasets``)."""
     import datasets
@@ -35,14 +37,14 @@ def datasets_dataset_info(report: dict[str, Any], files: dict[str, Any], chat: b
     infos = []
     for name in CONFIG_NAMES:
         tier = report["tiers"][name]
-        num_bytes = _arrow_bytes(tier, chat)
+        num_bytes = _arrow_bytes(TierCounts(tier["rows"], tier["tokens"], tier["segments"]), chat)
         info = datasets.DatasetInfo(
             features=features,
             config_name=name,
             splits=datasets.SplitDict(
                 {"train": datasets.SplitInfo("train", num_bytes, tier["rows"])}
             ),
-            download_size=sum(f["bytes"] for f in files[name]),
+            download_size=sum(f.bytes for f in files.of(name)),
             dataset_size=num_bytes,
         )
         infos.append({"config_name": name, **info._to_yaml_dict()})
@@ -79,8 +81,9 @@ def test_rendering_the_card_does_not_import_datasets() -> None:
     code = """
         import sys
         from packcli.publish.card import card_front_matter, dataset_info
+        from packcli.publish.marker import MarkerFiles
         report = {"tiers": {n: {"rows": 1, "tokens": 1, "segments": 1} for n in ("long", "short")}}
-        card_front_matter(dataset_info(report, {"long": [], "short": []}))
+        card_front_matter(dataset_info(report, MarkerFiles([], [])))
         print("datasets" in sys.modules)
     """
     done = subprocess.run(

@@ -585,6 +585,7 @@ def test_card_sizes_and_features_match_the_files(
     size of the data (offsets and values; the Parquet reader adds validity bitmaps that the
     data does not need), and ``datasets`` loads the files with the card's features."""
     from packcli.publish.card import _arrow_bytes
+    from packcli.publish.marker import TierCounts
 
     out = tmp_path / "out"
     meta = _pack(corpus[0], tok_dir, out)
@@ -594,7 +595,8 @@ def test_card_sizes_and_features_match_the_files(
         for column in table.columns:
             buffers = column.chunk(0).buffers()  # [validity, offsets, child validity, values]
             data += sum(b.size for k, b in enumerate(buffers) if b is not None and k % 2)
-        assert _arrow_bytes(meta["report"]["tiers"][name], True, True) == data
+        tier = TierCounts.from_json(meta["report"]["tiers"][name], "packcli.json")
+        assert _arrow_bytes(tier, True, True) == data
     card = (out / "README.md").read_text()
     assert "name: seq_roles" in card and "`seq_roles` | list<int8>" in card
 

@@ -16,14 +16,14 @@ from corpora import mixed_lengths, write_corpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from packcli.records import OldRecordError, RecordError, read_record
 from packcli.tokenize.records import (
     SUCCESS,
-    OldRecordError,
-    RecordError,
     ShardIndex,
+    SourceCount,
+    SourceSpec,
     StageRecord,
     UnitRecord,
-    read_record,
 )
 
 names = st.text("abcdefghij_", min_size=1, max_size=8)
@@ -33,6 +33,18 @@ object_lists = st.lists(objects, max_size=3)
 counts = st.dictionaries(names, st.integers(0, 2**40), max_size=4)
 seconds = st.dictionaries(names, st.floats(0, 1e6, allow_nan=False), max_size=4)
 digests = st.text("0123456789abcdef", min_size=64, max_size=64)
+token_ids = st.none() | st.integers(0, 2**31)
+specs = st.builds(SourceSpec, name=names, text_field=names, bos=token_ids, eos=token_ids)
+source_counts = st.builds(
+    SourceCount,
+    name=names,
+    text_field=names,
+    bos=token_ids,
+    eos=token_ids,
+    first_doc=st.integers(0, 2**40),
+    documents=st.integers(0, 2**40),
+    tokens=st.integers(0, 2**50),
+)
 
 stage_records = st.builds(
     StageRecord,
@@ -42,7 +54,7 @@ stage_records = st.builds(
     config=objects,
     files=object_lists,
     units=object_lists,
-    sources=st.none() | object_lists,
+    sources=st.none() | st.lists(specs, max_size=3),
 )
 unit_records = st.builds(
     UnitRecord,
@@ -73,7 +85,7 @@ shard_indexes = st.builds(
     tokenizer=objects,
     backend=objects,
     preference=st.none() | counts,
-    sources=st.none() | object_lists,
+    sources=st.none() | st.lists(source_counts, max_size=3),
 )
 records = stage_records | unit_records | shard_indexes
 STRATEGY: dict[type, st.SearchStrategy[Any]] = {

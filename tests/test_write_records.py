@@ -14,8 +14,8 @@ from corpora import mixed_lengths, write_corpus
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packcli.stages.write_records import FileClaim, FileRecord
-from packcli.tokenize.records import OldRecordError, RecordError
+from packcli.records import OldRecordError, RecordError
+from packcli.stages.write_records import FileClaim, FileRecord, TailShard, WriteSettings
 
 file_records = st.builds(
     FileRecord,
@@ -41,7 +41,7 @@ def test_the_listing_is_the_record_without_its_bookkeeping(record: FileRecord) -
     """What packcli.json lists of a file: not the version, fingerprint or store version."""
     data = record.to_json()
     expected = {k: data[k] for k in ("file", "rows", "tokens", "bytes", "sha256")}
-    assert record.listing() == expected
+    assert record.listing().to_json() == expected
 
 
 @pytest.mark.parametrize("name", ["fingerprint", "file", "rows", "tokens", "bytes", "sha256"])
@@ -68,6 +68,38 @@ def test_a_claim_or_an_old_record_is_not_a_finished_file(record: FileRecord) -> 
     # Either still names the file packcli wrote (its own to replace).
     expected = record.file if "/" not in record.file else None
     assert FileClaim.named(raw) == FileClaim.named(claim) == expected
+
+
+hexes = st.text("0123456789abcdef", min_size=64, max_size=64)
+tail_shards = st.builds(
+    TailShard,
+    fingerprint=hexes,
+    file=st.text(min_size=1, max_size=30),
+    pieces=st.integers(0, 2**40),
+    bytes=st.integers(0, 2**50),
+    sha256=hexes,
+)
+
+
+@given(tail_shards)
+def test_a_tail_shard_record_reads_back_and_an_older_one_is_refused(record: TailShard) -> None:
+    data = json.loads(json.dumps(record.to_json()))
+    assert TailShard.from_json(data, "write/tail-group-00001.json") == record
+    del data["pieces"]
+    with pytest.raises(RecordError, match=r"^write/tail-group-00001.json: field 'pieces'"):
+        TailShard.from_json(data, "write/tail-group-00001.json")
+    data.pop("version")
+    with pytest.raises(OldRecordError):
+        TailShard.from_json(data, "write/tail-group-00001.json")
+
+
+def test_the_write_settings_read_back_and_need_an_object() -> None:
+    settings = WriteSettings({"shard_tokens": 8192, "min_files": None})
+    data = json.loads(json.dumps(settings.to_json()))
+    assert data == {"version": 1, "write": {"shard_tokens": 8192, "min_files": None}}
+    assert WriteSettings.from_json(data, "write/config.json") == settings
+    with pytest.raises(RecordError, match=r"^write/config.json: field 'write' is list"):
+        WriteSettings.from_json({**data, "write": [1]}, "write/config.json")
 
 
 CONFIG = """

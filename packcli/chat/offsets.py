@@ -287,18 +287,21 @@ def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str])
     texts = list(texts)
     got = fast(texts)
     want = tokenizer.encode_batch(texts, add_special_tokens=False)
-    record: dict[str, Any] = {"texts": len(texts), "derived": 0, "tokens": 0, "mismatch": None}
+    derived = tokens = 0
+
+    def record(mismatch: str | None) -> dict[str, Any]:
+        return {"texts": len(texts), "derived": derived, "tokens": tokens, "mismatch": mismatch}
+
     for text, g, w in zip(texts, got, want, strict=True):
         if g is None:
             continue
         w_ids = np.asarray(w.ids, dtype=np.int32)
         w_off = np.asarray(w.offsets, dtype=np.int64).reshape(-1, 2)
         if not (np.array_equal(g[0], w_ids) and np.array_equal(g[1], w_off)):
-            record["mismatch"] = f"offsets differ from HF's on {text[:80]!r}"
-            return record
-        record["derived"] += 1
-        record["tokens"] += len(w_ids)
-    return record
+            return record(f"offsets differ from HF's on {text[:80]!r}")
+        derived += 1
+        tokens += len(w_ids)
+    return record(None)
 
 
 def token_turns(

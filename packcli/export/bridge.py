@@ -20,8 +20,9 @@ batch can hold.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -86,6 +87,14 @@ class BridgeStats:
             self.max_seqlen = max(self.max_seqlen, int(batch.seg_lengths.max(initial=0)))
             kept = int((per_row_tokens - per_row_segs).min())
             self.min_packed = kept if self.min_packed < 0 else min(self.min_packed, kept)
+
+    @classmethod
+    def of_record(cls, stats: dict[str, int]) -> BridgeStats:
+        """From a part record's ``stats`` (``as_dict``: this class's fields but ``extra``)."""
+        values: dict[str, Any] = {
+            f.name: int(stats[f.name]) for f in fields(cls) if f.name != "extra"
+        }
+        return cls(**values)
 
     def as_dict(self) -> dict[str, int]:
         return {

@@ -22,6 +22,8 @@ import numpy as np
 
 from packcli.atomic import atomic_writer
 
+TOKENS = "tokens"  # the export's folder of token memmaps and document boundaries
+
 
 def olmo_dtype(vocab_size: int) -> np.dtype:
     """``NumpyDatasetConfig.get_dtype`` without a dtype: smallest uint holding the ids."""

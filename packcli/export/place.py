@@ -187,7 +187,7 @@ class StoreDest:
         the store had it when it was put (``fs.same_version``: never the size alone)."""
         from packcli.fs import same_version
 
-        record = parse_part(self._records.get(part_rel(name), {}), fp)
+        record = parse_part(self._records.get(part_rel(name), {}), fp, part_rel(name))
         if record is None:
             return None
         for f in record.files:

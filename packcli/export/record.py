@@ -8,18 +8,23 @@ on object storage, at its size and still the version the store gave it when it w
 claim (``.packcli-export/_claim.json``) names every file the export will write, so a killed
 run's files stay known as this export's and are never refused as another's. The marker is
 removed when an export starts, so a folder whose marker is there is complete.
+
+The records are read and written by ``packcli.records``, without a version field: the
+marker's bytes are the export's, and ``EXPORT_VERSION`` is in every fingerprint, so a record
+of another version has another fingerprint and its part is written again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from packcli.atomic import atomic_write_json
 from packcli.publish.marker import read_json_object
+from packcli.records import Fields, Record, parse_record
 from packcli.tokenize.shards import sha256_file
 
 EXPORT_MARKER = "packcli-export.json"
@@ -34,7 +39,7 @@ def fingerprint(settings: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class ExportedFile:
+class ExportedFile(Fields):
     """One written file, relative to the export folder."""
 
     path: str
@@ -51,7 +56,7 @@ class ExportedFile:
 
     def to_json(self) -> dict[str, Any]:
         """Without ``store_version`` when it has none: a local export's records as before."""
-        data = asdict(self)
+        data = super().to_json()
         if not self.store_version:
             del data["store_version"]
         return data
@@ -66,41 +71,17 @@ class ExportedFile:
 
 
 @dataclass(frozen=True)
-class PartRecord:
+class PartRecord(Record):
     """A finished part: its files and what they hold."""
+
+    VERSION: ClassVar[int | None] = None  # EXPORT_VERSION is in its fingerprint
 
     name: str
     fingerprint: str
     files: tuple[ExportedFile, ...]
     documents: int
     tokens: int
-    stats: dict[str, int]  # format-specific sums (rows, segments, trained tokens...)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["files"] = [f.to_json() for f in self.files]
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PartRecord:
-        return cls(
-            name=str(data["name"]),
-            fingerprint=str(data["fingerprint"]),
-            files=tuple(_file_of(f) for f in data["files"]),
-            documents=int(data["documents"]),
-            tokens=int(data["tokens"]),
-            stats={str(k): int(v) for k, v in data.get("stats", {}).items()},
-        )
-
-
-def _file_of(data: dict[str, Any]) -> ExportedFile:
-    version = data.get("store_version") or {}
-    return ExportedFile(
-        path=str(data["path"]),
-        bytes=int(data["bytes"]),
-        sha256=str(data["sha256"]),
-        store_version={str(k): str(v) for k, v in version.items()},
-    )
+    stats: dict[str, int] = field(default_factory=dict)  # format-specific sums (rows...)
 
 
 def part_rel(name: str) -> str:
@@ -112,18 +93,17 @@ def part_path(dest: Path, name: str) -> Path:
     return dest / part_rel(name)
 
 
-def parse_part(data: dict[str, Any], fp: str) -> PartRecord | None:
-    """A complete record for fingerprint ``fp`` (a pending or another export's: None)."""
-    try:
-        record = PartRecord.from_json(data) if data else None
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
+def parse_part(data: dict[str, Any], fp: str, path: Path | str) -> PartRecord | None:
+    """A complete record for fingerprint ``fp`` (a pending, damaged or another export's:
+    None)."""
+    record = parse_record(PartRecord, data, path) if data else None
     return record if record is not None and record.fingerprint == fp else None
 
 
 def done_part(dest: Path, name: str, fp: str) -> PartRecord | None:
     """The part's record when it is complete for fingerprint ``fp``, else None."""
-    record = parse_part(read_json_object(part_path(dest, name)), fp)
+    path = part_path(dest, name)
+    record = parse_part(read_json_object(path), fp, path)
     if record is None:
         return None
     return record if all(f.intact(dest) for f in record.files) else None
@@ -155,8 +135,11 @@ def named_files(data: object) -> set[str]:
 
 
 @dataclass(frozen=True)
-class ExportMarker:
-    """``packcli-export.json``: what was exported from which pack, and every file's sha256."""
+class ExportMarker(Record):
+    """``packcli-export.json``: what was exported from which pack, and every file's sha256
+    (and the documents and tokens of all parts, summed)."""
+
+    VERSION: ClassVar[int | None] = None  # its bytes are the export's
 
     format: str
     fingerprint: str
@@ -167,9 +150,7 @@ class ExportMarker:
     extra_files: tuple[ExportedFile, ...]  # files of the whole export (metadata, lists)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["parts"] = [p.to_json() for p in self.parts]
-        data["extra_files"] = [f.to_json() for f in self.extra_files]
+        data = super().to_json()
         data["documents"] = sum(p.documents for p in self.parts)
         data["tokens"] = sum(p.tokens for p in self.parts)
         return data

@@ -114,7 +114,7 @@ def _document_files(to: str, name: str, chat: bool) -> list[str]:
     """The files one part of a document-level export is (relative to the export)."""
     if to == "megatron":
         return [f"{name}.bin", f"{name}.idx"]
-    return [f"tokens/{name}.npy", f"tokens/{name}.csv.gz"] + (
+    return [f"{olmo.TOKENS}/{name}.npy", f"{olmo.TOKENS}/{name}.csv.gz"] + (
         [f"label_mask/{name}.npy"] if chat else []
     )
 
@@ -214,9 +214,9 @@ def _megatron_part(dest: Path, name: str, docs: ShardDocuments, dtype: np.dtype)
 def _olmo_part(
     dest: Path, name: str, docs: ShardDocuments, dtype: np.dtype, chat: bool
 ) -> list[Path]:
-    (dest / "tokens").mkdir(exist_ok=True)
-    ids = dest / "tokens" / f"{name}.npy"
-    bounds = dest / "tokens" / f"{name}.csv.gz"
+    (dest / olmo.TOKENS).mkdir(exist_ok=True)
+    ids = dest / olmo.TOKENS / f"{name}.npy"
+    bounds = dest / olmo.TOKENS / f"{name}.csv.gz"
     olmo.write_tokens(ids, docs.tokens, dtype)
     olmo.write_boundaries(bounds, docs.lengths)
     files = [ids, bounds]
@@ -250,7 +250,9 @@ def _list_file(place: Dest, to: str, parts: list[PartRecord]) -> str:
         atomic_write_bytes(place.folder / rel, (text + "\n").encode())
         return rel
     rel = "paths.json"
-    listing: dict[str, list[str]] = {"paths": [place.shown(f"tokens/{p.name}.npy") for p in parts]}
+    listing: dict[str, list[str]] = {
+        "paths": [place.shown(f"{olmo.TOKENS}/{p.name}.npy") for p in parts]
+    }
     if any(f.path.startswith("label_mask/") for p in parts for f in p.files):
         listing["label_mask_paths"] = [place.shown(f"label_mask/{p.name}.npy") for p in parts]
     atomic_write_bytes(place.folder / rel, (json.dumps(listing, indent=2) + "\n").encode())
@@ -265,11 +267,9 @@ def _export_rows(
     extra: list[str] = []
     written = reused = 0
     planned = {f"{c}/metadata.jsonl" for c in configs}
-    planned |= {
-        f"{c}/{bridge.bridge_name(e['file'])}" for c in configs for e in pack.parquet_files(c)
-    }
+    planned |= {f"{c}/{bridge.bridge_name(e.file)}" for c in configs for e in pack.parquet_files(c)}
     place.begin(planned)
-    total = sum(int(f.get("tokens", 0)) for c in configs for f in pack.parquet_files(c))
+    total = sum(f.tokens for c in configs for f in pack.parquet_files(c))
     with tqdm(
         total=total, unit="tok", unit_scale=True, desc="export megatron-bridge", disable=quiet
     ) as bar:
@@ -277,11 +277,11 @@ def _export_rows(
             (place.folder / config).mkdir(exist_ok=True)
             ours: list[PartRecord] = []
             for entry in pack.parquet_files(config):
-                name = f"{config}-{entry['file'].removesuffix('.parquet')}"
-                fp = fingerprint({**settings, "part": name, "source": entry["sha256"]})
+                name = f"{config}-{entry.file.removesuffix('.parquet')}"
+                fp = fingerprint({**settings, "part": name, "source": entry.sha256})
                 record = place.done_part(name, fp)
                 if record is None:
-                    final = place.folder / config / bridge.bridge_name(entry["file"])
+                    final = place.folder / config / bridge.bridge_name(entry.file)
                     with parquet_file(pack, config, entry) as src:
                         stats = bridge.write_bridge_file(src, final)
                     record = PartRecord(
@@ -297,7 +297,7 @@ def _export_rows(
                 else:
                     reused += 1
                 ours.append(record)
-                bar.update(int(entry.get("tokens", record.tokens)))
+                bar.update(entry.tokens)
             merged = _merge([r.stats for r in ours])
             meta_rel = f"{config}/metadata.jsonl"
             rows = bridge.metadata(merged, pack.capacity(config))
@@ -312,14 +312,14 @@ def _export_rows(
 def _merge(stats: list[dict[str, int]]) -> bridge.BridgeStats:
     """A config's figures from its files' records (so a resumed export has them too)."""
     out = bridge.BridgeStats()
-    for s in stats:
-        out.rows += s["rows"]
-        out.tokens += s["tokens"]
-        out.segments += s["segments"]
-        out.trained += s["trained"]
-        out.max_segments = max(out.max_segments, s["max_segments"])
-        out.max_seqlen = max(out.max_seqlen, s["max_seqlen"])
-        if s["rows"]:
-            low = s["min_packed"]
+    for s in map(bridge.BridgeStats.of_record, stats):
+        out.rows += s.rows
+        out.tokens += s.tokens
+        out.segments += s.segments
+        out.trained += s.trained
+        out.max_segments = max(out.max_segments, s.max_segments)
+        out.max_seqlen = max(out.max_seqlen, s.max_seqlen)
+        if s.rows:
+            low = s.min_packed
             out.min_packed = low if out.min_packed < 0 else min(out.min_packed, low)
     return out

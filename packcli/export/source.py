@@ -32,9 +32,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packcli.errors import PackcliError
-from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER
-from packcli.publish.marker import read_json_object, read_marker, recorded_work_dir, work_folder
-from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex, parse_record
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX, MARKER, TOKENS_DIR
+from packcli.publish.marker import (
+    Marker,
+    read_json_object,
+    read_marker,
+    recorded_work_dir,
+    work_folder,
+)
+from packcli.records import parse_record
+from packcli.stages.write_records import Listing
+from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex
 from packcli.tokenize.shards import TokenShards, sha256_file
 
 
@@ -126,9 +134,10 @@ class Pack:
         if self.store is not None:
             (self.tokens_dir / shards.manifests[index]["file"]).unlink(missing_ok=True)
 
-    def parquet_files(self, config: str) -> list[dict[str, Any]]:
-        """The config's Parquet files as ``packcli.json`` lists them (file, rows, sha256)."""
-        return list(self.meta["files"][config])
+    def parquet_files(self, config: str) -> list[Listing]:
+        """The config's Parquet files as ``packcli.json`` lists them (read through ``Marker``,
+        which ``read_marker`` checked them with)."""
+        return Marker.from_json(self.meta, MARKER).files.of(config)
 
 
 def open_pack(out: Path) -> Pack:
@@ -137,7 +146,7 @@ def open_pack(out: Path) -> Pack:
         meta = read_marker(out)
     except PackcliError as exc:
         raise ExportError(str(exc)) from None
-    return Pack(out=out, meta=meta, tokens_dir=work_folder(out, meta) / "tokens")
+    return Pack(out=out, meta=meta, tokens_dir=work_folder(out, meta) / TOKENS_DIR)
 
 
 @contextmanager
@@ -191,7 +200,7 @@ def _open_remote(url: str, work_dir: str | None, scratch: Path) -> Pack:
         folder = Path(recorded)
         if not folder.is_absolute():
             folder = staging_root(url, work_dir or "") / folder
-        return Pack(local, meta, folder / "tokens", url=url, scratch=scratch, names=names)
+        return Pack(local, meta, folder / TOKENS_DIR, url=url, scratch=scratch, names=names)
     if work_dir is not None:
         raise ExportError(
             f"--work-dir: {shown}/{MARKER} names its work folder on the store "
@@ -201,9 +210,11 @@ def _open_remote(url: str, work_dir: str | None, scratch: Path) -> Pack:
 
     mirror = scratch / "work"
     store = WorkStore(recorded, mirror, url, scratch / "mirror-out")
-    store.pull(f"tokens/{SUCCESS}")  # the stage's index; the shards come one at a time
+    store.pull(f"{TOKENS_DIR}/{SUCCESS}")  # the stage's index; the shards come one at a time
     names = ((str(mirror), redact(recorded).rstrip("/")), *names)
-    return Pack(local, meta, mirror / "tokens", url=url, store=store, scratch=scratch, names=names)
+    return Pack(
+        local, meta, mirror / TOKENS_DIR, url=url, store=store, scratch=scratch, names=names
+    )
 
 
 def kept_lengths(lengths: np.ndarray, long_len: int, policy: str) -> np.ndarray:
@@ -267,18 +278,18 @@ def trained(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
-def check_parquet(pack: Pack, config: str, entry: dict[str, Any]) -> Path:
+def check_parquet(pack: Pack, config: str, entry: Listing) -> Path:
     """A listed Parquet file of the pack, checked against the sha256 ``packcli.json``
     records for it (one read; an edited file would otherwise be exported as truth)."""
-    path: Path = pack.out / "data" / config / entry["file"]
+    path: Path = pack.out / "data" / config / entry.file
     if not path.is_file():
         raise ExportError(f"{path}: missing, but {pack.out / 'packcli.json'} lists it")
     _check_sha(path, str(path), entry)
     return path
 
 
-def _check_sha(path: Path, shown: str, entry: dict[str, Any]) -> None:
-    if sha256_file(path) != entry["sha256"]:
+def _check_sha(path: Path, shown: str, entry: Listing) -> None:
+    if sha256_file(path) != entry.sha256:
         raise ExportError(
             f"{shown}: changed since packcli wrote it (its sha256 differs from packcli.json); "
             "rerun packcli write/finalize or the same packcli pack"
@@ -286,7 +297,7 @@ def _check_sha(path: Path, shown: str, entry: dict[str, Any]) -> None:
 
 
 @contextmanager
-def parquet_file(pack: Pack, config: str, entry: dict[str, Any]) -> Iterator[Path]:
+def parquet_file(pack: Pack, config: str, entry: Listing) -> Iterator[Path]:
     """A listed Parquet file, checked (``check_parquet``); of a URL pack, fetched whole
     once into the scratch folder and deleted after."""
     if pack.url is None:
@@ -295,7 +306,7 @@ def parquet_file(pack: Pack, config: str, entry: dict[str, Any]) -> Iterator[Pat
     from packcli.fs import fetch_output_file
 
     assert pack.scratch is not None
-    rel = f"data/{config}/{entry['file']}"
+    rel = f"data/{config}/{entry.file}"
     try:
         path = fetch_output_file(pack.url, rel, pack.scratch / "rows")
     except PackcliError as exc:

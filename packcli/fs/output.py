@@ -26,8 +26,9 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from packcli.errors import ConfigError, PackcliError
 from packcli.fs.urls import (
@@ -43,6 +44,7 @@ from packcli.fs.urls import (
 )
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR, WORK_DIR, WORK_MARKER
 from packcli.publish.marker import load_marker
+from packcli.records import Record, parse_record
 
 log = logging.getLogger(__name__)
 
@@ -189,12 +191,21 @@ def check_writable(url: str, what: str) -> None:
         ) from None
 
 
-class Uploaded(NamedTuple):
-    """One upload log entry: what was put (size, sha256) and the store's version of it."""
+@dataclass(frozen=True)
+class Uploaded(Record):
+    """One line of the upload log: ``file`` was put under ``url`` (redacted) with this size
+    and sha256, and the store gave it ``version`` (an ETag, a generation). No record version
+    of its own: ``version`` is the store's, and a line of an older packcli, without it, names
+    a file that is put again (nothing says the store still holds those bytes) but is still
+    packcli's."""
 
+    VERSION: ClassVar[int | None] = None
+
+    url: str
+    file: str
     size: int
     sha256: str
-    version: dict[str, str]
+    version: dict[str, str] | None = None
 
 
 def uploaded_files(work: Path, url: str) -> set[str]:
@@ -211,14 +222,15 @@ def _uploaded(work: Path, url: str) -> dict[str, Uploaded]:
         lines = (work / UPLOAD_LOG).read_bytes().splitlines()
     except OSError:
         return done
+    shown = redact(url)
     for line in lines:
         try:
-            rec = json.loads(line)
-            if rec["url"] == redact(url):
-                version = rec.get("version") or {}
-                done[rec["file"]] = Uploaded(int(rec["size"]), str(rec["sha256"]), dict(version))
-        except (ValueError, KeyError, TypeError):
+            data = json.loads(line)
+        except ValueError:
             continue
+        rec = parse_record(Uploaded, data, work / UPLOAD_LOG)
+        if rec is not None and rec.url == shown:
+            done[rec.file] = rec
     return done
 
 
@@ -397,9 +409,7 @@ def _log_upload(
 ) -> None:
     """One line of the upload log: this file, this size and content, is under ``shown``,
     and the store gave it ``version``."""
-    line = json.dumps(
-        {"url": shown, "file": rel, "size": size, "sha256": sha256, "version": version}
-    )
+    line = json.dumps(Uploaded(shown, rel, size, sha256, version).to_json())
     with _LOCK, open(work / UPLOAD_LOG, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
     log.info("uploaded %s (%d bytes)", _join(shown, rel), size)
@@ -433,7 +443,7 @@ def _still_there(
     the store as it was put (its version there unchanged), so it need not be put again."""
     if not (logged and there and int(there.get("size", -1)) == size == logged.size):
         return False
-    return same_version(logged.version, there) and logged.sha256 == digest(rel)
+    return same_version(logged.version or {}, there) and logged.sha256 == digest(rel)
 
 
 def download_output(

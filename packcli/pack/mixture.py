@@ -32,18 +32,69 @@ efficiency is untouched. O(R * K^2) for R rows and K sources (compiled above ~10
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from packcli.jit import kernel, pick
+from packcli.records import Fields
 
 REPEAT_SHIFT = 40  # a copy's key: doc_id + repeat << REPEAT_SHIFT
 DOC_MASK = (1 << REPEAT_SHIFT) - 1
 MAX_WEIGHT = 1024.0  # repeats stay below 2**11, so keys times (short_len + 1) fit in int64
 _PHI = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, odd
+
+
+@dataclass(frozen=True)
+class WindowSpread(Fields):
+    """A config's realised mix over windows of one step (the plan's ``mixture_windows``):
+    per source its tokens and its share's largest and 99th-percentile deviation from the
+    target, after the row order and in the shuffled order; the long config's piece bound
+    and, where the exchange ran, its window, moves and deviation at that window."""
+
+    window_rows: int
+    windows: int
+    tokens: list[int]
+    max_deviation: list[float]
+    p99_deviation: list[float]
+    shuffled_max_deviation: list[float]
+    piece_bound: list[float] | None = field(default=None, metadata={"omit": True})
+    exchange_window_rows: int | None = field(default=None, metadata={"omit": True})
+    exchange_moves: int | None = field(default=None, metadata={"omit": True})
+    exchange_max_deviation: list[float] | None = field(default=None, metadata={"omit": True})
+    # A grouped mixture's long config: the steps that straddle two parts (plan stage).
+    straddling_max_deviation: list[float] | None = field(default=None, metadata={"omit": True})
+
+    def merged(self, other: WindowSpread) -> WindowSpread:
+        """This group's and ``other``'s (the next group's rows, consecutive in the output):
+        tokens and windows summed, per source the larger deviation and bound; what only one
+        of them has is this one's."""
+
+        def larger(a: list[float] | None, b: list[float] | None) -> list[float] | None:
+            return [max(x, y) for x, y in zip(a, b, strict=True)] if a and b else a
+
+        return dataclasses.replace(
+            self,
+            windows=self.windows + other.windows,
+            tokens=[a + b for a, b in zip(self.tokens, other.tokens, strict=True)],
+            max_deviation=larger(self.max_deviation, other.max_deviation) or [],
+            p99_deviation=larger(self.p99_deviation, other.p99_deviation) or [],
+            shuffled_max_deviation=(
+                larger(self.shuffled_max_deviation, other.shuffled_max_deviation) or []
+            ),
+            piece_bound=larger(self.piece_bound, other.piece_bound),
+            exchange_max_deviation=larger(
+                self.exchange_max_deviation, other.exchange_max_deviation
+            ),
+            exchange_moves=(
+                self.exchange_moves + other.exchange_moves
+                if self.exchange_moves is not None and other.exchange_moves is not None
+                else self.exchange_moves
+            ),
+        )
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,15 @@ from packcli.atomic import atomic_write_bytes
 from packcli.names import CONFIG_NAMES as CONFIG_NAMES
 from packcli.names import MARKER as MARKER
 from packcli.names import STATS_DIR as STATS_DIR
-from packcli.publish.marker import load_marker
+from packcli.publish.marker import (
+    Marker,
+    MarkerFiles,
+    ReportShape,
+    TierCounts,
+    Tiers,
+    TierSummary,
+    load_marker,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,7 +49,7 @@ _PER_TOKEN = frozenset({"input_ids", "segment_ids", "labels"})
 
 
 def _arrow_bytes(
-    tier: dict[str, Any],
+    tier: TierCounts,
     chat: bool,
     preference: bool = False,
     pad_tokens: int | None = None,
@@ -53,10 +61,8 @@ def _arrow_bytes(
     schema (``_schema``): per list column one offset per row plus one value per token or
     per segment, per scalar column one value per row; ``pad_tokens``: its context-parallel
     padding, when padded (the padding's tokens are stored too)."""
-    rows: int = tier["rows"]
-    tokens: int = tier["tokens"]
-    segments: int = tier["segments"]
-    tokens += pad_tokens or 0
+    rows, segments = tier.rows, tier.segments
+    tokens = tier.tokens + (pad_tokens or 0)
     total = 0
     for field in _schema(chat, preference, pad_tokens is not None, mixture, cost):
         t = field.type
@@ -98,7 +104,7 @@ def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
 
 def dataset_info(
     report: dict[str, Any],
-    files: dict[str, list[dict[str, Any]]],
+    files: MarkerFiles,
     chat: bool = False,
     preference: bool = False,
     cost: bool = False,
@@ -114,9 +120,10 @@ def dataset_info(
     mixture = report.get("mixture") is not None
     chat = chat or preference
     schema = _schema(chat, preference, bool(cp), mixture, cost)
+    tiers = Tiers.from_json(report.get("tiers"), MARKER, prefix="report.tiers.")
     infos = []
     for name in CONFIG_NAMES:
-        tier = report["tiers"][name]
+        tier = tiers.of(name)
         pad = cp[name]["pad_tokens"] if cp else None
         num_bytes = _arrow_bytes(tier, chat, preference, pad, mixture=mixture, cost=cost)
         infos.append(
@@ -124,8 +131,8 @@ def dataset_info(
                 "config_name": name,
                 # A fresh list per config: YAML would write a shared one as an anchor/alias.
                 "features": features_yaml(schema),
-                "splits": [{"name": "train", "num_bytes": num_bytes, "num_examples": tier["rows"]}],
-                "download_size": sum(f["bytes"] for f in files[name]),
+                "splits": [{"name": "train", "num_bytes": num_bytes, "num_examples": tier.rows}],
+                "download_size": sum(f.bytes for f in files.of(name)),
                 "dataset_size": num_bytes,
             }
         )
@@ -152,7 +159,7 @@ def card_front_matter(infos: list[dict[str, Any]]) -> dict[str, Any]:
 def render_card(
     report: dict[str, Any],
     run: dict[str, Any],
-    files: dict[str, list[dict[str, Any]]],
+    files: MarkerFiles,
     out: Path | None = None,
 ) -> str:
     """The card's markdown; ``out`` (when given) lets it embed plots from ``packcli stats``."""
@@ -212,11 +219,16 @@ def render_card(
     plots = render_plots_section(out) if out is not None else ""
     pad = run["tokenizer"].get("eos_id")
     training = training_snippet(pad_token_id=pad if pad is not None else 0, preference=preference)
-    tiers = report["tiers"]
-    pol = report["policy"]
+    shape = ReportShape.from_json(report, MARKER, prefix="report.")
+    pol = shape.policy
+    # In the report's order of configs (a fresh report's, or packcli.json's sorted one).
+    tiers = {
+        name: TierSummary.from_json(t, MARKER, prefix=f"report.tiers.{name}.")
+        for name, t in report["tiers"].items()
+    }
     rows = "\n".join(
-        f"| `{name}` | {t['capacity']:,} | {t['rows']:,} | {t['tokens']:,} | "
-        f"{t['efficiency']:.4%} | {t['rows_over_bound']:.5f} |"
+        f"| `{name}` | {t.capacity:,} | {t.rows:,} | {t.tokens:,} | "
+        f"{t.efficiency:.4%} | {t.rows_over_bound:.5f} |"
         for name, t in tiers.items()
     )
     tok = run["tokenizer"]
@@ -226,9 +238,9 @@ def render_card(
 # Packed dataset (packcli {__version__})
 
 Tokenized with `{tok["source"]}` (vocabulary {tok["vocab_size"]:,}) and bin-packed in two tiers
-by packcli: documents up to {tiers["short"]["capacity"]:,}
+by packcli: documents up to {tiers["short"].capacity:,}
 tokens are packed into short packs (config `short`); longer documents and the short packs,
-kept whole, are packed into rows of {tiers["long"]["capacity"]:,} tokens (config `long`, the
+kept whole, are packed into rows of {tiers["long"].capacity:,} tokens (config `long`, the
 complete dataset). Document boundaries are stored per row, so training can attend within
 documents only.
 
@@ -236,11 +248,11 @@ documents only.
 |---|---|---|---|---|---|
 {rows}
 
-Input: {report["input"]["documents"]:,} documents, {report["input"]["tokens"]:,} tokens.
-Split: {pol["split_docs"]:,} documents ({pol["split_pieces"]:,} pieces, all tokens kept).
-Truncated: {pol["truncated_docs"]:,} documents ({pol["truncated_tokens"]:,} tokens removed).
-Dropped: {pol["dropped_docs"]:,} documents ({pol["dropped_tokens"]:,} tokens);
-{pol["empty_docs"]:,} empty documents.
+Input: {shape.input.documents:,} documents, {shape.input.tokens:,} tokens.
+Split: {pol.split_docs:,} documents ({pol.split_pieces:,} pieces, all tokens kept).
+Truncated: {pol.truncated_docs:,} documents ({pol.truncated_tokens:,} tokens removed).
+Dropped: {pol.dropped_docs:,} documents ({pol.dropped_tokens:,} tokens);
+{pol.empty_docs:,} empty documents.
 {mixture}{cp_text}
 ## Columns
 
@@ -359,6 +371,6 @@ loss = -F.logsigmoid(0.1 * margin).mean()  # DPO
 def refresh_card(out: Path) -> None:
     """Re-render ``OUT/README.md`` from ``packcli.json`` (e.g. after ``packcli stats`` made
     plots), atomically."""
-    meta = load_marker(out)
-    text = render_card(meta["report"], meta["run"], meta["files"], out)
+    marker = Marker.from_json(load_marker(out), out / MARKER)
+    text = render_card(marker.report, marker.run, marker.files, out)
     atomic_write_bytes(out / "README.md", text.encode("utf-8"))

@@ -16,11 +16,14 @@ Three strengths, for three kinds of caller:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, Self, cast
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER, WORK_DIR
+from packcli.records import Fields, Record, RecordError
+from packcli.stages.write_records import Listing
 
 
 def load_marker(out: Path) -> Any:
@@ -45,27 +48,152 @@ def peek_marker(out: Path) -> dict[str, Any]:
     return read_json_object(out / MARKER)
 
 
-# What verify (and push, through it) reads from packcli.json: (path, type).
-_MARKER_FIELDS: list[tuple[tuple[str, ...], type]] = [
-    (("config", "plan", "short_len"), int),
-    (("config", "plan", "long_len"), int),
-    (("config", "plan", "overlong"), str),
-    (("run", "tokenizer", "vocab_size"), int),
-    (("run",), dict),
-    (("report", "input", "tokens"), int),
-    (("report", "policy", "truncated_tokens"), int),
-    (("report", "policy", "dropped_tokens"), int),
-] + [
-    (path, int)
-    for name in CONFIG_NAMES
-    for path in (("report", "tiers", name, "rows"), ("report", "tiers", name, "tokens"))
-]
-_FILE_FIELDS = {"file": str, "sha256": str, "rows": int}
+@dataclass(frozen=True)
+class PlanShape(Fields):
+    """What readers of an output need of its plan settings (``config.plan``)."""
+
+    short_len: int
+    long_len: int
+    overlong: str
+
+
+@dataclass(frozen=True)
+class ConfigShape(Fields):
+    plan: PlanShape
+
+
+@dataclass(frozen=True)
+class TokenizerShape(Fields):
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class RunShape(Fields):
+    tokenizer: TokenizerShape
+
+
+@dataclass(frozen=True)
+class InputCounts(Fields):
+    """``report.input``: the documents read and their tokens as encoded."""
+
+    documents: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class PolicyCounts(Fields):
+    """``report.policy``: what the length policy and the encoders did (and a mixture's
+    weights: copies beyond each document's first, what weights below 1 left out)."""
+
+    split_docs: int
+    split_pieces: int
+    split_tokens: int
+    truncated_docs: int
+    truncated_tokens: int
+    dropped_docs: int
+    dropped_tokens: int
+    empty_docs: int
+    repeat_tokens: int = 0
+    subsampled_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TierCounts(Fields):
+    """``report.tiers.<config>``: what a config's rows hold (the card's byte counts too)."""
+
+    rows: int
+    tokens: int
+    segments: int
+
+
+@dataclass(frozen=True)
+class TierSummary(TierCounts):
+    """A config's line of the card's table."""
+
+    capacity: int
+    efficiency: float
+    rows_over_bound: float
+
+
+@dataclass(frozen=True)
+class Tiers(Fields):
+    long: TierCounts
+    short: TierCounts
+
+    def of(self, config: str) -> TierCounts:
+        return self.long if config == "long" else self.short
+
+
+@dataclass(frozen=True)
+class ReportShape(Fields):
+    input: InputCounts
+    policy: PolicyCounts
+    tiers: Tiers
+
+
+@dataclass(frozen=True)
+class MarkerFiles(Fields):
+    """Each config's output files (``data/<config>/``), in order."""
+
+    long: list[Listing]
+    short: list[Listing]
+
+    def of(self, config: str) -> list[Listing]:
+        return self.long if config == "long" else self.short
+
+
+@dataclass(frozen=True)
+class MarkerPart(Fields):
+    """A planned part: its token shards (none for the tail) and the range of each config's
+    files it wrote, so ``verify`` checks each part's files against its own shards."""
+
+    name: str
+    shards: list[int]
+    files: dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Marker(Record):
+    """``packcli.json``: the resolved config, the run (tokenizer, inputs, fingerprints), the
+    report, the files and the plan's parts. No version field: its bytes are the output's
+    (``run.packcli_version`` says which packcli wrote it). ``config``, ``run`` and ``report``
+    stay JSON objects (the card and the figures read all of them); what every reader needs
+    of them is checked by ``ConfigShape``, ``RunShape`` and ``ReportShape``."""
+
+    VERSION: ClassVar[int | None] = None
+
+    config: dict[str, Any]
+    run: dict[str, Any]
+    report: dict[str, Any]
+    files: MarkerFiles
+    # An output of a packcli before parts has none: one part of every file and shard.
+    parts: list[MarkerPart] | None = field(default=None, metadata={"omit": True})
+
+    @classmethod
+    def from_json(cls, data: object, path: Path | str, prefix: str = "") -> Self:
+        """``Record.from_json``, and the fields readers compute with checked inside
+        ``config``, ``run`` and ``report``, and every file a bare name of its folder."""
+        marker = super().from_json(data, path, prefix)
+        for shape, name in ((ConfigShape, "config"), (RunShape, "run"), (ReportShape, "report")):
+            shape.from_json(getattr(marker, name), path, prefix=f"{name}.")
+        for config in CONFIG_NAMES:
+            for entry in marker.files.of(config):
+                if Path(entry.file).name != entry.file or entry.file in ("", ".", ".."):
+                    raise RecordError(
+                        f"{path}: files.{config} names {entry.file!r}, not a file of data/{config}/"
+                    )
+        return marker
+
+    def plan_shape(self) -> PlanShape:
+        return ConfigShape.from_json(self.config, MARKER, prefix="config.").plan
+
+    def report_shape(self) -> ReportShape:
+        return ReportShape.from_json(self.report, MARKER, prefix="report.")
 
 
 def read_marker(out: Path) -> dict[str, Any]:
-    """``packcli.json`` of ``out`` after checking every field verify reads, so a damaged,
-    truncated or foreign file fails with one line naming it, not with a traceback."""
+    """``packcli.json`` of ``out`` after checking every field verify reads (``Marker``), so a
+    damaged, truncated or foreign file fails with one line naming it, not with a traceback."""
     marker = out / MARKER
     if not marker.is_file():
         raise VerifyError(f"{out}: no packcli.json, so the output is missing or incomplete")
@@ -74,28 +202,13 @@ def read_marker(out: Path) -> dict[str, Any]:
         meta = load_marker(out)
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise VerifyError(f"{marker}: unreadable or not JSON ({exc}); {fix}") from exc
-
-    def bad(what: str) -> VerifyError:
-        return VerifyError(f"{marker}: damaged or not written by packcli ({what}); {fix}")
-
-    for path, kind in _MARKER_FIELDS:
-        value: Any = meta
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise bad(f"{'.'.join(path)} missing or not {kind.__name__}")
-    files = meta.get("files")
-    for name in CONFIG_NAMES:
-        entries = files.get(name) if isinstance(files, dict) else None
-        if not isinstance(entries, list):
-            raise bad(f"files.{name} missing or not a list")
-        for entry in entries:
-            for key, kind in _FILE_FIELDS.items():
-                if not isinstance(entry, dict) or not isinstance(entry.get(key), kind):
-                    raise bad(f"an entry of files.{name} has no valid {key!r}")
-            if Path(entry["file"]).name != entry["file"] or entry["file"] in ("", ".", ".."):
-                raise bad(f"files.{name} names {entry['file']!r}, not a file of data/{name}/")
-    return cast(dict[str, Any], meta)  # an object: the field checks above looked inside it
+    try:
+        Marker.from_json(meta, marker)
+    except RecordError as exc:
+        reason = str(exc).removeprefix(f"{marker}: ").split("; rerun")[0]
+        bad = f"{marker}: damaged or not written by packcli ({reason})"
+        raise VerifyError(f"{bad}; {fix}") from None
+    return cast(dict[str, Any], meta)  # an object: Marker looked inside it
 
 
 def work_folder(out: Path, meta: dict[str, Any]) -> Path:

@@ -12,14 +12,17 @@ The report holds no timings, so the same inputs and config give a byte-identical
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from packcli.config import TOKENS_PER_STEP
+from packcli.pack.mixture import WindowSpread
 from packcli.pack.plan import RowTotals
 from packcli.publish.steps import plan_totals
+from packcli.tokenize.records import SourceCount
 
 
 def training_hints(totals: RowTotals, tokens_per_step: int) -> dict[str, Any] | None:
@@ -96,8 +99,11 @@ class LengthStats:
         """These documents and ``other``'s (ties keep the smaller doc id, so the sum does
         not depend on the order)."""
         top = larger(self, other)
-        counts = ("documents", "tokens", "short", "long", "overlong", "empty", "overlong_tokens")
-        summed = {k: getattr(self, k) + getattr(other, k) for k in counts}
+        summed = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("largest", "largest_tokens")  # the larger's, not a sum
+        }
         return LengthStats(**summed, largest=top.largest, largest_tokens=top.largest_tokens)
 
 
@@ -366,7 +372,7 @@ def _tokenizer_lines(tok: dict[str, Any]) -> list[str]:
     return lines
 
 
-def mixture_report(stats: dict[str, Any], sources: list[dict[str, Any]]) -> dict[str, Any]:
+def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[str, Any]:
     """A mixture's section of the report: per source what its weight did (documents, tokens,
     copies, repeats, drops), its realised share of each config's tokens, and that share's
     largest and 99th-percentile deviation over windows of one step (``window_rows`` rows of
@@ -375,8 +381,11 @@ def mixture_report(stats: dict[str, Any], sources: list[dict[str, Any]]) -> dict
     ``long tokens = input.tokens - truncated - dropped + repeat_tokens - subsampled_tokens``."""
     spec = stats["mixture_spec"]
     counts = stats["mixture"]
-    windows = stats.get("mixture_windows", {})
-    out_tokens = {name: sum(w["tokens"]) for name, w in windows.items()}
+    windows = {
+        name: WindowSpread.from_json(w, "plan.json", f"stats.mixture_windows.{name}.")
+        for name, w in stats.get("mixture_windows", {}).items()
+    }
+    out_tokens = {name: sum(w.tokens) for name, w in windows.items()}
     rows = []
     for k, name in enumerate(spec["names"]):
         c = counts.get(name, {})
@@ -385,28 +394,28 @@ def mixture_report(stats: dict[str, Any], sources: list[dict[str, Any]]) -> dict
             "source_id": k,
             "multiplier": round(float(spec["multipliers"][k]), 6),
             "overlong": spec["overlong"][k],
-            "eos_id": sources[k].get("eos"),
-            "bos_id": sources[k].get("bos"),
+            "eos_id": sources[k].eos,
+            "bos_id": sources[k].bos,
             "first_doc": int(spec["first_doc"][k]),
             **{key: int(c.get(key, 0)) for key in sorted(c)},
         }
         for tier, w in windows.items():
             total = out_tokens[tier]
             row[tier] = {
-                "tokens": int(w["tokens"][k]),
-                "share": round(w["tokens"][k] / total, 6) if total else 0.0,
-                "window_max_deviation": w["max_deviation"][k],
-                "window_p99_deviation": w["p99_deviation"][k],
-                "shuffled_window_max_deviation": w["shuffled_max_deviation"][k],
+                "tokens": int(w.tokens[k]),
+                "share": round(w.tokens[k] / total, 6) if total else 0.0,
+                "window_max_deviation": w.max_deviation[k],
+                "window_p99_deviation": w.p99_deviation[k],
+                "shuffled_window_max_deviation": w.shuffled_max_deviation[k],
             }
-            if "straddling_max_deviation" in w:  # grouped: the steps across groups too
-                row[tier]["straddling_window_max_deviation"] = w["straddling_max_deviation"][k]
+            if w.straddling_max_deviation is not None:  # grouped: steps across groups too
+                row[tier]["straddling_window_max_deviation"] = w.straddling_max_deviation[k]
         rows.append(row)
     return {
         "mode": "epochs",
         "seed": int(spec["seed"]),
         "window_tokens": TOKENS_PER_STEP,
-        "window_rows": {tier: w["window_rows"] for tier, w in windows.items()},
+        "window_rows": {tier: w.window_rows for tier, w in windows.items()},
         "repeat_tokens": sum(int(c.get("repeat_tokens", 0)) for c in counts.values()),
         "subsampled_tokens": sum(int(c.get("subsampled_tokens", 0)) for c in counts.values()),
         "sources": rows,

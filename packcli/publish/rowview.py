@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packcli.errors import ConfigError, PackcliError, require_one_of
-from packcli.names import CONFIG_NAMES, IGNORE_INDEX, PREVIEW_CHARS
+from packcli.names import CONFIG_NAMES, IGNORE_INDEX, PREVIEW_CHARS, TOKENS_DIR
 from packcli.publish.marker import work_folder
 from packcli.publish.stats import capacities, read_meta, require_extra
 
@@ -290,7 +290,7 @@ def locate_doc(out: Path, doc_id: int) -> dict[str, Any]:
     from packcli.tokenize.shards import TokenShards
 
     meta = read_meta(out)
-    tokens = work_folder(out, meta) / "tokens"
+    tokens = work_folder(out, meta) / TOKENS_DIR
     try:
         shards = TokenShards(tokens)
     except FileNotFoundError as exc:

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from packcli.errors import VerifyError
-from packcli.names import CONFIG_NAMES, WORK_DIR
+from packcli.names import CONFIG_NAMES, MARKER, TOKENS_DIR, WORK_DIR
 from packcli.publish.figures import (
     ConfigScan,
     DocFigures,
@@ -61,7 +61,7 @@ from packcli.publish.figures import (
     derive,
     rejected_counts,
 )
-from packcli.publish.marker import read_json_object, read_marker, work_folder
+from packcli.publish.marker import ReportShape, read_json_object, read_marker, work_folder
 from packcli.publish.verify_part import (
     PartResult,
     VerifyJob,
@@ -74,7 +74,8 @@ from packcli.publish.verify_part import (
     verify_task,
 )
 from packcli.publish.verify_rows import Segments, fail
-from packcli.tokenize.records import SUCCESS, OldRecordError, RecordError, ShardIndex
+from packcli.records import OldRecordError, RecordError
+from packcli.tokenize.records import SUCCESS, ShardIndex
 
 
 def verify_remote(
@@ -121,11 +122,11 @@ def verify_copy(
             from packcli.stages.workstore import WorkStore
 
             work = scratch / "work"
-            WorkStore(recorded, work, url, scratch / "mirror-out").pull_records("tokens")
+            WorkStore(recorded, work, url, scratch / "mirror-out").pull_records(TOKENS_DIR)
             names[work] = recorded
-            shards = _shards_at(meta, work / "tokens", recorded, use_shards)
+            shards = _shards_at(meta, work / TOKENS_DIR, recorded, use_shards)
         else:
-            staged = staging_root(url) / WORK_DIR / "tokens"
+            staged = staging_root(url) / WORK_DIR / TOKENS_DIR
             shards = _shards_at(meta, staged, None, use_shards, strict=False)
         summary = _verify(meta, local, out, found, shards, executor, num_tasks)
     except VerifyError as exc:
@@ -166,10 +167,10 @@ def verify_output(
     this run's; ``executor`` (``stages.executors.Executor``, local when None) and
     ``num_tasks``: where the part checks run, and as how many tasks."""
     meta = read_marker(out)
-    tokens_dir = work_folder(out, meta) / "tokens"
+    tokens_dir = work_folder(out, meta) / TOKENS_DIR
     shards = _shards_at(meta, tokens_dir, None, use_shards)
     if work is not None and use_shards:
-        there = _shards_at(meta, work / "tokens", None, use_shards, strict=False)
+        there = _shards_at(meta, work / TOKENS_DIR, None, use_shards, strict=False)
         shards = there if there.folder is not None else shards
     return _verify(meta, out, str(out), _found_files(out), shards, executor, num_tasks)
 
@@ -223,7 +224,7 @@ def _shards_at(
     may hold them, not the one the output names): then they are not read."""
     if not use_shards:
         return _Shards(None, None, None, "not read (--no-shards)")
-    shown = f"{store.rstrip('/')}/tokens" if store else str(tokens_dir)
+    shown = f"{store.rstrip('/')}/{TOKENS_DIR}" if store else str(tokens_dir)
     success = tokens_dir / SUCCESS
     data = read_json_object(success) if success.is_file() else {}
     absent = _Shards(None, None, None, f"not found (no completed tokenize stage in {shown})")
@@ -308,12 +309,12 @@ def _verify(
         meta, local, scans, docs, figures, shards.index if read else None, rejected_counts(local)
     )
     summary["figures_checked"] = check_figures(meta, derived)
-    report = meta["report"]
-    pol = report["policy"]
-    kept = report["input"]["tokens"] - pol["truncated_tokens"] - pol["dropped_tokens"]
+    report = ReportShape.from_json(meta["report"], MARKER, prefix="report.")
+    pol = report.policy
+    kept = report.input.tokens - pol.truncated_tokens - pol.dropped_tokens
     # A mixture's weights add repeats and remove a subset (counted in the plan, and the
     # multiset check above proved each document's copies one by one).
-    kept += pol.get("repeat_tokens", 0) - pol.get("subsampled_tokens", 0)
+    kept += pol.repeat_tokens - pol.subsampled_tokens
     if scans["long"].totals.tokens != kept:
         fail(
             "config long",

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
-from packcli.names import CONFIG_NAMES
+from packcli.names import CONFIG_NAMES, TOKENS_DIR
 from packcli.pack.mixture import MixSpec, copies, copy_key, source_of
 from packcli.pack.plan import RowTotals
 from packcli.pack.schedule import CostModel
@@ -210,8 +210,8 @@ def _sources(job: VerifyJob) -> Iterator[tuple[OutputFiles, TokenShards | None]]
 
             work = Path(tmp) / "work"
             store = WorkStore(job.store, work, job.out, Path(tmp) / "mirror-out")
-            store.pull_records("tokens")
-            shards = TokenShards(work / "tokens", store)
+            store.pull_records(TOKENS_DIR)
+            shards = TokenShards(work / TOKENS_DIR, store)
             names[work] = job.store
         copies = None
         if remote:

@@ -11,8 +11,13 @@ The work folder (``OUT/.packcli/``, ``--work-dir`` moves it)::
     plan/group-<g>.{npz,tail.npz,json}  a group's plan, the pieces it released, its record
     plan/tail.npz, plan.json        the tail's plan; the parts and their files' rows
     write/<config>-<i>.json         one record per finished Parquet file
-    write/tail-group-<g>.arrow      a group's released pieces' tokens (for the tail)
+    write/tail-group-<g>.{arrow,json}  a group's released pieces' tokens (for the tail)
+    write/config.json               the write settings, as run
     packcli-work.json               marks the folder as packcli's (and names its output)
+
+The stage, unit, index, plan, group, write and tail records are frozen dataclasses with one
+reader and one writer (``packcli.records``; ``tokenize/records.py``, ``plan_records.py``,
+``write_records.py``): one of another ``version`` is redone, never read field by field.
 
 The files, in the order data flows through them:
 
@@ -22,9 +27,11 @@ The files, in the order data flows through them:
     tokenize.py   tokenize tasks: a unit's documents -> shards, with resume
     index.py      every unit done? documents numbered globally (tokens/_SUCCESS.json)
     plan.py       the plan over all lengths, group by group of shards, then the tail
+    plan_records.py  plan.json and each group's record
     write.py      write tasks: whole groups' rows -> Parquet files, with a record each,
                   and the tail's files from the groups' tail shards
-    write_records.py  the write stage's per-file records (a claim, then the finished file)
+    write_records.py  the write stage's records (per file a claim, then the finished file; the
+                  tail shards'; the write settings)
     finalize.py   report, card, packcli.json last (and the upload of a remote output)
     run.py        ``packcli pack``: all stages, tasks on an executor, under locks
     tasks.py, executors.py, lock.py, workstore.py: splitting stages into tasks, running them

@@ -19,19 +19,22 @@ from packcli.fs import redact
 from packcli.names import CONFIG_NAMES, MARKER, STATS_DIR
 from packcli.pack.plan import RowLayout, RowTotals
 from packcli.publish.card import render_card
+from packcli.publish.marker import Marker, MarkerFiles, MarkerPart
 from packcli.publish.report import (
     LengthStats,
     build_report,
     cp_padding_report,
     mixture_report,
 )
+from packcli.records import read_record
 from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
+from packcli.stages.plan_records import PLAN
 from packcli.stages.work import owned_outputs, recorded_read, require_out
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write import cost_model_of, write_fingerprint, write_tail
-from packcli.stages.write_records import FileRecord, file_record_name
-from packcli.tokenize.records import ShardIndex, read_record
+from packcli.stages.write_records import WRITE_DIR, FileRecord, Listing, file_record_name
+from packcli.tokenize.records import ShardIndex
 from packcli.tokenize.shards import TokenShards
 from packcli.write import pad_token_id
 
@@ -50,10 +53,10 @@ def finalize_stage(
     ``tokens_per_step``: the report's step-plan target (not a setting of the data)."""
     out = require_out(cfg)
     store = work_store(cfg)
-    store.pull_records("write")  # index_tokens pulls the tokenize stage's records
+    store.pull_records(WRITE_DIR)  # index_tokens pulls the tokenize stage's records
     shards = index_tokens(cfg)
     if plan is None:  # else ``pack`` made it in this process, and plan.json is here
-        store.pull("plan.json")
+        store.pull(PLAN)
         plan = load_plan(cfg.work_path, shards)
     cfg = stored_config(cfg)
     # The tail's files, when no write task wrote them (separate write tasks write groups).
@@ -81,39 +84,34 @@ def finalize_stage(
     for stale in (out / STATS_DIR).glob("*.png"):  # plots of an earlier run; `stats` remakes them
         stale.unlink()
     crash_point("finalize")
+    marker = Marker(_recorded_config(cfg), run_info, report, files, plan_parts(plan)).to_json()
     card = render_card(report, run_info, files, out)
     atomic_write_bytes(out / "README.md", card.encode("utf-8"))
-    atomic_write_json(
-        out / MARKER,
-        {
-            "config": _recorded_config(cfg),
-            "run": run_info,
-            "report": report,
-            "files": files,
-            "parts": plan_parts(plan),
-        },
-    )
+    atomic_write_json(out / MARKER, marker)
     # A remote output: every file is final here, put (or checked) with packcli.json last.
-    store.publish(files, versions, owned=frozenset(owned), threads=cfg.tokenize.threads)
+    store.publish(marker["files"], versions, owned=frozenset(owned), threads=cfg.tokenize.threads)
     return report
 
 
-def plan_parts(plan: PlanSet) -> list[dict[str, Any]]:
+def plan_parts(plan: PlanSet) -> list[MarkerPart]:
     """``packcli.json``'s ``parts``: each planned part's token shards (none for the tail) and
     the range of each config's files it wrote (files never straddle parts), so ``verify``
     checks the output part by part, each part's files against its own shards."""
-    parts: list[dict[str, Any]] = []
+    ranges: list[dict[str, tuple[int, int]]] = []
     first = dict.fromkeys(CONFIG_NAMES, 0)
     for part in plan.parts:
         files = {}
         for name in CONFIG_NAMES:
-            files[name] = [first[name], first[name] + len(part.files[name])]
+            files[name] = (first[name], first[name] + len(part.files[name]))
             first[name] += len(part.files[name])
-        parts.append({"name": part.name, "shards": list(part.shards), "files": files})
+        ranges.append(files)
     for name in CONFIG_NAMES:
-        if not first[name] and parts:  # a config without rows: its one empty file (jobs)
-            parts[0]["files"][name] = [0, 1]
-    return parts
+        if not first[name] and ranges:  # a config without rows: its one empty file (jobs)
+            ranges[0][name] = (0, 1)
+    return [
+        MarkerPart(part.name, list(part.shards), files)
+        for part, files in zip(plan.parts, ranges, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -166,16 +164,16 @@ def length_stats(cfg: RunConfig, shards: TokenShards) -> LengthStats:
 
 def _written_files(
     cfg: RunConfig, plan: PlanSet, fingerprint: str
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, str]]]:
+) -> tuple[MarkerFiles, dict[str, dict[str, str]]]:
     """Every output file's write record (what ``packcli.json`` lists), per config, and the
     store's version of each file a write task put on the store itself (by relative path);
     fails naming one that is missing or was written for another plan or settings."""
-    files: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIG_NAMES}
+    files: dict[str, list[Listing]] = {name: [] for name in CONFIG_NAMES}
     versions: dict[str, dict[str, str]] = {}
     missing = []
     for job in plan.jobs():
         name = file_record_name(job.config, job.index)
-        record = read_record(FileRecord, cfg.work_path / "write" / name)  # None: not done
+        record = read_record(FileRecord, cfg.work_path / WRITE_DIR / name)  # None: not done
         if record is None or record.fingerprint != fingerprint:
             missing.append(name.removesuffix(".json"))
             continue
@@ -187,17 +185,15 @@ def _written_files(
             f"write task(s) not finished: {len(missing)} output file(s) missing, "
             f"e.g. {missing[0]}; run `packcli write` for every task first"
         )
-    return files, versions
+    return MarkerFiles(**files), versions
 
 
-def _remove_strays(
-    cfg: RunConfig, out: Path, files: dict[str, list[dict[str, Any]]], owned: set[str]
-) -> None:
+def _remove_strays(cfg: RunConfig, out: Path, files: MarkerFiles, owned: set[str]) -> None:
     """Parquet files of an earlier, different plan (only those packcli's records say it
     wrote: ``owned``), temp files of crashes, records a killed task was writing (every
     write task is done now, so none is live). Any other file is left where it is."""
     for name in CONFIG_NAMES:
-        keep = {f["file"] for f in files[name]}
+        keep = {f.file for f in files.of(name)}
         for f in (out / "data" / name).glob("*"):
             if f.name in keep:
                 continue
@@ -205,7 +201,7 @@ def _remove_strays(
                 f.unlink()
             else:
                 log.warning("%s: not packcli's, left alone", f)
-    for f in (cfg.work_path / "write").glob(".*.tmp-*"):
+    for f in (cfg.work_path / WRITE_DIR).glob(".*.tmp-*"):
         f.unlink()
 
 

@@ -15,7 +15,9 @@ from typing import Any
 from packcli.atomic import atomic_write_json, atomic_writer
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
+from packcli.names import TOKENS_DIR
 from packcli.read import shift_reject_lines
+from packcli.records import OldRecordError, read_record
 from packcli.stages.units import unit_paths
 from packcli.stages.work import REJECTED, read_json, uncomplete
 from packcli.stages.workstore import work_store
@@ -23,11 +25,10 @@ from packcli.tokenize.encode import StageTimes
 from packcli.tokenize.records import (
     STAGE,
     SUCCESS,
-    OldRecordError,
     ShardIndex,
+    SourceCount,
     StageRecord,
     UnitRecord,
-    read_record,
 )
 from packcli.tokenize.shards import TokenShards
 
@@ -67,10 +68,10 @@ class _Totals:
 
 def index_tokens(cfg: RunConfig) -> TokenShards:
     """Check that every input file is tokenized and write the global shard index."""
-    folder = cfg.work_path / "tokens"
+    folder = cfg.work_path / TOKENS_DIR
     store = work_store(cfg)
-    store.pull_records("tokens")
-    stage = _stage_record(folder / STAGE, store.shown("tokens"))
+    store.pull_records(TOKENS_DIR)
+    stage = _stage_record(folder / STAGE, store.shown(TOKENS_DIR))
     index_path = folder / SUCCESS
     index = read_record(ShardIndex, index_path)
     if index is not None and index.fingerprint == stage.fingerprint:
@@ -138,7 +139,7 @@ def index_tokens(cfg: RunConfig) -> TokenShards:
         sources=_sources_index(stage, source_docs, next_doc),
     )
     atomic_write_json(index_path, record.to_json())
-    store.push(f"tokens/{SUCCESS}")
+    store.push(f"{TOKENS_DIR}/{SUCCESS}")
     return TokenShards(folder, store)
 
 
@@ -159,7 +160,7 @@ def _stage_record(path: Path, shown: str) -> StageRecord:
 
 def _sources_index(
     stage: StageRecord, source_docs: list[list[Any]], n_docs: int
-) -> list[dict[str, Any]] | None:
+) -> list[SourceCount] | None:
     """A mixture's sources in the index: each one's doc ids (consecutive, from
     ``first_doc``), documents and tokens; None without sources."""
     if not stage.sources:
@@ -169,7 +170,10 @@ def _sources_index(
         if first is None:  # a source with no documents starts where the next one does
             later = [d[0] for d in source_docs[k + 1 :] if d[0] is not None]
             first = later[0] if later else n_docs
-        out.append({**src, "first_doc": first, "documents": docs, "tokens": tokens})
+        count = SourceCount(
+            **dataclasses.asdict(src), first_doc=first, documents=docs, tokens=tokens
+        )
+        out.append(count)
     return out
 
 
@@ -190,7 +194,7 @@ def gather_rejects(cfg: RunConfig, out: Path, shards: TokenShards) -> None:
     Finalize writes it, and the plan stage when nothing is left to pack."""
     target = out / REJECTED
     parts = [
-        (cfg.work_path / "tokens" / "files" / unit["key"] / REJECTED, unit["first_line"])
+        (cfg.work_path / TOKENS_DIR / "files" / unit["key"] / REJECTED, unit["first_line"])
         for unit in shards.success.units
     ]
     parts = [(p, first_line) for p, first_line in parts if p.is_file()]

@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import logging
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from packcli.config import (
 )
 from packcli.errors import ConfigError, InputError, PackcliError
 from packcli.faults import crash_point
-from packcli.names import CONFIG_NAMES
+from packcli.names import CONFIG_NAMES, TOKENS_DIR
 from packcli.pack.groups import (
     RELEASE_RULE,
     Pieces,
@@ -43,6 +43,7 @@ from packcli.pack.groups import (
 )
 from packcli.pack.mixture import (
     MixSpec,
+    WindowSpread,
     add_stats,
     exchange_plan,
     expand,
@@ -54,10 +55,23 @@ from packcli.pack.mixture import (
     window_edges,
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
+from packcli.records import OldRecordError, RecordError, read_record
 from packcli.stages.index import gather_rejects, index_tokens
+from packcli.stages.plan_records import (
+    PLAN,
+    PLAN_DIR,
+    STEPS,
+    TAIL,
+    GroupRecord,
+    PlanPart,
+    PlanRecord,
+    StepRows,
+    StepsRecord,
+)
 from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
-from packcli.tokenize.records import STAGE, StageRecord, read_record
+from packcli.stages.write_records import WRITE_DIR, WRITE_SETTINGS, WriteSettings
+from packcli.tokenize.records import STAGE, StageRecord
 from packcli.tokenize.shards import TokenShards, sha256_file
 from packcli.write import file_ranges, files_wanted
 
@@ -90,14 +104,14 @@ def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] 
     index = shards.success.sources
     if not cfg.sources:
         return None
-    if not index or [s["name"] for s in index] != [s.name for s in cfg.sources]:
+    if not index or [s.name for s in index] != [s.name for s in cfg.sources]:
         raise PackcliError(
             "the tokenized shards were made for other sources: run `packcli tokenize` again"
         )
     if cfg.mix_mode == "share":
-        tokens = np.array([s["tokens"] for s in index], np.float64)
+        tokens = np.array([s.tokens for s in index], np.float64)
         if (tokens == 0).any():
-            empty = [s["name"] for s in index if not s["tokens"]]
+            empty = [s.name for s in index if not s.tokens]
             raise InputError(f"source(s) {', '.join(empty)} have no tokens: no share possible")
         shares = np.array([s.share or 0.0 for s in cfg.sources], np.float64)
         multipliers = multipliers_from_shares(shares, tokens)
@@ -112,65 +126,7 @@ def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] 
         )
     except ValueError as exc:
         raise ConfigError(f"sources: {exc} (a share this large needs more of its tokens)") from exc
-    return spec, np.array([s["first_doc"] for s in index], np.int64)
-
-
-PLAN_DIR = "plan"  # the parts' arrays: plan/group-NNNNN.npz, plan/tail.npz
-STEPS = "steps"  # a grouped mixture's second pass: plan/steps.json, plan/steps/group-NNNNN.*
-
-
-@dataclass(frozen=True)
-class PlanPart:
-    """One independently planned part of the output: a group of token shards, or the tail
-    (the pieces the groups released, planned together). Its rows are written from its own
-    shards only (the tail: from the tail shards the groups' write tasks cut)."""
-
-    name: str  # group-NNNNN | tail
-    shards: tuple[int, ...]  # token shards its rows read (the tail: none)
-    files: dict[str, list[tuple[int, int]]]  # per config, each file's rows r0..r1-1
-    rows: dict[str, int]  # per config
-    tokens: dict[str, int]  # per config
-    tail_pieces: int  # a group: pieces it released; the tail: pieces it holds
-    content_sha256: str
-    steps: bool = False  # a grouped mixture's group after the second pass (_exchange_groups)
-
-    @property
-    def is_tail(self) -> bool:
-        return self.name == TAIL
-
-    @property
-    def plan_array(self) -> str:
-        """Its plan arrays in the work folder: ``plan/NAME.npz``, or after the second pass
-        ``plan/steps/NAME.npz`` (the first pass's file stays, so a killed second pass
-        resumes without planning the group again)."""
-        return (
-            f"{PLAN_DIR}/{STEPS}/{self.name}.npz" if self.steps else f"{PLAN_DIR}/{self.name}.npz"
-        )
-
-    @property
-    def arrays(self) -> list[str]:
-        """Its files in the work folder: the plan arrays and (a group) its released pieces."""
-        names = [self.plan_array]
-        return names if self.is_tail else [*names, f"{PLAN_DIR}/{self.name}.tail.npz"]
-
-    def as_record(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_record(cls, r: dict[str, Any]) -> PlanPart:
-        return cls(
-            name=r["name"],
-            shards=tuple(r["shards"]),
-            files={k: [tuple(f) for f in v] for k, v in r["files"].items()},
-            rows=dict(r["rows"]),
-            tokens=dict(r["tokens"]),
-            tail_pieces=int(r["tail_pieces"]),
-            content_sha256=r["content_sha256"],
-            steps=bool(r.get("steps", False)),  # a record from before the second pass: none
-        )
-
-
-TAIL = "tail"
+    return spec, np.array([s.first_doc for s in index], np.int64)
 
 
 @dataclass(frozen=True)
@@ -229,8 +185,16 @@ def _group_name(g: int) -> str:
     return f"group-{g:05d}"
 
 
-def _group_record(cfg: RunConfig, g: int) -> dict[str, Any]:
-    return read_json(cfg.work_path / PLAN_DIR / f"{_group_name(g)}.json")
+def _group_path(cfg: RunConfig, g: int) -> Path:
+    return cfg.work_path / PLAN_DIR / f"{_group_name(g)}.json"
+
+
+def _group_record(cfg: RunConfig, g: int) -> GroupRecord:
+    """A planned group's record (``_plan_groups`` made every one it was asked for)."""
+    record = read_record(GroupRecord, _group_path(cfg, g))
+    if record is None:
+        raise PackcliError(f"{_group_path(cfg, g)}: missing or damaged; run `packcli plan` again")
+    return record
 
 
 @in_mirror
@@ -269,7 +233,7 @@ def _plan_groups(
     for g in mine:
         name = _group_name(g)
         store.pull(f"{PLAN_DIR}/{name}.json")
-        if _reusable(store, _group_record(cfg, g), fp):
+        if _reusable(store, read_record(GroupRecord, _group_path(cfg, g)), fp):
             on_group(1)
             continue
         members = groups[g]
@@ -284,13 +248,11 @@ def _plan_groups(
         del lengths
         part = _save_part(cfg, name, plan, members, tail, len(groups))
         files = {
-            rel: [(cfg.work_path / rel).stat().st_size, sha256_file(cfg.work_path / rel)]
+            rel: ((cfg.work_path / rel).stat().st_size, sha256_file(cfg.work_path / rel))
             for rel in part.arrays
         }
-        atomic_write_json(
-            cfg.work_path / PLAN_DIR / f"{name}.json",
-            {"fingerprint": fp, "part": part.as_record(), "stats": plan.stats, "files": files},
-        )
+        record = GroupRecord(fingerprint=fp, part=part, stats=plan.stats, files=files)
+        atomic_write_json(_group_path(cfg, g), record.to_json())
         store.push(*part.arrays, f"{PLAN_DIR}/{name}.json")
         on_group(1)
 
@@ -322,12 +284,12 @@ def plan_stage(
     with progress_bar(quiet, total=len(groups) + (len(groups) > 1) + second, desc="plan") as bar:
         _plan_groups(cfg, shards, groups, range(len(groups)), bar.update)
         records = [_group_record(cfg, g) for g in range(len(groups))]
-        parts = [PlanPart.from_record(r["part"]) for r in records]
+        parts = [r.part for r in records]
         # One group: its plan's own stats (the balancer's too); several: the policy's, summed.
         stats: dict[str, Any] = (
-            dict(records[0]["stats"])
+            dict(records[0].stats)
             if len(groups) == 1
-            else policy_counts([r["stats"] for r in records])
+            else policy_counts([r.stats for r in records])
         )
         if len(groups) > 1:
             # Every released piece once, in one set of arrays (not a list and its concat).
@@ -351,15 +313,15 @@ def plan_stage(
             bar.update(1)
         if second:
             at = StepRows.of(parts)
-            atomic_write_json(cfg.work_path / PLAN_DIR / f"{STEPS}.json", at.as_record())
+            atomic_write_json(cfg.work_path / PLAN_DIR / f"{STEPS}.json", at.to_json())
             work_store(cfg).push(f"{PLAN_DIR}/{STEPS}.json")
             if run_tasks is not None:
                 run_tasks(steps_task)
             _exchange_groups(cfg, shards, at, range(len(groups)), bar.update)
             steps = [_steps_record(cfg, g) for g in range(len(groups))]
-            parts[:-1] = [PlanPart.from_record(r["part"]) for r in steps]
+            parts[:-1] = [x.part for x in steps]
             records = [
-                {**r, "stats": {**r["stats"], "mixture_windows": x["mixture_windows"]}}
+                dataclasses.replace(r, stats={**r.stats, "mixture_windows": x.mixture_windows})
                 for r, x in zip(records, steps, strict=True)
             ]
         if len(groups) > 1 and mix is not None:
@@ -367,7 +329,7 @@ def plan_stage(
         if second:  # the long config's steps across parts, against the output's share
             long = stats["mixture_windows"]["long"]
             tokens = np.array(long["tokens"], np.float64) + tail_edges["tokens"]
-            edges = [*(x["edges"] for x in steps), tail_edges]
+            edges = [*(x.edges for x in steps), tail_edges]
             worst = straddling_deviation(edges, tokens / max(tokens.sum(), 1.0))
             long["straddling_max_deviation"] = [round(float(x), 6) for x in worst]
     if mix is not None:
@@ -381,41 +343,9 @@ def plan_stage(
         cfg.write.cost_model,
     )
     _save_plan(cfg, planset, shards.success.fingerprint)
-    work_store(cfg).push("plan.json")
+    work_store(cfg).push(PLAN)
     crash_point("plan")
     return planset, shards
-
-
-@dataclass(frozen=True)
-class StepRows:
-    """The second pass's input (``plan/steps.json``), fixed once every group and the tail
-    are planned (row counts do not change in it): per group, its first long row in the
-    output, and whether long rows follow it (a later group's or the tail's)."""
-
-    first_rows: tuple[int, ...]
-    open_end: tuple[bool, ...]
-
-    @classmethod
-    def of(cls, parts: Sequence[PlanPart]) -> StepRows:
-        """From the parts in output order: the groups, then the tail."""
-        rows = [p.rows["long"] for p in parts]
-        first = np.cumsum([0, *rows[:-1]])
-        after = np.cumsum(rows[::-1])[::-1] - rows  # rows of the parts after each
-        return cls(tuple(int(x) for x in first[:-1]), tuple(bool(x > 0) for x in after[:-1]))
-
-    def as_record(self) -> dict[str, Any]:
-        return {"first_rows": list(self.first_rows), "open_end": list(self.open_end)}
-
-    @classmethod
-    def from_record(cls, r: dict[str, Any]) -> StepRows:
-        try:
-            return cls(
-                tuple(int(x) for x in r["first_rows"]), tuple(bool(x) for x in r["open_end"])
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PackcliError(
-                f"plan/{STEPS}.json: damaged ({exc}); run `packcli plan` again"
-            ) from exc
 
 
 @in_mirror
@@ -428,7 +358,9 @@ def steps_task(
     shards = index_tokens(cfg)
     rel = f"{PLAN_DIR}/{STEPS}.json"
     work_store(cfg).pull(rel)
-    at = StepRows.from_record(read_json(cfg.work_path / rel))
+    at = read_record(StepRows, cfg.work_path / rel)
+    if at is None:
+        raise PackcliError(f"{cfg.work_path / rel}: missing or damaged; run `packcli plan` again")
     mine = range(task_index, len(at.first_rows), num_tasks)
     with progress_bar(quiet, total=len(mine), desc="plan steps") as bar:
         _exchange_groups(cfg, shards, at, mine, bar.update)
@@ -455,8 +387,13 @@ def _steps_rel(g: int) -> str:
     return f"{PLAN_DIR}/{STEPS}/{_group_name(g)}.json"
 
 
-def _steps_record(cfg: RunConfig, g: int) -> dict[str, Any]:
-    return read_json(cfg.work_path / _steps_rel(g))
+def _steps_record(cfg: RunConfig, g: int) -> StepsRecord:
+    """A group's second-pass record (``_exchange_groups`` made every one it was asked for)."""
+    record = read_record(StepsRecord, cfg.work_path / _steps_rel(g))
+    if record is None:
+        path = cfg.work_path / _steps_rel(g)
+        raise PackcliError(f"{path}: missing or damaged; run `packcli plan` again")
+    return record
 
 
 def _exchange_groups(
@@ -482,16 +419,15 @@ def _exchange_groups(
         store.pull(f"{PLAN_DIR}/{name}.json", _steps_rel(g))
         record = _group_record(cfg, g)
         first_row, open_end = at.first_rows[g], at.open_end[g]
-        fp = fingerprint(
-            [record["fingerprint"], record["part"]["content_sha256"], first_row, open_end]
-        )
-        if _reusable(store, _steps_record(cfg, g), fp, f"{PLAN_DIR}/{STEPS}"):
+        fp = fingerprint([record.fingerprint, record.part.content_sha256, first_row, open_end])
+        done_before = read_record(StepsRecord, cfg.work_path / _steps_rel(g))
+        if _reusable(store, done_before, fp, f"{PLAN_DIR}/{STEPS}"):
             on_group(1)
             continue
-        part = PlanPart.from_record(record["part"])
+        part = record.part
         store.pull(*part.arrays)
         plan, tail = _load_part(cfg.work_path, cfg.plan, part)
-        windows = dict(record["stats"]["mixture_windows"])
+        windows = dict(record.stats["mixture_windows"])
         plan, windows["long"] = exchange_plan(
             plan, first_doc, windows["long"], spec.seed, first_row, open_end
         )
@@ -500,16 +436,14 @@ def _exchange_groups(
         edges = _long_edges(plan, first_doc, windows["long"], first_row)
         del plan, tail
         path = cfg.work_path / done.plan_array
-        atomic_write_json(
-            cfg.work_path / _steps_rel(g),
-            {
-                "fingerprint": fp,
-                "part": done.as_record(),
-                "mixture_windows": windows,
-                "edges": edges,  # its rows in the steps it shares with its neighbours
-                "files": {done.plan_array: [path.stat().st_size, sha256_file(path)]},
-            },
+        done_record = StepsRecord(
+            fingerprint=fp,
+            part=done,
+            mixture_windows=windows,
+            edges=edges,
+            files={done.plan_array: (path.stat().st_size, sha256_file(path))},
         )
+        atomic_write_json(cfg.work_path / _steps_rel(g), done_record.to_json())
         store.push(done.plan_array, _steps_rel(g))
         crash_point(f"plan-steps:{g}")
         on_group(1)
@@ -558,45 +492,33 @@ def _plan_mixed(
     return dataclasses.replace(plan, stats=stats), tail if tail is not None else Pieces.concat([])
 
 
-def _mixture_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _mixture_stats(records: list[GroupRecord]) -> dict[str, Any]:
     """The groups' per-source counts summed, and per config the largest window deviation (and
     piece bound) of any group: the long config's over the output's windows within it (the
     second pass's), the short config's from the group's first row (its rows are ordered,
     not exchanged); windows straddling two groups are not counted (docs/benchmarks.md
     measures them)."""
     counts: dict[str, dict[str, int]] = {}
-    windows: dict[str, Any] = {}
-    for r in records:
-        counts = add_stats(counts, r["stats"]["mixture"])
-        for name, w in r["stats"]["mixture_windows"].items():
-            if name not in windows:
-                windows[name] = dict(w)
-                continue
-            mine = windows[name]
-            for key in (
-                "max_deviation",
-                "p99_deviation",
-                "shuffled_max_deviation",
-                "piece_bound",
-                "exchange_max_deviation",
-            ):
-                if key in mine and key in w:
-                    mine[key] = [max(a, b) for a, b in zip(mine[key], w[key], strict=True)]
-            mine["tokens"] = [a + b for a, b in zip(mine["tokens"], w["tokens"], strict=True)]
-            mine["windows"] += w["windows"]
-            if "exchange_moves" in mine and "exchange_moves" in w:
-                mine["exchange_moves"] += w["exchange_moves"]
-    return {"mixture": counts, "mixture_windows": windows}
+    windows: dict[str, WindowSpread] = {}
+    for g, r in enumerate(records):
+        counts = add_stats(counts, r.stats["mixture"])
+        for name, w in r.stats["mixture_windows"].items():
+            where = f"stats.mixture_windows.{name}."
+            spread = WindowSpread.from_json(w, f"{PLAN_DIR}/{_group_name(g)}.json", where)
+            windows[name] = windows[name].merged(spread) if name in windows else spread
+    return {"mixture": counts, "mixture_windows": {k: w.to_json() for k, w in windows.items()}}
 
 
-def _reusable(store: LocalWork, record: dict[str, Any], fp: str, under: str = PLAN_DIR) -> bool:
-    """A group's record has the current fingerprint and its files are as written (on this
-    disk re-hashed, so a damaged or edited plan file is planned again; on a store there at
-    their recorded sizes, so reuse fetches nothing: ``LocalWork.intact``)."""
-    files = record.get("files")
-    if record.get("fingerprint") != fp or not isinstance(files, dict):
+def _reusable(
+    store: LocalWork, record: GroupRecord | StepsRecord | None, fp: str, under: str = PLAN_DIR
+) -> bool:
+    """A group's record (None: missing, damaged or of another version) has the current
+    fingerprint and its files are as written (on this disk re-hashed, so a damaged or edited
+    plan file is planned again; on a store there at their recorded sizes, so reuse fetches
+    nothing: ``LocalWork.intact``)."""
+    if record is None or record.fingerprint != fp:
         return False
-    return store.intact(files, under)
+    return store.intact(record.files, under)
 
 
 def _read_tail(path: Path) -> tuple[Pieces, dict[str, np.ndarray]]:
@@ -750,45 +672,48 @@ def _recorded_spec(planset: PlanSet) -> MixSpec | None:
 
 def _save_plan(cfg: RunConfig, planset: PlanSet, tokens_fingerprint: str) -> None:
     digest = fingerprint([p.content_sha256 for p in planset.parts])
-    atomic_write_json(
-        cfg.work_path / "plan.json",
-        {
-            "content_sha256": digest,
-            "fingerprint": plan_fingerprint(cfg.plan, tokens_fingerprint, _recorded_spec(planset)),
-            "tokens_fingerprint": tokens_fingerprint,
-            "stats": planset.stats,
-            "plan": dataclasses.asdict(cfg.plan),
-            # Output files are cut when planning (each part's rows into files of about
-            # this many tokens), so write tasks need only their own parts' arrays.
-            "write_shard_tokens": cfg.write.shard_tokens,
-            "write_min_files": cfg.write.min_files,
-            "write_cost_model": cfg.write.cost_model,
-            "parts": [p.as_record() for p in planset.parts],
-        },
+    record = PlanRecord(
+        content_sha256=digest,
+        fingerprint=plan_fingerprint(cfg.plan, tokens_fingerprint, _recorded_spec(planset)),
+        tokens_fingerprint=tokens_fingerprint,
+        stats=planset.stats,
+        plan=dataclasses.asdict(cfg.plan),
+        write_shard_tokens=cfg.write.shard_tokens,
+        write_min_files=cfg.write.min_files,
+        write_cost_model=cfg.write.cost_model,
+        parts=planset.parts,
     )
+    atomic_write_json(cfg.work_path / PLAN, record.to_json())
 
 
 def load_plan(work: Path, shards: TokenShards) -> PlanSet:
     """The saved plan's parts and the settings it was made with (write tasks need no plan
     flags); each part's arrays are read by ``load_part`` when needed."""
-    meta = read_json(work / "plan.json")
-    if not meta or meta.get("tokens_fingerprint") != shards.success.fingerprint:
-        raise PackcliError(
-            f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
-        )
+    path = work / PLAN
+    no_plan = f"no plan for the current tokenized shards in {work}: run `packcli plan` first"
+    data = read_json(path)
+    if not data:
+        raise PackcliError(no_plan)
     try:
-        return PlanSet(
-            tuple(PlanPart.from_record(r) for r in meta["parts"]),
-            PlanConfig(**meta["plan"]),
-            meta["stats"],
-            int(meta["write_shard_tokens"]),
-            meta.get("write_min_files", 1),  # a plan from before the setting: by size only
-            meta.get("write_cost_model"),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PackcliError(
-            f"{work / 'plan.json'}: damaged plan ({exc}); run `packcli plan` again"
-        ) from exc
+        meta = PlanRecord.from_json(data, path)
+    except OldRecordError:  # a plan of another packcli: made again, never read
+        raise PackcliError(f"{no_plan} (its plan.json is of another packcli)") from None
+    except RecordError as exc:
+        raise PackcliError(f"{exc} (damaged plan: run `packcli plan` again)") from None
+    if meta.tokens_fingerprint != shards.success.fingerprint:
+        raise PackcliError(no_plan)
+    try:
+        config = PlanConfig(**meta.plan)
+    except (ValueError, TypeError) as exc:
+        raise PackcliError(f"{path}: damaged plan ({exc}); run `packcli plan` again") from exc
+    return PlanSet(
+        meta.parts,
+        config,
+        meta.stats,
+        meta.write_shard_tokens,
+        meta.write_min_files,
+        meta.write_cost_model,
+    )
 
 
 def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Pieces]:
@@ -840,16 +765,16 @@ def stored_config(cfg: RunConfig) -> RunConfig:
     plan settings from the plan stage, write settings from the write tasks. ``finalize``
     reports this, so the output says how it was made whichever commands made it."""
     work = cfg.work_path
-    stage = read_record(StageRecord, work / "tokens" / STAGE)  # None: of another version
+    stage = read_record(StageRecord, work / TOKENS_DIR / STAGE)  # None: of another version
     recorded = stage.config if stage is not None else {}
-    plan = read_json(work / "plan.json")
-    write = read_json(work / "write" / "config.json")
+    plan = read_record(PlanRecord, work / PLAN)
+    write = read_record(WriteSettings, work / WRITE_DIR / WRITE_SETTINGS)
     values = {
         "read": recorded.get("read", dataclasses.asdict(cfg.read)),
         "tokenize": recorded.get("tokenize", dataclasses.asdict(cfg.tokenize)),
         "chat": recorded.get("chat", dataclasses.asdict(cfg.chat)),
-        "plan": plan.get("plan", dataclasses.asdict(cfg.plan)),
-        "write": write.get("write", dataclasses.asdict(cfg.write)),
+        "plan": plan.plan if plan is not None else dataclasses.asdict(cfg.plan),
+        "write": write.write if write is not None else dataclasses.asdict(cfg.write),
     }
     return dataclasses.replace(
         cfg,

@@ -18,6 +18,7 @@ from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_of
 from packcli.config import RunConfig
 from packcli.errors import ConfigError
 from packcli.fs import input_size
+from packcli.names import TOKENS_DIR
 from packcli.read import ReadStats, file_format, resolve_inputs
 from packcli.stages.units import input_column, read_unit
 from packcli.stages.work import require_out
@@ -229,7 +230,7 @@ def prepare_tokenize(cfg: RunConfig) -> Prepared:
             check_columns([paths[i] for i in mine], [formats[i] for i in mine], field, "text_field")
     early = None
     input_bytes = sum(input_size(p) for p in paths)
-    if not (cfg.work_path / "tokens" / SUCCESS).is_file():
+    if not (cfg.work_path / TOKENS_DIR / SUCCESS).is_file():
         # A fresh (or interrupted) tokenize stage: the fast backend will be wanted, so it
         # builds its tables while HF loads (a finished stage is reused and needs neither).
         early = preload(

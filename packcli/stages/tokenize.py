@@ -28,7 +28,9 @@ from packcli.chat.encoder import ChatEncoder, ChatStats, TemplateEncoder
 from packcli.config import RunConfig
 from packcli.errors import InputError
 from packcli.faults import crash_point
+from packcli.names import TOKENS_DIR
 from packcli.read import DocBatch, ReadStats, RejectSink, count_newlines
+from packcli.records import read_record
 from packcli.stages.prepare import Prepared, Tokenizing, choose_backend, prepare_tokenize
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.units import input_units, read_unit, source_units, unit_paths
@@ -48,9 +50,9 @@ from packcli.tokenize.records import (
     STAGE,
     SUCCESS,
     ShardIndex,
+    SourceSpec,
     StageRecord,
     UnitRecord,
-    read_record,
 )
 from packcli.tokenize.shards import (
     CHAT_SHARD_SCHEMA,
@@ -116,10 +118,10 @@ def tokenize_task(
         )
     claim_output(cfg)
     store = work_store(cfg)
-    folder = cfg.work_path / "tokens"
+    folder = cfg.work_path / TOKENS_DIR
     _write_stage_record(cfg, tok, stage_fp, files, units)
-    store.push(f"tokens/{STAGE}")
-    store.pull(f"tokens/{SUCCESS}", "tokens/backend.json")
+    store.push(f"{TOKENS_DIR}/{STAGE}")
+    store.pull(f"{TOKENS_DIR}/{SUCCESS}", f"{TOKENS_DIR}/backend.json")
     task_of = assign_by_size([u["size"] for u in units], num_tasks)
     mine = [k for k in range(len(units)) if task_of[k] == task_index]
     done = store.done_units(units[k] for k in mine)
@@ -133,13 +135,13 @@ def tokenize_task(
     if any(units[k]["key"] in indexed for k in pending):
         uncomplete(cfg)
         (folder / SUCCESS).unlink(missing_ok=True)  # index_tokens rebuilds it
-        store.remove(f"tokens/{SUCCESS}")
+        store.remove(f"{TOKENS_DIR}/{SUCCESS}")
     encoder: UnitEncoder | None = tok.chat
     if pending or not (folder / "backend.json").is_file():
         # Building and checking the fast path costs seconds; skip it when nothing is left.
         encoder, backend = choose_backend(cfg, tok, units, prepared.early)
         atomic_write_json(folder / "backend.json", backend)
-        store.push("tokens/backend.json")
+        store.push(f"{TOKENS_DIR}/backend.json")
     total = sum(units[k]["size"] for k in mine)
     renderers = _render_pool(cfg, encoder, sum(units[k]["size"] for k in pending))
     with (
@@ -173,7 +175,7 @@ def _write_stage_record(
 ) -> None:
     """``tokens/stage.json``: the stage's settings, tokenizer, input files and units (the
     same bytes from every task of the same run)."""
-    folder = cfg.work_path / "tokens"
+    folder = cfg.work_path / TOKENS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     record = StageRecord(
         fingerprint=fingerprint({"stage": stage_fp, "units": units}),
@@ -187,7 +189,7 @@ def _write_stage_record(
         },
         files=files,
         units=units,
-        sources=list(tok.sources) if tok.sources else None,
+        sources=[SourceSpec(**s) for s in tok.sources] if tok.sources else None,
     )
     atomic_write_json(folder / STAGE, record.to_json())
 
@@ -264,7 +266,7 @@ def _tokenize_unit(
 ) -> None:
     """Tokenize one input unit (a file or a byte span of one) that is not complete yet,
     resuming after its finished shards. ``renderers``: chat rendering workers, or None."""
-    folder = cfg.work_path / "tokens" / "files" / unit["key"]
+    folder = cfg.work_path / TOKENS_DIR / "files" / unit["key"]
     done_shards = _resumable_shards(folder, unit["fingerprint"])
     resume_doc = done_shards[-1]["last_doc_index"] + 1 if done_shards else 0
     if done_shards:

@@ -30,7 +30,7 @@ from packcli.fs import (
     refuse_foreign,
     writes_at,
 )
-from packcli.names import CONFIG_NAMES, MARKER, OUT_LOCK, WORK_DIR, WORK_MARKER
+from packcli.names import CONFIG_NAMES, MARKER, OUT_LOCK, TOKENS_DIR, WORK_DIR, WORK_MARKER
 from packcli.publish.marker import peek_marker, read_json_object
 from packcli.stages.workstore import check_remote_work, work_store
 from packcli.stages.write_records import FileClaim
@@ -68,7 +68,7 @@ def _is_work_folder(work: Path, out: Path | None) -> bool:
         return out is None or marker.get("out") == str(out.resolve())
     from packcli.tokenize.records import STAGE, StageRecord
 
-    return out is None and StageRecord.recognised(read_json(work / "tokens" / STAGE))
+    return out is None and StageRecord.recognised(read_json(work / TOKENS_DIR / STAGE))
 
 
 def _is_output(out: Path) -> bool:

@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
-from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, WORK_LOCK
+from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, TOKENS_DIR, WORK_LOCK
 
 if TYPE_CHECKING:
     from packcli.stages.write_records import FileRecord
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 _KEEP = frozenset({OUT_LOCK, WORK_LOCK, TASK_LOCKS})
 _SHARD_MANIFEST = re.compile(r"^shard-\d+\.json$")
 _PUT_THREADS = 8
-UNITS = "tokens/files"
+UNITS = f"{TOKENS_DIR}/files"
 STORED = "_STORED.json"
 """In a unit folder on the store: the store's version (ETag, generation) of each file put,
 taken right after the puts; resume trusts a shard only while the store still has it."""
@@ -146,7 +146,8 @@ class LocalWork:
     def done_units(self, units: Iterable[dict[str, Any]]) -> set[str]:
         """Keys of the complete units: a record with the unit's fingerprint and every shard
         it lists still whole (a truncated shard is tokenized again, not read as garbage)."""
-        from packcli.tokenize.records import SUCCESS, UnitRecord, read_record
+        from packcli.records import read_record
+        from packcli.tokenize.records import SUCCESS, UnitRecord
         from packcli.tokenize.shards import shard_intact
 
         done = set()
@@ -480,7 +481,8 @@ class WorkStore(StagingWork):
         and every shard it lists there at its recorded size and as the store had it when put
         (``STORED``; one listing for all units)."""
         from packcli.fs import same_version
-        from packcli.tokenize.records import SUCCESS, UnitRecord, parse_record
+        from packcli.records import parse_record
+        from packcli.tokenize.records import SUCCESS, UnitRecord
 
         found = self.infos(UNITS)
         done = set()

@@ -23,13 +23,23 @@ from packcli.pack.groups import Pieces
 from packcli.pack.mixture import MixSpec
 from packcli.pack.plan import Plan
 from packcli.pack.schedule import CostModel, resolve_cost_model
+from packcli.records import read_record
 from packcli.stages.index import index_tokens
-from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan, plan_fingerprint
+from packcli.stages.plan import FileJob, PlanSet, load_part, load_plan, plan_fingerprint
+from packcli.stages.plan_records import PLAN, PlanPart, PlanRecord
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
 from packcli.stages.workstore import in_mirror, work_store
-from packcli.stages.write_records import FileClaim, FileRecord, file_record_name
-from packcli.tokenize.records import read_record
+from packcli.stages.write_records import (
+    WRITE_DIR,
+    WRITE_SETTINGS,
+    FileClaim,
+    FileRecord,
+    TailShard,
+    WriteSettings,
+    file_record_name,
+    tail_shard_name,
+)
 from packcli.tokenize.shards import TokenShards, sha256_file, shard_tokens
 from packcli.write import ROWS_VERSION, PieceRule, TokenSource, pad_token_id, write_config_file
 
@@ -38,10 +48,11 @@ log = logging.getLogger(__name__)
 
 def write_fingerprint(cfg: RunConfig, shards: TokenShards) -> str:
     model = cost_model_of(cfg)
+    plan = read_record(PlanRecord, cfg.work_path / PLAN)  # None: no plan of this packcli
     return fingerprint(
         {
             "plan": plan_fingerprint(cfg.plan, shards.success.fingerprint),
-            "plan_content": read_json(cfg.work_path / "plan.json").get("content_sha256"),
+            "plan_content": plan.content_sha256 if plan is not None else None,
             "write": dataclasses.asdict(cfg.write),
             "rows": ROWS_VERSION,
             # The coefficients, not only the setting: a config file named by path may change.
@@ -83,7 +94,7 @@ class _Writer:
         self.store = work_store(cfg)
         self.fingerprint = write_fingerprint(cfg, shards)
         self.mixture = shards.success.sources  # a mixture's sources, else None
-        self.records = cfg.work_path / "write"
+        self.records = cfg.work_path / WRITE_DIR
         self.records.mkdir(parents=True, exist_ok=True)
         self.pad_id = pad_token_id(shards.success.tokenizer)  # context-parallel padding
         self.pieces = piece_rule(planset)
@@ -106,7 +117,7 @@ class _Writer:
         if old is not None and old != name:
             self.store.remove_output(f"data/{job.config}/{old}")
         atomic_write_json(record_path, FileClaim(file=name).to_json())
-        self.store.push(f"write/{record_path.name}")
+        self.store.push(f"{WRITE_DIR}/{record_path.name}")
 
     def begin(self, jobs: list[FileJob]) -> None:
         """Before the first file of ``jobs`` changes: the finished output is no longer."""
@@ -157,7 +168,7 @@ class _Writer:
                 store_version=self.store.place_output(job.rel, size, digest),  # then the record
             )
             atomic_write_json(record_path, record.to_json())
-            self.store.push(f"write/{record_path.name}")
+            self.store.push(f"{WRITE_DIR}/{record_path.name}")
             crash_point(f"write:{job.config}:{job.index}")
 
         workers = max(1, min(len(jobs), self.cfg.tokenize.threads))
@@ -180,9 +191,10 @@ def write_task(
     writer = _Writer(cfg, shards, planset)
     store = writer.store
     # plan.json is here already: write_stage pulled it, or ``pack`` made it in this process.
-    store.pull_records("write")
-    atomic_write_json(writer.records / "config.json", {"write": dataclasses.asdict(cfg.write)})
-    store.push("write/config.json")
+    store.pull_records(WRITE_DIR)
+    settings = WriteSettings(dataclasses.asdict(cfg.write))
+    atomic_write_json(writer.records / WRITE_SETTINGS, settings.to_json())
+    store.push(f"{WRITE_DIR}/{WRITE_SETTINGS}")
     mine = task_parts(planset, task_index, num_tasks)
     jobs = [job for job in planset.jobs() if job.part in mine]
     writer.begin(jobs)
@@ -207,16 +219,18 @@ def write_task(
         _write_tail(writer, planset, quiet)
 
 
-def _tail_shard_name(part: PlanPart) -> str:
-    return f"tail-{part.name}"
+def _tail_shard(writer: _Writer, part: PlanPart) -> TailShard | None:
+    """A group's tail shard's record (None: missing, damaged or of another version)."""
+    return read_record(TailShard, writer.records / f"{tail_shard_name(part.name)}.json")
 
 
 def _tail_shard_done(writer: _Writer, part: PlanPart) -> bool:
-    record = read_json(writer.records / f"{_tail_shard_name(part)}.json")
+    record = _tail_shard(writer, part)
     return (
-        record.get("fingerprint") == writer.fingerprint
-        and record.get("pieces") == part.tail_pieces
-        and writer.store.holds(f"write/{record.get('file', '-')}")
+        record is not None
+        and record.fingerprint == writer.fingerprint
+        and record.pieces == part.tail_pieces
+        and writer.store.holds(f"{WRITE_DIR}/{record.file}")
     )
 
 
@@ -226,7 +240,7 @@ def _write_tail_shard(writer: _Writer, part: PlanPart, source: TokenSource, tail
     shards while they are open, so the tail's writer never touches a group's shards."""
     if _tail_shard_done(writer, part):
         return
-    name = _tail_shard_name(part)
+    name = tail_shard_name(part.name)
     offsets = np.zeros(tail.size + 1, dtype=np.int64)
     np.cumsum(tail.length, out=offsets[1:])
     columns = {
@@ -251,16 +265,16 @@ def _write_tail_shard(writer: _Writer, part: PlanPart, source: TokenSource, tail
     ):
         w.write_batch(batch)
     store = writer.store
-    store.push(f"write/{path.name}")
-    record = {
-        "fingerprint": writer.fingerprint,
-        "file": path.name,
-        "pieces": tail.size,
-        "bytes": path.stat().st_size,
-        "sha256": sha256_file(path),
-    }
-    atomic_write_json(writer.records / f"{name}.json", record)
-    store.push(f"write/{name}.json")
+    store.push(f"{WRITE_DIR}/{path.name}")
+    record = TailShard(
+        fingerprint=writer.fingerprint,
+        file=path.name,
+        pieces=tail.size,
+        bytes=path.stat().st_size,
+        sha256=sha256_file(path),
+    )
+    atomic_write_json(writer.records / f"{name}.json", record.to_json())
+    store.push(f"{WRITE_DIR}/{name}.json")
 
 
 def write_tail(
@@ -269,7 +283,7 @@ def write_tail(
     """The tail's files, from the groups' tail shards (after every group's task is done)."""
     if planset.parts[-1].is_tail:
         writer = _Writer(cfg, shards, planset)
-        writer.store.pull_records("write")  # the write tasks' records, wherever they ran
+        writer.store.pull_records(WRITE_DIR)  # the write tasks' records, wherever they ran
         _write_tail(writer, planset, quiet)
 
 
@@ -290,14 +304,15 @@ def _write_tail(writer: _Writer, planset: PlanSet, quiet: bool) -> None:
         )
     loaded, first = [], 0
     for p in groups:
-        rel = f"write/{_tail_shard_name(p)}.arrow"
+        rel = f"{WRITE_DIR}/{tail_shard_name(p.name)}.arrow"
         path = cfg.work_path / rel
-        record = read_json(writer.records / f"{_tail_shard_name(p)}.json")
+        record = _tail_shard(writer, p)
+        digest = record.sha256 if record is not None else None
         # A tail shard this machine cut (the single write task) is here as its record
         # says: fetched only when not, so it crosses the network once, on its put.
-        if not path.is_file() or sha256_file(path) != record.get("sha256"):
+        if not path.is_file() or sha256_file(path) != digest:
             store.pull(rel)
-        if not path.is_file() or sha256_file(path) != record.get("sha256"):
+        if not path.is_file() or sha256_file(path) != digest:
             raise PackcliError(f"{path}: damaged tail shard; run `packcli write` again")
         batch = pa.ipc.open_file(pa.memory_map(str(path), "r")).get_batch(0)
         loaded.append(shard_tokens(batch, first, path.name))
@@ -307,7 +322,7 @@ def _write_tail(writer: _Writer, planset: PlanSet, quiet: bool) -> None:
     mix = writer.mixture  # a mixture's rows say their sources, the tail's too
     source = TokenSource(  # its columns and first doc ids from the tail shards
         loaded,
-        source_first_doc=np.array([s["first_doc"] for s in mix], np.int64) if mix else None,
+        source_first_doc=np.array([s.first_doc for s in mix], np.int64) if mix else None,
     )
     with progress_bar(
         quiet, total=sum(part.tokens.values()), unit="tok", unit_scale=True, desc="write tail"
@@ -328,7 +343,7 @@ def write_stage(
 def planned_config(cfg: RunConfig, shards: TokenShards) -> tuple[RunConfig, PlanSet]:
     """The saved plan, and ``cfg`` with the settings it was made with (the plan's, and the
     output file size its files were cut by)."""
-    work_store(cfg).pull("plan.json")
+    work_store(cfg).pull(PLAN)
     planset = load_plan(cfg.work_path, shards)
     write = dataclasses.replace(
         cfg.write,

@@ -3,27 +3,21 @@ reader each: the stage record (``tokens/stage.json``), each unit's completion re
 (``tokens/files/<key>/_SUCCESS.json``) and the shard index (``tokens/_SUCCESS.json``).
 
 Why here, beside ``shards.py``: ``TokenShards`` reads the index, and the stages (which import
-this package) write all three; this module imports nothing of packcli but its errors, so
-every reader can import it without a cycle. The nested parts (shard manifests, read counts,
-the tokenizer's description) stay JSON objects: their schema belongs to the code that
-counts them.
-
-A record of another ``version`` (or of a packcli before versions) is refused with
-``OldRecordError``; readers that can redo the work (a unit tokenized again, the index
-rebuilt) treat it as not matching, never read it field by field.
+this package) write all three; this module imports nothing of packcli but its errors and the
+records' base (``packcli.records``), so every reader can import it without a cycle. The
+nested parts (shard manifests, read counts, the tokenizer's description) stay JSON objects:
+their schema belongs to the code that counts them. A record of another version is redone (a
+unit tokenized again, the index rebuilt), never read field by field.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any
 
 from packcli.errors import PackcliError
+from packcli.records import Fields, Record
 
 STAGE = "stage.json"
 """The stage record's file name, in ``tokens/``."""
@@ -44,97 +38,24 @@ def damaged(path: Path | str, exc: Exception | str) -> ShardError:
     )
 
 
-class RecordError(ShardError):
-    """A record of the tokenize stage with a field missing or of the wrong type."""
+@dataclass(frozen=True)
+class SourceSpec(Fields):
+    """A mixture's source as tokenized: its name, text field and BOS/EOS ids."""
 
-
-class OldRecordError(RecordError):
-    """A record written by another version of packcli: its work is redone, not misread."""
-
-
-R = TypeVar("R", bound="Record")
-
-
-def _json_types(hint: Any) -> tuple[type, ...]:
-    """The JSON value types a field's annotation accepts (``None`` as ``NoneType``)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return tuple(t for arg in typing.get_args(hint) for t in _json_types(arg))
-    if hint is Any:
-        return (object,)
-    return (origin or hint,)
-
-
-def _fits(value: object, accepted: tuple[type, ...]) -> bool:
-    if isinstance(value, bool) and bool not in accepted:  # JSON true is not a count
-        return False
-    return isinstance(value, accepted)
+    name: str
+    text_field: str
+    bos: int | None
+    eos: int | None
 
 
 @dataclass(frozen=True)
-class Record:
-    """Shared reader and writer of the work folder's records (the write stage's too): fields
-    in declaration order; a field whose metadata says ``omit`` is left out of the file when
-    None (as the literal that wrote it did)."""
+class SourceCount(SourceSpec):
+    """A mixture's source in the index: its doc ids (consecutive from ``first_doc``),
+    documents and tokens."""
 
-    VERSION: ClassVar[int] = 1
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as written to its file."""
-        out: dict[str, Any] = {"version": self.VERSION}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.metadata.get("omit"):
-                continue
-            out[f.name] = value
-        return out
-
-    @classmethod
-    def from_json(cls, data: object, path: Path | str) -> Self:
-        """The record ``data`` (a parsed JSON file at ``path``); ``RecordError`` naming the file
-        and the field when one is missing or of the wrong type, ``OldRecordError`` when the
-        record is of another version."""
-        if not isinstance(data, dict):
-            raise RecordError(f"{path}: not a JSON object; rerun the same packcli command")
-        if data.get("version") != cls.VERSION:
-            raise OldRecordError(
-                f"{path}: record version {data.get('version')!r}, this packcli reads "
-                f"{cls.VERSION}; rerun the same packcli pack or tokenize command to redo it"
-            )
-        hints = typing.get_type_hints(cls)
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in data:
-                if f.default is dataclasses.MISSING:
-                    raise RecordError(f"{path}: field {f.name!r} missing; rerun the same command")
-                continue
-            accepted = _json_types(hints[f.name])
-            if not _fits(data[f.name], accepted):
-                want = " or ".join("null" if t is type(None) else t.__name__ for t in accepted)
-                raise RecordError(
-                    f"{path}: field {f.name!r} is {type(data[f.name]).__name__}, not {want}; "
-                    "rerun the same command"
-                )
-            values[f.name] = data[f.name]
-        return cls(**values)
-
-
-def read_record(cls: type[R], path: Path) -> R | None:
-    """The record at ``path``; None when it is missing, not JSON, damaged or of another
-    version: for readers that then redo what it would vouch for."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-    return parse_record(cls, data, path)
-
-
-def parse_record(cls: type[R], data: object, path: Path | str) -> R | None:
-    """``cls.from_json``, or None where it would raise (``read_record`` for parsed data)."""
-    try:
-        return cls.from_json(data, path)
-    except RecordError:
-        return None
+    first_doc: int
+    documents: int
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -148,8 +69,8 @@ class StageRecord(Record):
     config: dict[str, Any]  # read, tokenize, chat (and sources) settings, as run
     files: list[dict[str, Any]]
     units: list[dict[str, Any]]
-    # A mixture's sources as tokenized (name, text field, BOS/EOS ids), by index.
-    sources: list[dict[str, Any]] | None = field(default=None, metadata={"omit": True})
+    # A mixture's sources as tokenized, by index.
+    sources: list[SourceSpec] | None = field(default=None, metadata={"omit": True})
 
     @staticmethod
     def recognised(data: dict[str, Any]) -> bool:
@@ -198,5 +119,5 @@ class ShardIndex(Record):
     backend: dict[str, Any]
     # Only for preference outputs, so other indexes (and reports) stay as they were.
     preference: dict[str, Any] | None = field(default=None, metadata={"omit": True})
-    # A mixture's sources: each one's doc ids (from ``first_doc``), documents and tokens.
-    sources: list[dict[str, Any]] | None = field(default=None, metadata={"omit": True})
+    # A mixture's sources, counted.
+    sources: list[SourceCount] | None = field(default=None, metadata={"omit": True})

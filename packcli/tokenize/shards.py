@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.atomic import atomic_path, atomic_write_json
+from packcli.records import RecordError
 from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex, damaged
 
 SHARD_SCHEMA = pa.schema(
@@ -309,11 +310,14 @@ class TokenShards:
         if not success.is_file():
             raise FileNotFoundError(f"no completed tokenize stage in {folder}")
         try:
+            # A damaged or older index is the stage's damage (``ShardError``), as its shards'.
             self.success = ShardIndex.from_json(json.loads(success.read_bytes()), success)
             self.manifests: list[dict[str, Any]] = self.success.shards
             self.first_doc_ids = np.array(
                 [m["first_doc_id"] for m in self.manifests], dtype=np.int64
             )
+        except RecordError as exc:
+            raise ShardError(str(exc)) from exc
         except (ValueError, KeyError, TypeError) as exc:
             raise damaged(success, exc) from exc
 
