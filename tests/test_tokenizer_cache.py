@@ -54,18 +54,22 @@ def test_copy_made_once_then_used(tmp_path: Path, cache: Path, monkeypatch) -> N
     copies = list(cache.glob("*.json"))
     assert len(copies) == 1
     assert b'"merges":[["' not in copies[0].read_bytes()  # merges now written as strings
-    # The second load reads the copy: the original's bytes are not parsed again.
-    seen: list[str] = []
-    real = Tokenizer.from_str
+    # The second load reads the copy (its bytes, not decoded first): the original's bytes
+    # are not parsed again.
+    seen: list[bytes] = []
+    real = Tokenizer.from_buffer
 
-    def spy(text: str) -> Tokenizer:
-        seen.append(text)
-        return real(text)
+    def spy(data: bytes) -> Tokenizer:
+        seen.append(data)
+        return real(data)
 
-    monkeypatch.setattr(tokenizer_cache.Tokenizer, "from_str", staticmethod(spy))
+    monkeypatch.setattr(tokenizer_cache.Tokenizer, "from_buffer", staticmethod(spy))
+    monkeypatch.setattr(
+        tokenizer_cache.Tokenizer, "from_str", lambda text: pytest.fail("parsed a str")
+    )
     monkeypatch.setattr(tokenizer_cache, "rewritten", lambda raw: pytest.fail("rewrote again"))
     assert load(path).to_str() == want
-    assert seen == [copies[0].read_text(encoding="utf-8")]
+    assert seen == [copies[0].read_bytes()]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])

@@ -50,7 +50,8 @@ from packcli.pack.mixture import (
 )
 from packcli.pack.plan import Plan, RowLayout, plan_two_tier
 from packcli.stages.index import gather_rejects, index_tokens
-from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
+from packcli.stages.progress import progress_bar
+from packcli.stages.work import REJECTED, fingerprint, read_json, require_out
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.tokenize.records import STAGE, StageRecord, read_record
 from packcli.tokenize.shards import TokenShards, sha256_file

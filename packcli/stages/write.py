@@ -25,8 +25,9 @@ from packcli.pack.plan import Plan
 from packcli.pack.schedule import CostModel, resolve_cost_model
 from packcli.stages.index import index_tokens
 from packcli.stages.plan import FileJob, PlanPart, PlanSet, load_part, load_plan, plan_fingerprint
+from packcli.stages.progress import progress_bar
 from packcli.stages.tasks import assign_by_size
-from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
+from packcli.stages.work import fingerprint, read_json, require_out, uncomplete
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write_records import FileClaim, FileRecord, file_record_name
 from packcli.tokenize.records import read_record
