@@ -96,21 +96,28 @@ HARNESS = textwrap.dedent(
         wrapped = timed(name, getattr(holders[0], attr)) if holders else None
         for m in holders:
             setattr(m, attr, wrapped)
-    from packcli.cli import main
+    import atexit
+    import packcli.cli
     sys.argv = ["packcli", *{argv!r}]
-    code = 0
     w0, c0 = time.perf_counter(), time.process_time()
+
+    def dump():
+        phases.append(("run_pack total", time.perf_counter() - w0, time.process_time() - c0, []))
+        with open({result!r}, "w") as f:
+            json.dump(
+                {{"phases": phases, "missing": missing,
+                  "harness_wall": time.perf_counter() - t_start,
+                  "harness_cpu": time.process_time() - c_start}},
+                f,
+            )
+
+    # As the console script runs it (its exit handlers run before its os._exit), else main.
+    atexit.register(dump)
+    entry = getattr(packcli.cli, "console", None) or packcli.cli.main
     try:
-        main()
-    except SystemExit as exc:
-        code = exc.code or 0
-    phases.append(("run_pack total", time.perf_counter() - w0, time.process_time() - c0, []))
-    json.dump(
-        {{"phases": phases, "missing": missing, "code": code,
-          "harness_wall": time.perf_counter() - t_start,
-          "harness_cpu": time.process_time() - c_start}},
-        open({result!r}, "w"),
-    )
+        entry()
+    except SystemExit:
+        pass
     """
 )
 
