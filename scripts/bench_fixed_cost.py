@@ -45,7 +45,9 @@ HEAVY = ("pandas", "datasets", "numba", "torch", "transformers", "scipy", "matpl
 # Runs in the child: wraps pipeline functions with timers, then runs the CLI as usual.
 HARNESS = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
+    # The console script sets this before numpy is imported; the timed imports come first here.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     t_start = time.perf_counter()
     c_start = time.process_time()
     HEAVY = {heavy!r}
