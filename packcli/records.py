@@ -120,6 +120,18 @@ def _dumped(value: object) -> object:
     return value
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s resolved field annotations, kept per class: resolving them (strings under
+    ``from __future__ import annotations``) took ~4 ms a record, ~20 ms of a small pack's."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 @dataclass(frozen=True)
 class Fields:
     """A typed JSON object: fields in declaration order; a field whose metadata says ``omit``
@@ -143,7 +155,7 @@ class Fields:
         if not isinstance(data, dict):
             where = f" field {prefix.rstrip('.')!r}" if prefix else ""
             raise RecordError(f"{path}:{where} not a JSON object; rerun the same packcli command")
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             name = f"{prefix}{f.name}"

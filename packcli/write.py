@@ -33,7 +33,7 @@ from packcli.pack.mixture import key_doc, key_repeat, source_of
 from packcli.pack.padding import pad_mask, padded_sizes
 from packcli.pack.plan import Plan, RowLayout, piece_numbers, plan_two_tier
 from packcli.pack.schedule import CostModel, segment_row_costs
-from packcli.tokenize.shards import LazyShards, ShardTokens, TokenShards
+from packcli.tokenize.shards import LazyShards, ShardTokens, TokenShards, distinct_shards
 
 # The rows' layout, as a version: bumped when the same plan writes other bytes (2: the
 # per-segment ``seq_pieces`` and ``seq_last`` columns), so a resumed run rewrites older files
@@ -271,7 +271,7 @@ class TokenSource:
             docs = key_doc(docs)
         out = np.zeros(docs.size, dtype=np.int64)
         shard_of = np.searchsorted(self.first_doc, docs, "right") - 1
-        for s in np.unique(shard_of):
+        for s in distinct_shards(shard_of):
             shard = self.shards[int(s)]
             m = shard_of == s
             at = docs[m] - shard.first_doc_id
@@ -285,7 +285,7 @@ class TokenSource:
         """Per document, the length of a pair's first sequence (0: not a pair)."""
         out = np.zeros(docs.size, dtype=np.int64)
         shard_of = np.searchsorted(self.first_doc, docs, "right") - 1
-        for s in np.unique(shard_of):
+        for s in distinct_shards(shard_of):
             shard = self.shards[int(s)]
             m = shard_of == s
             lens = shard.chosen_len
@@ -320,7 +320,7 @@ class TokenSource:
         shard_of = (
             np.zeros(1, np.int64) if one else np.searchsorted(self.first_doc, docs, "right") - 1
         )
-        for s in np.unique(shard_of):
+        for s in distinct_shards(shard_of):
             shard = self.shards[int(s)]
             m = slice(None) if one else shard_of == s
             src = shard.offsets[docs[m] - shard.first_doc_id] + starts[m]

@@ -14,6 +14,11 @@ out with a note, so the script keeps working while the pipeline changes.
     python scripts/bench_fixed_cost.py --docs 1000 --repeats 3
     python scripts/bench_fixed_cost.py --input my.jsonl --tokenizer my/tokenizer.json
     python scripts/bench_fixed_cost.py --jit   # where packcli.jit.SMALL_WORK comes from
+    python scripts/bench_fixed_cost.py --against ../base --repeats 9   # A/B, interleaved
+
+``--against OTHER`` (another checkout, e.g. a worktree of main) alternates the same command
+between this checkout and OTHER (ABBA order, each with its own warmed cache) and prints both
+medians: on a shared machine, runs far apart in time do not compare.
 
 ``--jit`` times ``plan_two_tier`` on the pretraining mix of ``bench_plan.py`` in fresh
 processes, every kernel as plain Python against every kernel compiled (numba's import and
@@ -40,7 +45,9 @@ HEAVY = ("pandas", "datasets", "numba", "torch", "transformers", "scipy", "matpl
 # Runs in the child: wraps pipeline functions with timers, then runs the CLI as usual.
 HARNESS = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
+    # The console script sets this before numpy is imported; the timed imports come first here.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     t_start = time.perf_counter()
     c_start = time.process_time()
     HEAVY = {heavy!r}
@@ -91,21 +98,28 @@ HARNESS = textwrap.dedent(
         wrapped = timed(name, getattr(holders[0], attr)) if holders else None
         for m in holders:
             setattr(m, attr, wrapped)
-    from packcli.cli import main
+    import atexit
+    import packcli.cli
     sys.argv = ["packcli", *{argv!r}]
-    code = 0
     w0, c0 = time.perf_counter(), time.process_time()
+
+    def dump():
+        phases.append(("run_pack total", time.perf_counter() - w0, time.process_time() - c0, []))
+        with open({result!r}, "w") as f:
+            json.dump(
+                {{"phases": phases, "missing": missing,
+                  "harness_wall": time.perf_counter() - t_start,
+                  "harness_cpu": time.process_time() - c_start}},
+                f,
+            )
+
+    # As the console script runs it (its exit handlers run before its os._exit), else main.
+    atexit.register(dump)
+    entry = getattr(packcli.cli, "console", None) or packcli.cli.main
     try:
-        main()
-    except SystemExit as exc:
-        code = exc.code or 0
-    phases.append(("run_pack total", time.perf_counter() - w0, time.process_time() - c0, []))
-    json.dump(
-        {{"phases": phases, "missing": missing, "code": code,
-          "harness_wall": time.perf_counter() - t_start,
-          "harness_cpu": time.process_time() - c_start}},
-        open({result!r}, "w"),
-    )
+        entry()
+    except SystemExit:
+        pass
     """
 )
 
@@ -123,9 +137,9 @@ PHASES = [
 ]
 
 
-def _child_env(cache: Path) -> dict[str, str]:
+def _child_env(cache: Path, root: Path = ROOT) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     env["PACKCLI_CACHE_DIR"] = str(cache)
     # As on a user's machine: Python keeps compiled modules (some sandboxes set this, and
     # then every run compiles packcli's sources again, ~0.15 s).
@@ -133,10 +147,10 @@ def _child_env(cache: Path) -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+def _run(cmd: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[float, float]:
     """Wall and CPU (user + sys) seconds of one child process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -206,6 +220,39 @@ def jit_threshold(sizes: list[int], repeats: int) -> None:
         print(f"{n:>10,}{medians[0]:>10.3f}{medians[1]:>10.3f}")
 
 
+def _summary(runs: list[tuple[float, float]]) -> str:
+    walls, cpus = [r[0] for r in runs], [r[1] for r in runs]
+    return (
+        f"wall median {statistics.median(walls):.3f} s "
+        f"(min {min(walls):.3f}, max {max(walls):.3f}); "
+        f"CPU user+sys median {statistics.median(cpus):.3f} s "
+        f"(min {min(cpus):.3f}, max {max(cpus):.3f})"
+    )
+
+
+def against(other: Path, argv: list[str], out: Path, tmp: Path, repeats: int) -> None:
+    """This checkout (A) and ``other`` (B), alternated A B B A ..., after a warm-up each."""
+    roots = {"this": ROOT, "other": other.resolve()}
+    envs = {k: _child_env(tmp / f"cache-{k}", root) for k, root in roots.items()}
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in roots}
+    loads = []
+    for i in range(repeats + 1):  # the first round is the warm-up
+        order = list(roots) if i % 2 == 0 else list(roots)[::-1]
+        loads.append(os.getloadavg()[0])
+        for k in order:
+            shutil.rmtree(out, ignore_errors=True)
+            timing = _run([sys.executable, "-m", "packcli", *argv], envs[k], cwd=roots[k])
+            if i:
+                runs[k].append(timing)
+    print(f"load      {min(loads):.2f}-{max(loads):.2f} (1-min average during the runs)")
+    for k, root in roots.items():
+        print(f"{k:<9} {root}: {_summary(runs[k])}; {repeats} runs")
+    ratio = statistics.median(r[0] for r in runs["this"]) / statistics.median(
+        r[0] for r in runs["other"]
+    )
+    print(f"this / other by wall median: {ratio:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input", type=Path, help="jsonl to pack (default: --docs of the sample)")
@@ -213,6 +260,7 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=str(ROOT / "packcli/assets/demo_tokenizer.json"))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-phases", action="store_true", help="skip the per-phase run")
+    ap.add_argument("--against", type=Path, help="another checkout: an interleaved A/B")
     ap.add_argument("--jit", action="store_true", help="time plans as Python vs compiled")
     ap.add_argument("--jit-sizes", type=int, nargs="+", default=[1000, 3000, 10000, 30000])
     ap.add_argument("pack_args", nargs="*", help="extra `packcli pack` arguments (after --)")
@@ -223,26 +271,26 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="packcli-fixed-"))
     try:
-        inp = _input(args, tmp)
+        inp = _input(args, tmp).resolve()  # absolute: --against runs in the other checkout
+        tok = Path(args.tokenizer)
+        tokenizer = str(tok.resolve()) if tok.exists() else args.tokenizer  # else a repo id
         env = _child_env(tmp / "cache")
         out = tmp / "out"
-        argv = ["pack", str(inp), "-t", args.tokenizer, "-o", str(out), "-q", *args.pack_args]
+        argv = ["pack", str(inp), "-t", tokenizer, "-o", str(out), "-q", *args.pack_args]
+        if args.against is not None:
+            print(f"input     {inp} ({inp.stat().st_size:,} bytes)")
+            against(args.against, argv, out, tmp, args.repeats)
+            return
         runs = []
         for i in range(args.repeats + 1):  # the first is the warm-up
             shutil.rmtree(out, ignore_errors=True)
             wall, cpu = _run([sys.executable, "-m", "packcli", *argv], env)
             if i:
                 runs.append((wall, cpu))
-        walls, cpus = [r[0] for r in runs], [r[1] for r in runs]
         print(f"input     {inp} ({inp.stat().st_size:,} bytes)")
         print(f"python    {sys.executable}")
         print(f"load      {os.getloadavg()[0]:.2f} (1-min average, other jobs included)")
-        print(
-            f"pack      wall median {statistics.median(walls):.3f} s "
-            f"(min {min(walls):.3f}, max {max(walls):.3f}); "
-            f"CPU user+sys median {statistics.median(cpus):.3f} s "
-            f"(min {min(cpus):.3f}, max {max(cpus):.3f}); {args.repeats} runs after a warm-up"
-        )
+        print(f"pack      {_summary(runs)}; {args.repeats} runs after a warm-up")
         if args.no_phases:
             return
         shutil.rmtree(out, ignore_errors=True)

@@ -17,6 +17,7 @@ from packcli.tokenize.shards import (
     CHAT_SHARD_SCHEMA,
     SHARD_SCHEMA,
     ShardWriter,
+    distinct_shards,
     shard_intact,
 )
 
@@ -116,3 +117,11 @@ def test_a_shard_with_the_old_writers_bytes(tmp_path: Path) -> None:
     with pa.ipc.new_file(sink, CHAT_SHARD_SCHEMA) as writer:
         writer.write_table(table)
     assert (tmp_path / "new" / w.manifests[0]["file"]).read_bytes() == sink.getvalue().to_pybytes()
+
+
+@given(st.lists(st.integers(0, 40), max_size=60))
+def test_distinct_shards_are_np_unique(values: list[int]) -> None:
+    shard_of = np.asarray(values, dtype=np.int64)
+    got = distinct_shards(shard_of)
+    assert got.tolist() == sorted(set(values))  # the oracle: Python's own set
+    assert got.tolist() == np.unique(shard_of).tolist()

@@ -54,18 +54,22 @@ def test_copy_made_once_then_used(tmp_path: Path, cache: Path, monkeypatch) -> N
     copies = list(cache.glob("*.json"))
     assert len(copies) == 1
     assert b'"merges":[["' not in copies[0].read_bytes()  # merges now written as strings
-    # The second load reads the copy: the original's bytes are not parsed again.
-    seen: list[str] = []
-    real = Tokenizer.from_str
+    # The second load reads the copy (its bytes, not decoded first): the original's bytes
+    # are not parsed again.
+    seen: list[bytes] = []
+    real = Tokenizer.from_buffer
 
-    def spy(text: str) -> Tokenizer:
-        seen.append(text)
-        return real(text)
+    def spy(data: bytes) -> Tokenizer:
+        seen.append(data)
+        return real(data)
 
-    monkeypatch.setattr(tokenizer_cache.Tokenizer, "from_str", staticmethod(spy))
+    monkeypatch.setattr(tokenizer_cache.Tokenizer, "from_buffer", staticmethod(spy))
+    monkeypatch.setattr(
+        tokenizer_cache.Tokenizer, "from_str", lambda text: pytest.fail("parsed a str")
+    )
     monkeypatch.setattr(tokenizer_cache, "rewritten", lambda raw: pytest.fail("rewrote again"))
     assert load(path).to_str() == want
-    assert seen == [copies[0].read_text(encoding="utf-8")]
+    assert seen == [copies[0].read_bytes()]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
@@ -86,8 +90,26 @@ def test_damaged_copy_removed_and_original_loaded(
     assert again.read_bytes() == data
 
 
-def test_no_copy_when_the_rewrite_cannot_express_it(tmp_path: Path, cache: Path) -> None:
+def test_pairs_holding_a_space_stay_pairs(tmp_path: Path, cache: Path) -> None:
     path = pair_merges_file(tmp_path, space_in=True)
+    original = json.loads(path.read_text(encoding="utf-8"))
+    want = Tokenizer.from_file(str(path)).to_str()
+    copy = tokenizer_cache.rewritten(path.read_bytes())
+    assert copy is not None  # the vocabulary still gets sorted
+    model = json.loads(copy)["model"]
+    assert model["merges"] == original["model"]["merges"]  # pairs, in rank order
+    assert list(model["vocab"]) == sorted(original["model"]["vocab"])
+    assert model["vocab"] == original["model"]["vocab"]  # the same ids
+    assert load(path).to_str() == want
+    assert len(list(cache.glob("*.json"))) == 1
+    assert load(path).to_str() == want  # from the copy
+
+
+def test_no_copy_when_nothing_would_change(tmp_path: Path, cache: Path) -> None:
+    data = json.loads(DEMO.read_text(encoding="utf-8"))  # merges already strings
+    data["model"]["vocab"] = dict(sorted(data["model"]["vocab"].items()))
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     want = Tokenizer.from_file(str(path)).to_str()
     assert tokenizer_cache.rewritten(path.read_bytes()) is None
     assert load(path).to_str() == want
@@ -96,8 +118,15 @@ def test_no_copy_when_the_rewrite_cannot_express_it(tmp_path: Path, cache: Path)
     assert load(path).to_str() == want  # the mark is read, the original loaded
 
 
-def test_strings_already(tmp_path: Path, cache: Path) -> None:
-    assert tokenizer_cache.rewritten(DEMO.read_bytes()) is None  # the demo's merges are strings
+def test_string_merges_kept_and_the_vocabulary_sorted(tmp_path: Path, cache: Path) -> None:
+    original = json.loads(DEMO.read_text(encoding="utf-8"))
+    assert list(original["model"]["vocab"]) != sorted(original["model"]["vocab"])  # by id
+    copy = tokenizer_cache.rewritten(DEMO.read_bytes())
+    assert copy is not None
+    model = json.loads(copy)["model"]
+    assert model["merges"] == original["model"]["merges"]
+    assert list(model["vocab"]) == sorted(original["model"]["vocab"])
+    assert model["vocab"] == original["model"]["vocab"]
     assert load(DEMO).to_str() == Tokenizer.from_file(str(DEMO)).to_str()
 
 

@@ -159,7 +159,7 @@ def verify_task(
     job: VerifyJob, *, task_index: int = 0, num_tasks: int = 1, quiet: bool = True
 ) -> list[PartResult]:
     """Check parts ``task_index``, ``task_index + num_tasks``, ... of ``job``, one at a time."""
-    from packcli.stages.work import progress_bar
+    from packcli.stages.progress import progress_bar
 
     mine = range(task_index, len(job.parts), num_tasks)
     results = []

@@ -68,7 +68,8 @@ from packcli.stages.plan_records import (
     StepRows,
     StepsRecord,
 )
-from packcli.stages.work import REJECTED, fingerprint, progress_bar, read_json, require_out
+from packcli.stages.progress import progress_bar
+from packcli.stages.work import REJECTED, fingerprint, read_json, require_out
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.stages.write_records import WRITE_DIR, WRITE_SETTINGS, WriteSettings
 from packcli.tokenize.records import STAGE, StageRecord

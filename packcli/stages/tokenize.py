@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import dataclasses
 import functools
 import logging
@@ -19,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 import pyarrow as pa
-from tqdm import tqdm
 
 from packcli.arrow_np import to_numpy
 from packcli.atomic import atomic_write_json
@@ -32,13 +30,13 @@ from packcli.names import TOKENS_DIR
 from packcli.read import DocBatch, ReadStats, RejectSink, count_newlines
 from packcli.records import read_record
 from packcli.stages.prepare import Prepared, Tokenizing, choose_backend, prepare_tokenize
+from packcli.stages.progress import Bar, progress_bar
 from packcli.stages.tasks import assign_by_size
 from packcli.stages.units import input_units, read_unit, source_units, unit_paths
 from packcli.stages.work import (
     REJECTED,
     claim_output,
     fingerprint,
-    progress_bar,
     read_json,
     recorded_read,
     require_out,
@@ -199,10 +197,10 @@ def _render_pool(
 ) -> RenderPool | None:
     """Worker processes for chat templates, when there is enough chat to render to repay
     starting them (packcli.chat.render_pool) and more than one core to render on."""
-    from packcli.chat.render_pool import MIN_POOL_BYTES
-
     if not isinstance(encoder, ChatEncoder):  # text, or preference pairs
         return None
+    from packcli.chat.render_pool import MIN_POOL_BYTES  # multiprocessing: only for chat
+
     if pending_bytes < MIN_POOL_BYTES or cfg.tokenize.threads < 2:
         return None
     return encoder.render_pool(cfg.tokenize.threads)
@@ -211,8 +209,9 @@ def _render_pool(
 @functools.cache
 def _malloc_trim() -> Any:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
+        # The process's own symbols, libc's among them (``find_library`` would run
+        # ``ldconfig -p`` in a subprocess to find the same library: ~15 ms).
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc: nothing to do
         return None
 
@@ -231,7 +230,7 @@ def release_free_memory() -> None:
 class _TokenizeProgress:
     """Bytes on the bar, tokens and tokens/s in its postfix, across the task's files."""
 
-    def __init__(self, bar: tqdm[Any]) -> None:
+    def __init__(self, bar: Bar) -> None:
         self.bar = bar
         self.tokens = 0
         self.new_shards = 0

@@ -1,7 +1,7 @@
 """The work folder and the output folder: their layout, records and ownership.
 
 What every stage shares: fingerprints (what a result depends on), reading records back,
-progress bars, and the rule that packcli writes only into folders that carry its marks
+and the rule that packcli writes only into folders that carry its marks
 (``check_output``/``claim_output``); ``uncomplete`` removes the completion marker just
 before something it vouches for changes."""
 
@@ -12,11 +12,8 @@ import hashlib
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from packcli.atomic import atomic_write_json
 from packcli.config import ReadConfig, RunConfig
@@ -46,12 +43,6 @@ def fingerprint(obj: Any) -> str:
 
 
 read_json = read_json_object  # a record, or {} when missing or damaged (packcli/publish/marker.py)
-
-
-def progress_bar(quiet: bool, **kwargs: Any) -> tqdm[Any]:
-    """A progress bar on stderr; off with --quiet, and by itself when stderr is not a
-    terminal (batch jobs' logs stay free of carriage-return noise)."""
-    return tqdm(disable=True if quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)
 
 
 PROBE_PREFIX = ".packcli-probe-"

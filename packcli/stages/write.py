@@ -27,8 +27,9 @@ from packcli.records import read_record
 from packcli.stages.index import index_tokens
 from packcli.stages.plan import FileJob, PlanSet, load_part, load_plan, plan_fingerprint
 from packcli.stages.plan_records import PLAN, PlanPart, PlanRecord
+from packcli.stages.progress import progress_bar
 from packcli.stages.tasks import assign_by_size
-from packcli.stages.work import fingerprint, progress_bar, read_json, require_out, uncomplete
+from packcli.stages.work import fingerprint, read_json, require_out, uncomplete
 from packcli.stages.workstore import in_mirror, work_store
 from packcli.stages.write_records import (
     WRITE_DIR,

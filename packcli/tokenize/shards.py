@@ -233,6 +233,13 @@ class ShardWriter:
         self._pending_tokens = 0
 
 
+def distinct_shards(shard_of: np.ndarray) -> np.ndarray:
+    """The distinct shard indexes (non-negative) in ``shard_of``, ascending, as ``np.unique``
+    gives them; without ``np.unique``, whose first call imports ``numpy.ma`` (10-30 ms of a
+    small pack, measured)."""
+    return np.flatnonzero(np.bincount(shard_of))
+
+
 def shard_intact(folder: Path, manifest: dict[str, Any]) -> bool:
     """Whether the shard a manifest describes is still there and whole, for reuse: its size
     (when the manifest has one), its Arrow footer, and its content against the sha256 taken
@@ -439,7 +446,7 @@ class TokenShards:
         column of only the shards they are in, one shard at a time."""
         out = np.zeros(docs.size, dtype=np.int64)
         shard_of = np.searchsorted(self.first_doc_ids, docs, "right") - 1
-        for s in np.unique(shard_of):
+        for s in distinct_shards(shard_of):
             m = shard_of == s
             out[m] = self.shard_column(int(s), name)[docs[m] - self.first_doc_ids[s]]
         return out

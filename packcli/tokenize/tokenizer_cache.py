@@ -2,13 +2,18 @@
 
 HF's loader spends about a third of a 128k tokenizer's load (0.2 of 0.6 s for Llama-3)
 parsing merges written as pairs (``[["Ġ", "t"], ...]``, what recent ``tokenizers`` save);
-the same merges written as ``"Ġ t"`` strings, a form HF also reads, load that much faster. A
-small pack, and every cluster task, pays this load once per run, so the copy is made once:
-it is kept only when HF builds the very same tokenizer from it (equal ``to_str()``), and it
-is named by its own hash as well as the original's, so a truncated, edited or half-written
-copy is never used (it is removed and the original loaded). Files whose merges cannot be
-rewritten (a token holding a space, another model type, merges already strings) get an
-empty ``.none`` mark so later runs do not parse them twice to find out again.
+the same merges written as ``"Ġ t"`` strings, a form HF also reads, load that much faster.
+It then spends a sixth of the rest putting the vocabulary into an ordered map (its JSON
+detour, ``serde_json::Map``) in the file's order, by id, which for the map is random order:
+cache misses on every key compared. The same entries in sorted key order (JSON leaves the
+order free: each entry names its id) load in 0.52 s instead of 0.61 (medians of 7 fresh
+processes, CPU, Llama-3's copy with string merges). A small pack, and every cluster task,
+pays this load once per run, so the copy is made once: it is kept only when HF builds the
+very same tokenizer from it (equal ``to_str()``), and it is named by its own hash as well as
+the original's, so a truncated, edited or half-written copy is never used (it is removed and
+the original loaded). Files with nothing to rewrite (another model type, merges already
+strings or holding a space and the vocabulary already sorted) get an empty ``.none`` mark so
+later runs do not parse them twice to find out again.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from packcli.fs.urls import cache_root
 
 log = logging.getLogger(__name__)
 
-# In the copy's name: a new rule for rewriting gets new names instead of reusing old copies.
-RULE = "merges-as-strings-1"
+# In the copy's name: a new rule for rewriting gets new names instead of reusing old copies
+# (1: merges as strings; 2: and the vocabulary sorted).
+RULE = "merges-as-strings-sorted-vocab-2"
 # Smaller files load in a few tens of ms: no copy (the Llama-3 file is 9 MB, GPT-2's 1.4 MB).
 MIN_BYTES = 1 << 20
 
@@ -44,8 +50,9 @@ def load(raw: bytes, sha256: str) -> Tokenizer:
     folder = cache_folder()
     for copy in _copies(folder, sha256):
         data = _read(copy)
-        if data is not None and hashlib.sha256(data).hexdigest() == copy.stem.rsplit(".", 1)[-1]:
-            return Tokenizer.from_str(data.decode("utf-8"))
+        tok = None if data is None else _sound(data, copy.stem.rsplit(".", 1)[-1])
+        if tok is not None:
+            return tok
         log.warning("tokenizer cache: %s is damaged; removed, loading the original", copy)
         copy.unlink(missing_ok=True)
     tok = Tokenizer.from_str(raw.decode("utf-8"))
@@ -55,6 +62,14 @@ def load(raw: bytes, sha256: str) -> Tokenizer:
         except OSError as exc:  # a read-only or full cache: the run goes on without a copy
             log.debug("tokenizer cache: no copy made in %s: %s", folder, exc)
     return tok
+
+
+def _sound(data: bytes, digest: str) -> Tokenizer | None:
+    """The tokenizer of copy ``data`` when its sha256 is ``digest``, else None. HF reads the
+    bytes as they are (``from_buffer``): decoding 6 MB to a str first cost ~15 ms."""
+    if hashlib.sha256(data).hexdigest() != digest:
+        return None
+    return Tokenizer.from_buffer(data)
 
 
 def _copies(folder: Path, sha256: str) -> list[Path]:
@@ -84,9 +99,11 @@ def _make_copy(raw: bytes, sha256: str, tok: Tokenizer, folder: Path) -> None:
 
 
 def rewritten(raw: bytes) -> bytes | None:
-    """``raw`` with a BPE model's pair merges written as ``"a b"`` strings; None when that is
-    not the same tokenizer or nothing would change (HF splits a string merge at its space,
-    so a merge whose tokens hold a space cannot be written so)."""
+    """``raw`` in the form HF reads fastest: a BPE model's pair merges written as ``"a b"``
+    strings, and its vocabulary's entries in sorted order (the same ids); None when that is
+    not the same tokenizer or nothing would change. Merges stay pairs where a token holds a
+    space (HF splits a string merge at its space, so such a merge cannot be written so);
+    their order is never touched (it is their rank)."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -94,13 +111,18 @@ def rewritten(raw: bytes) -> bytes | None:
     model = data.get("model") if isinstance(data, dict) else None
     if not (isinstance(model, dict) and model.get("type") == "BPE"):
         return None
-    merges = model.get("merges")
-    if not (isinstance(merges, list) and merges):
+    merges, vocab = model.get("merges"), model.get("vocab")
+    if not (isinstance(merges, list) and merges and isinstance(vocab, dict)):
         return None
-    if not all(isinstance(m, list) and len(m) == 2 and all(map(_plain, m)) for m in merges):
-        return None
-    model["merges"] = [f"{a} {b}" for a, b in merges]
-    return orjson.dumps(data)
+    changed = False
+    if all(isinstance(m, list) and len(m) == 2 and all(map(_plain, m)) for m in merges):
+        model["merges"] = [f"{a} {b}" for a, b in merges]
+        changed = True
+    keys = sorted(vocab)  # code point order, which is UTF-8 byte order (Rust's)
+    if keys != list(vocab):
+        model["vocab"] = {k: vocab[k] for k in keys}
+        changed = True
+    return orjson.dumps(data) if changed else None
 
 
 def _plain(token: object) -> bool:
