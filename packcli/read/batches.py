@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from packcli.read.rejects import BadLines, RejectSink
+from packcli.read.rejects import BadLines, Quarantine
 
 
 @dataclass
@@ -168,7 +168,7 @@ class ReadOptions:
     batch_size: int = 1024
     batch_bytes: int = 0
     on_bad_line: str = "error"
-    rejects: RejectSink | None = None
+    rejects: Quarantine | None = None
     validate: Callable[[Any], Any] | None = None
 
 

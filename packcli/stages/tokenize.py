@@ -9,6 +9,7 @@ import ctypes.util
 import dataclasses
 import functools
 import logging
+import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -23,15 +24,24 @@ from tqdm import tqdm
 
 from packcli.arrow_np import to_numpy
 from packcli.atomic import atomic_write_json
-from packcli.chat.batches import tokenize_chat_batches
+from packcli.chat.batches import SpanReading, tokenize_chat_batches, tokenize_chat_spans
 from packcli.chat.encoder import ChatEncoder, ChatStats, TemplateEncoder
 from packcli.config import RunConfig
 from packcli.errors import InputError
 from packcli.faults import crash_point
+from packcli.fs import is_url
 from packcli.read import DocBatch, ReadStats, RejectSink, count_newlines
+from packcli.read.formats import splittable
+from packcli.read.spans import line_spans
 from packcli.stages.prepare import Prepared, Tokenizing, choose_backend, prepare_tokenize
 from packcli.stages.tasks import assign_by_size
-from packcli.stages.units import input_units, read_unit, source_units, unit_paths
+from packcli.stages.units import (
+    input_units,
+    read_unit,
+    source_units,
+    unit_paths,
+    unit_span,
+)
 from packcli.stages.work import (
     REJECTED,
     claim_output,
@@ -64,7 +74,7 @@ from packcli.tokenize.tokenizer import SpecialStringCounter
 
 if TYPE_CHECKING:
     from packcli.chat.preference import PreferenceStats
-    from packcli.chat.render_pool import RenderPool
+    from packcli.chat.render_pool import RenderPool, SpanRead
     from packcli.stages.prepare import UnitEncoder
 
 log = logging.getLogger(__name__)
@@ -285,12 +295,22 @@ def _tokenize_unit(
         RejectSink(folder / REJECTED) as sink,
         ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, _schema(cfg)) as writer,
     ):
-        source = read_unit(cfg, unit, cfg.read.batch_size, counts.read, sink)
-        batches = prefetch(
-            _skip_documents(source, resume_doc, unit["file_index"]), times=counts.times
-        )
         failed = _template_failed(cfg, unit, counts.read, sink)
-        encoded = _encoded(cfg, batches, encoder, tok, counts, failed, renderers, unit)
+        spans = _worker_spans(cfg, unit, renderers, resume_doc)
+        if spans is not None:  # the workers read the unit too (packcli.chat.render_pool)
+            assert renderers is not None and isinstance(encoder, ChatEncoder)
+            assert counts.chat is not None
+            reading = SpanReading(counts.read, sink, unit["file_index"], spans[0][0])
+            encoded = tokenize_chat_spans(
+                unit["path"], spans, _span_read(cfg), encoder, renderers, counts.chat, failed,
+                reading, counts.times,
+            )  # fmt: skip
+        else:
+            source = read_unit(cfg, unit, cfg.read.batch_size, counts.read, sink)
+            batches = prefetch(
+                _skip_documents(source, resume_doc, unit["file_index"]), times=counts.times
+            )
+            encoded = _encoded(cfg, batches, encoder, tok, counts, failed, renderers, unit)
         for batch, record_batch in encoded:
             shards_before = len(writer.manifests)
             writer.add(record_batch)
@@ -310,6 +330,30 @@ def _tokenize_unit(
         ", ".join(f"{k} {v:.2f}" for k, v in dataclasses.asdict(counts.times).items()),
     )
     atomic_write_json(folder / SUCCESS, _unit_record(unit, writer.manifests, counts).to_json())
+
+
+def _worker_spans(
+    cfg: RunConfig, unit: dict[str, Any], renderers: RenderPool | None, resume_doc: int
+) -> list[tuple[int, int]] | None:
+    """The byte spans the rendering workers read a unit in, or None (this process reads
+    it): only a fresh unit that is one local, plain jsonl file (or a span of one)."""
+    from packcli.chat.render_pool import SPAN_BYTES
+
+    paths = unit_paths(unit)
+    if renderers is None or resume_doc or unit.get("format", "jsonl") != "jsonl":
+        return None
+    if len(paths) != 1 or is_url(paths[0]) or not splittable(paths[0]):
+        return None
+    size = os.path.getsize(paths[0])
+    lo, hi = unit_span(unit) or (0, size)
+    return line_spans(paths[0], min(lo, size), min(hi, size), SPAN_BYTES)
+
+
+def _span_read(cfg: RunConfig) -> SpanRead:
+    from packcli.chat.render_pool import SpanRead
+
+    read = cfg.read
+    return SpanRead(cfg.chat.messages_field, read.on_bad_line, read.batch_size, read.batch_bytes)
 
 
 def _schema(cfg: RunConfig) -> Any:
