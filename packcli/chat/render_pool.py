@@ -53,6 +53,9 @@ MIN_POOL_BYTES = 16 << 20
 # Bytes of a plain jsonl file a worker reads at a time (``submit_span``): ~700 dialogues of
 # real-text chat, a batch or so; small enough that the workers' last spans end together.
 SPAN_BYTES = 1 << 20
+# Spans read ahead while the fast backend is built (``read_ahead``): their renderings wait
+# in this process, ~1.5 MB each.
+READ_AHEAD = 32
 
 _state: dict[str, Any] = {}
 
@@ -189,6 +192,7 @@ class RenderPool:
         workers: int,
     ) -> None:
         self.workers = workers
+        self._ahead: dict[tuple[str, tuple[int, int], SpanRead], Future[ReadSpan]] = {}
         self._pool = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
@@ -200,8 +204,15 @@ class RenderPool:
         return self._pool.submit(_render, list(dialogues))
 
     def submit_span(self, path: str, span: tuple[int, int], read: SpanRead) -> Future[ReadSpan]:
-        """Read and render the lines that begin in ``span`` of the plain jsonl ``path``."""
-        return self._pool.submit(_read_span, path, span, read)
+        """Read and render the lines that begin in ``span`` of the plain jsonl ``path`` (the
+        future ``read_ahead`` started for it, if any)."""
+        ahead = self._ahead.pop((path, span, read), None)
+        return ahead if ahead is not None else self._pool.submit(_read_span, path, span, read)
+
+    def read_ahead(self, path: str, spans: Sequence[tuple[int, int]], read: SpanRead) -> None:
+        """Start reading ``spans`` now, for ``submit_span`` to hand back later."""
+        for span in spans:
+            self._ahead[(path, span, read)] = self._pool.submit(_read_span, path, span, read)
 
     @staticmethod
     def result(future: Future[_Result]) -> tuple[list[tuple[int, Rendered]], list[tuple[int, str]]]:
@@ -212,6 +223,7 @@ class RenderPool:
         return rendered, failures
 
     def close(self) -> None:
+        self._ahead.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> RenderPool:

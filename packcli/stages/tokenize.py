@@ -145,26 +145,26 @@ def tokenize_task(
         (folder / SUCCESS).unlink(missing_ok=True)  # index_tokens rebuilds it
         store.remove(f"tokens/{SUCCESS}")
     encoder: UnitEncoder | None = tok.chat
-    if pending or not (folder / "backend.json").is_file():
-        # Building and checking the fast path costs seconds; skip it when nothing is left.
-        encoder, backend = choose_backend(cfg, tok, units, prepared.early)
-        atomic_write_json(folder / "backend.json", backend)
-        store.push("tokens/backend.json")
     total = sum(units[k]["size"] for k in mine)
     renderers = _render_pool(cfg, encoder, sum(units[k]["size"] for k in pending))
-    with (
-        renderers or contextlib.nullcontext(),
-        progress_bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar,
-    ):
-        progress = _TokenizeProgress(bar)
-        for k in mine:
-            if k in pending:
-                assert encoder is not None  # chosen above whenever a unit is pending
-                _tokenize_unit(cfg, units[k], encoder, tok, progress, renderers)
-                store.unit_finished(units[k]["key"])
-                release_free_memory()
-            else:
-                progress.update(units[k]["size"], 0)
+    with renderers or contextlib.nullcontext():
+        if renderers is not None:  # the workers start while the fast backend is built
+            _read_ahead(cfg, [units[k] for k in mine if k in pending], renderers)
+        if pending or not (folder / "backend.json").is_file():
+            # Building and checking the fast path costs seconds; skip it when nothing is left.
+            encoder, backend = choose_backend(cfg, tok, units, prepared.early)
+            atomic_write_json(folder / "backend.json", backend)
+            store.push("tokens/backend.json")
+        with progress_bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
+            progress = _TokenizeProgress(bar)
+            for k in mine:
+                if k in pending:
+                    assert encoder is not None  # chosen above whenever a unit is pending
+                    _tokenize_unit(cfg, units[k], encoder, tok, progress, renderers)
+                    store.unit_finished(units[k]["key"])
+                    release_free_memory()
+                else:
+                    progress.update(units[k]["size"], 0)
     if any(name in indexed for name in stale):
         uncomplete(cfg)
     for gone in stale:  # only now that this run's shards are all there
@@ -346,7 +346,20 @@ def _worker_spans(
         return None
     size = os.path.getsize(paths[0])
     lo, hi = unit_span(unit) or (0, size)
-    return line_spans(paths[0], min(lo, size), min(hi, size), SPAN_BYTES)
+    return line_spans(paths[0], min(lo, size), min(hi, size), SPAN_BYTES) or None
+
+
+def _read_ahead(cfg: RunConfig, pending: list[dict[str, Any]], renderers: RenderPool) -> None:
+    """Hand the workers the first spans of the first pending unit now: building and checking
+    the fast backend takes seconds (~2.5 s for Llama 3's vocabulary) in which this process
+    mostly waits on a Rust thread, and those spans are read and rendered meanwhile. A unit
+    that turns out to resume an interrupted run never claims them (same results either way:
+    ``RenderPool.submit_span`` only hands back a span read with the same settings)."""
+    from packcli.chat.render_pool import READ_AHEAD
+
+    spans = _worker_spans(cfg, pending[0], renderers, 0) if pending else None
+    if spans is not None:
+        renderers.read_ahead(pending[0]["path"], spans[:READ_AHEAD], _span_read(cfg))
 
 
 def _span_read(cfg: RunConfig) -> SpanRead:
