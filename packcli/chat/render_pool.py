@@ -13,10 +13,11 @@ that a fork would copy mid-flight) and only render: they never load a tokenizer.
 ``submit_span`` goes further for a plain jsonl file: the worker reads, parses and validates
 a byte span of it itself (the same reader, ``iter_batches(span=...)``, with the same
 bad-line policy) and hands back its batches' renderings as columns (``ReadSpan``), so no
-dialogue crosses the process boundary as Python objects. Measured on 1,000 real-text
-dialogues, this process's GIL time went from ~45 ms (jsonl parse and ``validate_messages``
-~20, pickling the dialogues out ~4, unpickling ``Rendered`` objects back ~15, their
-per-dialogue masks) to ~3 ms (unpickling columns).
+dialogue crosses the process boundary as Python objects. Measured per 1,000 dialogues of
+the 150 MB chat bench, this process's CPU outside the fast backend went from ~55 ms (jsonl
+parse and ``validate_messages`` ~19, pickling the dialogues out ~2, unpickling ``Rendered``
+objects back ~16, the per-dialogue finish ~17) to ~7 ms (unpickling columns ~2,
+``ChatEncoder.finish_columns`` ~5); the fast backend's ~40 ms runs without the GIL.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ class DocBatch:
     several files.
     """
 
-    texts: list[Any]  # str (text data), or the record's dialogue or pair (chat, preference)
+    # str (text data), or the record's dialogue or pair (chat, preference); None for a
+    # dialogue that stayed on the rendering worker which read it (chat.batches.SpanReading)
+    texts: list[Any]
     doc_id_start: int
     file_index: npt.NDArray[np.int32]  # per doc: index into the resolved path list
     position: npt.NDArray[np.int64]  # per doc: its line (1-based) or row (0-based) in its file
