@@ -85,16 +85,20 @@ def kept_columns(
             who = owner[chosen]
             chosen = chosen[np.append(who[1:] != who[:-1], True)]
         base = bounds[owner[chosen]]
-        delta = np.zeros(total + 1, dtype=np.int64)
-        np.add.at(delta, first[chosen] + base, 1)
-        np.add.at(delta, last[chosen] + base, -1)
-        mask = np.cumsum(delta[:-1]) > 0
+        # Turns open and close: a token is trained while any is open (bincount, not the
+        # ~20x slower np.add.at).
+        opened = np.bincount(first[chosen] + base, minlength=total + 1)[:-1]
+        closed = np.bincount(last[chosen] + base, minlength=total + 1)[:-1]
+        mask = np.cumsum(opened - closed) > 0
     running = np.zeros(total + 1, dtype=np.int64)
     np.cumsum(mask, out=running[1:])
     kept = running[bounds[1:]] - running[bounds[:-1]] > 0
-    keep = np.repeat(kept, rendered)
-    labels = np.where(mask, tokens.ids, IGNORE_INDEX).astype(np.int32)[keep]
+    ids = tokens.ids.astype(np.int32, copy=False)
+    labels = np.where(mask, ids, IGNORE_INDEX).astype(np.int32)
+    if not kept.all():  # the usual batch keeps every dialogue: no copy then
+        keep = np.repeat(kept, rendered)
+        ids, labels = ids[keep], labels[keep]
     lengths = np.zeros(n, dtype=np.int64)
     lengths[columns.index] = np.where(kept, rendered, 0)
     dropped = int(len(kept) - kept.sum())
-    return tokens.ids[keep].astype(np.int32), labels, lengths, dropped, int(rendered[~kept].sum())
+    return ids, labels, lengths, dropped, int(rendered[~kept].sum())
