@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 from corpora import hub_cache
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jinja2.runtime import Macro
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -148,6 +150,50 @@ def test_validate_keeps_extra_keys_and_drops_nulls() -> None:
     assert messages[0] == {"role": "user", "content": "hi", "name": "ann"}
     assert messages[1]["content"] == "" and messages[1]["tool_calls"][0]["name"] == "f"
     assert validate_messages({"conv": [_msg("user", "x")]}, field="conv") == [_msg("user", "x")]
+
+
+_VALUES = st.one_of(
+    st.none(), st.text(max_size=3), st.integers(), st.lists(st.integers(), max_size=1)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "role": st.one_of(st.sampled_from(["user", "assistant", "tool", "bot"]), _VALUES),
+                "content": st.one_of(st.text(max_size=3), _VALUES),
+            },
+            optional={"name": _VALUES, "tool_calls": _VALUES, "weight": _VALUES},
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_validate_keeps_messages_as_the_docstring_says(raw: list[dict[str, Any]]) -> None:
+    """Kept messages are the line's, nulls dropped (key order kept), an assistant's null
+    content with tool calls made ""; anything else is refused with a reason."""
+    try:
+        got = validate_messages({"messages": raw})
+    except ChatFormatError:
+        assert not all(
+            isinstance(m.get("role"), str)
+            and m["role"] in ("system", "user", "assistant", "tool")
+            and (
+                isinstance(m.get("content"), str)
+                or ("content" in m and m["role"] == "assistant" and bool(m.get("tool_calls")))
+            )
+            for m in raw
+        )
+        return
+    want = []
+    for m in raw:
+        kept = [(k, v) for k, v in m.items() if v is not None]
+        if m["content"] is None:
+            kept.append(("content", ""))  # set again after the nulls went: last
+        want.append(kept)
+    assert [list(m.items()) for m in got] == want
 
 
 @pytest.mark.parametrize(

@@ -419,3 +419,100 @@ def test_batch_finish_equals_the_per_dialogue_loop(
         got, want = getattr(batch, name), getattr(loop, name)
         assert got.dtype == want.dtype and np.array_equal(got, want), name
     assert batch.stats == loop.stats and batch.failures == loop.failures
+    # As a rendering worker hands the batch back (columns), finished from the fast
+    # backend's whole-batch arrays (or, without one or with --eos, by the same loop).
+    from packcli.chat.columns import RenderedColumns
+
+    ends = np.array([bool(d) and d[-1]["role"] == "assistant" for d in dialogues], np.bool_)
+    for eos in (None, 7):
+        encoder.eos = eos
+        rendered, failures = encoder.render(dialogues)
+        want_records = encoder.finish(dialogues, rendered, encoder.tokens(rendered), failures)
+        columns = RenderedColumns.of(rendered, failures)
+        flat = encoder.tokens_flat(columns.texts)
+        got_records = encoder.finish_columns(len(dialogues), columns, flat, ends)
+        for name in ("ids", "labels", "lengths"):
+            got, want = getattr(got_records, name), getattr(want_records, name)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (name, eos)
+        assert got_records.stats == want_records.stats
+        assert got_records.failures == want_records.failures
+
+
+def _untidy_chat(path: Path, rng: random.Random, n: int) -> None:
+    """Dialogues with what the reader and the template refuse: a BOM, blank lines, cut
+    JSON, a bad role, dialogues the picky template below rejects, no final newline."""
+    with open(path, "wb") as fh:
+        fh.write(b"\xef\xbb\xbf")
+        for i in range(n):
+            record = {"messages": dialogue(rng, rng.randint(1, 4)), "id": i}
+            fh.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
+            if i % 17 == 3:
+                fh.write(b"\n  \n")
+            if i % 23 == 5:
+                fh.write(b'{"messages": [\n')
+            if i % 29 == 7:
+                bad = {"messages": [{"role": "bot", "content": "beep"}]}
+                fh.write(json.dumps(bad).encode() + b"\n")
+        fh.write(json.dumps({"messages": dialogue(rng, 1)}).encode())
+
+
+def test_workers_reading_spans_give_the_same_output(
+    chat_tok: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large plain jsonl unit is read, validated and rendered by the workers in byte
+    spans (packcli/chat/render_pool.py ``submit_span``): the same Parquet bytes, report and
+    quarantine as this process reading it, with bad lines, template failures, a BOM and
+    units that are spans of the file; under ``error`` the same first ``file:line``."""
+    from packcli import config
+    from packcli.chat import load_chat_template, render_pool
+
+    path = tmp_path / "untidy.jsonl"
+    _untidy_chat(path, random.Random(4), 300)
+    picky = tmp_path / "picky.jinja"
+    picky.write_text(
+        "{% if messages | length > 7 %}{{ raise_exception('at most three exchanges') }}"
+        "{% endif %}" + load_chat_template(None, "chatml").text
+    )
+    args = ["--format", "chat", "--chat-template", picky, "--short-len", "128"]
+    args += ["--long-len", "512", "-q", "--num-proc", "2", "--batch-size", "16"]
+    skip = [*args, "--on-bad-line", "skip"]
+
+    def outputs(out: Path) -> tuple[dict[str, bytes], Any, list[Any]]:
+        parquet = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*.parquet")}
+        report = json.loads((out / "packcli.json").read_text())["report"]
+        rejects = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+        return parquet, report, sorted(rejects, key=lambda r: (r["line"], r["reason"]))
+
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "one", *skip)
+    assert code == 0, output
+    want = outputs(tmp_path / "one")
+    reasons = {r["reason"] for r in want[2]}
+    assert reasons == {"invalid_json", "bad_record", "template_error"}, reasons
+    monkeypatch.setattr(render_pool, "MIN_POOL_BYTES", 0)
+    monkeypatch.setattr(render_pool, "SPAN_BYTES", 700)  # many spans, a few lines each
+    monkeypatch.setattr(render_pool, "READ_AHEAD", 3)
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", tmp_path / "spans", *skip)
+    assert code == 0, output
+    assert outputs(tmp_path / "spans") == want
+    monkeypatch.setattr(config, "MIN_SPLIT_BYTES", 1)  # units that are spans of the file
+    units = tmp_path / "units"
+    code, output = invoke("pack", path, "-t", chat_tok, "-o", units, *skip, "--split-bytes", "9000")
+    assert code == 0, output
+    assert len(json.loads((units / ".packcli/tokens/stage.json").read_text())["units"]) > 3
+    assert outputs(units) == want
+    # Under error: the first bad line stops the run, named by the file's own line.
+    for late in ('{"messages": [', json.dumps({"messages": dialogue(random.Random(1), 5)})):
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        good = [x for x in lines if x.strip() and "bot" not in x and x != '{"messages": [']
+        good = [x for x in good if len(json.loads(x)["messages"]) <= 7]
+        assert len(good) > 150
+        good.insert(150, late)
+        strict = tmp_path / "strict.jsonl"
+        strict.write_text("\n".join(good) + "\n")
+        messages = []
+        for pool_bytes in (1 << 40, 0):
+            monkeypatch.setattr(render_pool, "MIN_POOL_BYTES", pool_bytes)
+            code, output = invoke("pack", strict, "-t", chat_tok, "-o", tmp_path / "e", *args)
+            assert code == 1 and f"{strict}:151" in output, output
+            messages.append(output)
+        assert messages[0] == messages[1]

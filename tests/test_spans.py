@@ -23,6 +23,7 @@ from packcli.read import (
     iter_batches,
     split_spans,
 )
+from packcli.read.spans import line_spans
 from packcli.tokenize.shards import sha256_file
 
 runner = CliRunner()
@@ -98,6 +99,52 @@ def test_spans_read_every_line_once(untidy: tuple[Path, list[str]], split: int) 
     assert stats == whole[2]
     assert stats.bytes_read == path.stat().st_size
     assert stats.lines == len(path.read_bytes().splitlines())
+
+
+def read_spans(path: Path, spans: list[tuple[int, int]]) -> tuple[list[str], list[int], ReadStats]:
+    """Texts, lines (from the first span's first line) and summed counts of reading
+    ``spans`` of ``path`` one after another."""
+    texts: list[str] = []
+    lines: list[int] = []
+    total = ReadStats()
+    for span in spans:
+        stats = ReadStats()
+        options = ReadOptions(5, on_bad_line="skip")
+        for batch in iter_batches([path], options=options, stats=stats, span=span):
+            texts += batch.texts
+            lines += (batch.position + total.lines).tolist()
+        total.documents += stats.documents
+        total.count(stats.lines, stats.bytes_read, stats.blank_lines)
+        for reason, count in stats.rejected.items():
+            total.rejected[reason] = total.rejected.get(reason, 0) + count
+    return texts, lines, total
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    step=st.integers(min_value=1, max_value=3000),
+    start=st.floats(min_value=0, max_value=1),
+    length=st.floats(min_value=0, max_value=1),
+)
+def test_line_spans_read_what_their_span_reads(
+    untidy: tuple[Path, list[str]], step: int, start: float, length: float
+) -> None:
+    """The rendering workers' pieces of a unit (packcli.chat.render_pool): consecutive,
+    each after the first on a line start, and read one after another they give the
+    documents, lines and counts of reading the unit's span at once."""
+    path, _ = untidy
+    data = path.read_bytes()
+    lo = int(start * len(data))
+    hi = min(len(data), lo + int(length * len(data)))
+    pieces = line_spans(path, lo, hi, step)
+    if lo == hi:
+        assert pieces == []
+        return
+    assert [a for a, _ in pieces] == [lo, *(b for _, b in pieces[:-1])] and pieces[-1][1] == hi
+    assert all(a < b for a, b in pieces)
+    assert all(data[a - 1 : a] == b"\n" for a, _ in pieces[1:])
+    assert all(b - a <= step or data[b - 1 : b] == b"\n" or b == hi for a, b in pieces)
+    assert read_spans(path, pieces) == read_spans(path, [(lo, hi)])
 
 
 @pytest.mark.parametrize("split", [1, 97, 1024])

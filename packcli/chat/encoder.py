@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
@@ -28,8 +29,9 @@ from packcli.tokenize.encode import batch_to_record_batch
 from packcli.tokenize.shards import CHAT_SHARD_SCHEMA, PREFERENCE_SHARD_SCHEMA
 
 if TYPE_CHECKING:
+    from packcli.chat.columns import RenderedColumns
     from packcli.chat.mask import EncodedDialogue
-    from packcli.chat.offsets import FastOffsets
+    from packcli.chat.offsets import FastOffsets, FlatTokens
     from packcli.chat.render_pool import RenderPool
     from packcli.chat.renderer import Rendered
     from packcli.chat.templates import ChatTemplate
@@ -210,9 +212,52 @@ class ChatEncoder(TemplateEncoder):
     ) -> EncodedRecords:
         """After rendering and the fast backend's tokens: HF encodes what has no tokens yet,
         then masks, length policy and separators."""
+        return self._finish(
+            len(dialogues), lambda i: _ends_with_answer(dialogues[i]), rendered, tokens, failures
+        )
+
+    def finish_columns(
+        self,
+        n: int,
+        columns: RenderedColumns,
+        tokens: FlatTokens | None,
+        ends_with_answer: npt.NDArray[np.bool_],
+    ) -> EncodedRecords:
+        """``finish`` of a batch of ``n`` dialogues rendered on a worker (columns), with the
+        fast backend's whole-batch tokens: array operations when every text is spelled and
+        there are no separators or truncation (``kept_columns``), else the same steps as
+        ``finish``. ``ends_with_answer``: per dialogue, whether its last message is the
+        assistant's (for ``--eos``)."""
+        from packcli.chat.columns import kept_columns
+
+        failures = list(columns.failures)
+        plain = self.bos is None and self.eos is None and self.overlong != "truncate"
+        if tokens is None or not plain or not tokens.spelled.all():
+            per_text = tokens.per_text() if tokens is not None else None
+            ends = ends_with_answer.tolist()
+            return self._finish(n, ends.__getitem__, columns.rendered(), per_text, failures)
+        ids, labels, lengths, dropped, dropped_tokens = kept_columns(
+            n, columns, tokens, self.train_on
+        )
+        stats = ChatStats(dialogues=n, no_trainable=dropped, no_trainable_tokens=dropped_tokens)
+        return EncodedRecords(ids, labels, lengths, stats, failures)
+
+    def tokens_flat(self, texts: list[str]) -> FlatTokens | None:
+        """The fast backend's tokens of ``texts`` as whole-batch arrays (None without one);
+        Rust and a compiled kernel without the GIL, like ``tokens``."""
+        return None if self.fast is None else self.fast.flat(texts)
+
+    def _finish(
+        self,
+        n: int,
+        ends_with_answer: Callable[[int], bool],
+        rendered: Rendering,
+        tokens: list[Any] | None,
+        failures: list[tuple[int, str]],
+    ) -> EncodedRecords:
         from packcli.chat.mask import encode_rendered
 
-        encoded: list[EncodedDialogue | None] = [None] * len(dialogues)
+        encoded: list[EncodedDialogue | None] = [None] * n
         results = encode_rendered(
             self.tokenizer,
             [r for _, r in rendered],
@@ -221,16 +266,16 @@ class ChatEncoder(TemplateEncoder):
         )
         for (index, _), result in zip(rendered, results, strict=True):
             encoded[index] = result
-        stats = ChatStats(dialogues=len(dialogues))
+        stats = ChatStats(dialogues=n)
         if tokens is not None:
             stats.hf_offsets = sum(t is None for t in tokens)
         if self.bos is None and self.eos is None and self.overlong != "truncate":
-            flat = _kept_flat(len(dialogues), [i for i, _ in rendered], results, stats)
+            flat = _kept_flat(n, [i for i, _ in rendered], results, stats)
             if flat is not None:
                 return EncodedRecords(*flat, stats, failures)
         ids, labels = [], []
-        for messages, e in zip(dialogues, encoded, strict=True):
-            ends_with_answer = bool(messages) and messages[-1].get("role") == "assistant"
+        for index, e in enumerate(encoded):
+            answer = ends_with_answer(index)
             if e is not None and e.n_trained == 0:
                 stats.no_trainable += 1
                 stats.no_trainable_tokens += len(e.ids)
@@ -249,13 +294,13 @@ class ChatEncoder(TemplateEncoder):
                 else:
                     stats.truncated += 1
                     stats.truncated_tokens += removed
-                    ends_with_answer = True  # cut after an assistant turn
+                    answer = True  # cut after an assistant turn
                 e = cut
             if e is None:
                 ids.append(_EMPTY)
                 labels.append(_EMPTY)
                 continue
-            e_ids, e_labels = self._separate(e, ends_with_answer, stats)
+            e_ids, e_labels = self._separate(e, answer, stats)
             ids.append(e_ids)
             labels.append(e_labels)
         return EncodedRecords(*flat_documents(ids, labels), stats, failures)
@@ -303,6 +348,10 @@ class ChatEncoder(TemplateEncoder):
             np.concatenate([head, ids, tail]),
             np.concatenate([np.full(len(head), IGNORE_INDEX, dtype=np.int32), labels, tail_labels]),
         )
+
+
+def _ends_with_answer(messages: list[Any]) -> bool:
+    return bool(messages) and messages[-1].get("role") == "assistant"
 
 
 # Templates that print today's date see this fixed date, so reruns are byte-identical.

@@ -178,6 +178,16 @@ class ByteOffsets:
     ) -> list[np.ndarray | None]:
         """HF's ``(n_tokens, 2)`` character offsets of each text's tokens
         (``ids[bounds[i]:bounds[i + 1]]``), or None where those tokens do not spell it."""
+        offsets, spelled = self.flat(texts, ids, bounds)
+        return [
+            offsets[bounds[i] : bounds[i + 1]] if spelled[i] else None for i in range(len(texts))
+        ]
+
+    def flat(
+        self, texts: Sequence[str], ids: np.ndarray, bounds: np.ndarray
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """``__call__`` as two arrays: every token's offsets, one text after another (rows
+        of texts not spelled are meaningless), and per text whether its tokens spell it."""
         raw = [t.encode("utf-8") for t in texts]
         text_start = np.zeros(len(raw) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, raw), np.int64, count=len(raw)), out=text_start[1:])
@@ -192,7 +202,7 @@ class ByteOffsets:
             ids, bounds, text, text_start, self.data, self.starts, self.lens,
             self.lead, self.trail, self.trim, self.add_prefix_space, offsets, spelled,
         )  # fmt: skip
-        return [offsets[bounds[i] : bounds[i + 1]] if spelled[i] else None for i in range(len(raw))]
+        return offsets, spelled
 
 
 @jit.kernel(nogil=True)
@@ -271,12 +281,32 @@ class FastOffsets:
         return str(self.encoder.name)
 
     def __call__(self, texts: list[str]) -> list[Tokens | None]:
+        return self.flat(texts).per_text()
+
+    def flat(self, texts: list[str]) -> FlatTokens:
+        """The same tokens as whole-batch arrays (the chat path's columnar finish)."""
         ids, bounds = self.encoder(texts)
-        offsets = self.table(texts, ids, bounds)
-        ids = ids.astype(np.int32, copy=False)
+        offsets, spelled = self.table.flat(texts, ids, bounds)
+        return FlatTokens(ids.astype(np.int32, copy=False), np.asarray(bounds), offsets, spelled)
+
+
+@dataclass(frozen=True, eq=False)
+class FlatTokens:
+    """A batch's tokens from a fast backend: text ``i``'s ids are ``ids[bounds[i]:bounds[i +
+    1]]``, their HF offsets the same rows of ``offsets``, valid where ``spelled[i]``."""
+
+    ids: npt.NDArray[np.int32]
+    bounds: np.ndarray  # int, len(texts) + 1
+    offsets: npt.NDArray[np.int64]  # (n_tokens, 2)
+    spelled: npt.NDArray[np.bool_]
+
+    def per_text(self) -> list[Tokens | None]:
+        """``(ids, offsets)`` of each text, None where its tokens do not spell it."""
+        cuts = self.bounds.tolist()
+        ids, offsets = self.ids, self.offsets
         return [
-            None if o is None else (ids[bounds[i] : bounds[i + 1]], o)
-            for i, o in enumerate(offsets)
+            (ids[a:b], offsets[a:b]) if ok else None
+            for a, b, ok in zip(cuts[:-1], cuts[1:], self.spelled.tolist(), strict=True)
         ]
 
 
@@ -324,20 +354,33 @@ def token_turns(
         else np.zeros((0, 2), np.int64)
     )
     bounds = np.array([b for s in spans for b in s], dtype=np.int64).reshape(-1, 2)
-    first = np.zeros(len(bounds), dtype=np.int64)
-    last = np.zeros(len(bounds), dtype=np.int64)
-    run = jit.pick(_span_tokens, int(tok_bounds[-1]) // 20 + len(bounds))
-    run(
-        np.ascontiguousarray(flat[:, 0]), np.ascontiguousarray(flat[:, 1]), tok_bounds,
-        np.ascontiguousarray(bounds[:, 0]), np.ascontiguousarray(bounds[:, 1]), span_bounds,
-        first, last,
-    )  # fmt: skip
+    first, last = span_tokens(flat, tok_bounds, bounds, span_bounds)
     if n == 0:
         return []
     touched = last > first
     turns = np.stack([first[touched], last[touched]], axis=1)
     per_text = np.bincount(np.repeat(np.arange(n), n_spans)[touched], minlength=n)
     return pieces(turns, per_text)
+
+
+def span_tokens(
+    offsets: np.ndarray, tok_bounds: np.ndarray, spans: np.ndarray, span_bounds: np.ndarray
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``token_turns`` over whole-batch arrays: text ``d``'s token offsets are rows
+    ``tok_bounds[d]:tok_bounds[d + 1]`` of ``offsets`` and its character spans rows
+    ``span_bounds[d]:span_bounds[d + 1]`` of ``spans`` (both ``(n, 2)``); per span, its first
+    and end token within its text (equal when no token touches it)."""
+    offsets = np.asarray(offsets, np.int64).reshape(-1, 2)
+    spans = np.asarray(spans, np.int64).reshape(-1, 2)
+    first = np.zeros(len(spans), dtype=np.int64)
+    last = np.zeros(len(spans), dtype=np.int64)
+    run = jit.pick(_span_tokens, int(tok_bounds[-1]) // 20 + len(spans))
+    run(
+        np.ascontiguousarray(offsets[:, 0]), np.ascontiguousarray(offsets[:, 1]),
+        np.asarray(tok_bounds, np.int64), np.ascontiguousarray(spans[:, 0]),
+        np.ascontiguousarray(spans[:, 1]), np.asarray(span_bounds, np.int64), first, last,
+    )  # fmt: skip
+    return first, last
 
 
 def pieces(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:

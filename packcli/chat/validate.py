@@ -57,6 +57,16 @@ def validate_messages(obj: object, field: str = "messages") -> list[dict[str, An
         raise ChatFormatError(f"field {field!r} is empty")
     messages = []
     for number, message in enumerate(value, 1):
+        # The usual message (a dict, a known role, string content, no nulls) passes every
+        # check below unchanged, so it is kept as it is: half the cost of a dialogue here.
+        if (
+            type(message) is dict
+            and type(message.get("content")) is str
+            and message.get("role") in ROLES
+            and None not in message.values()
+        ):
+            messages.append(message)
+            continue
         if not isinstance(message, dict):
             raise ChatFormatError(f"message {number} is not an object (got {_kind(message)})")
         role = message.get("role")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from packcli.read.rejects import BadLines, RejectSink
+from packcli.read.rejects import BadLines, Quarantine
 
 
 @dataclass
@@ -26,7 +26,9 @@ class DocBatch:
     several files.
     """
 
-    texts: list[Any]  # str (text data), or the record's dialogue or pair (chat, preference)
+    # str (text data), or the record's dialogue or pair (chat, preference); None for a
+    # dialogue that stayed on the rendering worker which read it (chat.batches.SpanReading)
+    texts: list[Any]
     doc_id_start: int
     file_index: npt.NDArray[np.int32]  # per doc: index into the resolved path list
     position: npt.NDArray[np.int64]  # per doc: its line (1-based) or row (0-based) in its file
@@ -168,7 +170,7 @@ class ReadOptions:
     batch_size: int = 1024
     batch_bytes: int = 0
     on_bad_line: str = "error"
-    rejects: RejectSink | None = None
+    rejects: Quarantine | None = None
     validate: Callable[[Any], Any] | None = None
 
 

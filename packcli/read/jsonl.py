@@ -52,7 +52,7 @@ from packcli.fs import REMOTE_BLOCK, is_url, open_binary, opened_size, spool
 from packcli.read.bad_lines import diagnose
 from packcli.read.batches import DocBatch, FileReader, ReadOptions, ReadStats
 from packcli.read.formats import compression, splittable
-from packcli.read.rejects import BadLineError, RejectSink
+from packcli.read.rejects import BadLineError, Quarantine
 from packcli.read.spans import LineBase
 from packcli.read.streams import (
     MEMBER_NAME,
@@ -139,7 +139,7 @@ def _opened(
 
 
 def _record_corrupt_stream(
-    path: Path | str, check: StreamCheck, stats: ReadStats, rejects: RejectSink | None
+    path: Path | str, check: StreamCheck, stats: ReadStats, rejects: Quarantine | None
 ) -> None:
     """Under ``skip``: one ``corrupt_stream`` reject for the file (``raw=b""``, the line after
     the last one kept) and its entry in ``stats.corrupt_streams``."""

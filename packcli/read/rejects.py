@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from packcli.atomic import temp_path
 from packcli.errors import InputError
@@ -121,12 +121,29 @@ class RejectSink:
             self.abort()
 
 
+class Quarantine(Protocol):
+    """Where skipped lines go: a ``RejectSink``, or a ``RejectList`` to hand them on."""
+
+    def add(self, file: str, line: int, reason: str, raw: bytes, detail: str = "") -> None: ...
+
+
+class RejectList:
+    """Rejected lines kept in memory, in order, for another process's ``RejectSink`` (a chat
+    rendering worker reads a span of the file; the task's process owns the quarantine)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, int, str, bytes, str]] = []
+
+    def add(self, file: str, line: int, reason: str, raw: bytes, detail: str = "") -> None:
+        self.records.append((file, line, reason, raw, detail))
+
+
 class BadLines:
     """One read's bad-line policy: whether to skip, and where skipped lines are counted
     (``ReadStats.rejected``, by reason key) and quarantined (``rejects``, if given)."""
 
     def __init__(
-        self, on_bad_line: str, rejected: dict[str, int], rejects: RejectSink | None
+        self, on_bad_line: str, rejected: dict[str, int], rejects: Quarantine | None
     ) -> None:
         if on_bad_line not in BAD_LINE_POLICIES:
             raise ValueError(f"on_bad_line must be one of {BAD_LINE_POLICIES}, got {on_bad_line!r}")

@@ -41,3 +41,26 @@ class LineBase:
         if self._count is None:
             self._count = count_newlines(self.path, self.first_line_byte)
         return self._count
+
+
+def line_spans(path: Path | str, lo: int, hi: int, step: int) -> list[tuple[int, int]]:
+    """Consecutive byte spans of about ``step`` bytes covering ``lo..hi`` of a plain file,
+    each after the first starting at a line start: reading the lines that begin in each
+    (``iter_batches(span=...)``) reads those that begin in ``lo..hi``, each once, and no
+    reader of a later span has part of a line to skip. Found one seek and one line each,
+    so a caller can cut a file it is about to hand out in pieces without reading it."""
+    if step < 1:
+        raise ValueError(f"step must be >= 1, got {step}")
+    spans = []
+    with open_binary(path) as fh:
+        start = lo
+        while start < hi:
+            cut = start + step
+            if cut < hi:
+                fh.seek(cut - 1)
+                if fh.read(1) != b"\n":
+                    cut += len(fh.readline())
+            cut = min(cut, hi)
+            spans.append((start, cut))
+            start = cut
+    return spans

@@ -8,6 +8,7 @@ import ctypes
 import dataclasses
 import functools
 import logging
+import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -21,18 +22,27 @@ import pyarrow as pa
 
 from packcli.arrow_np import to_numpy
 from packcli.atomic import atomic_write_json
-from packcli.chat.batches import tokenize_chat_batches
+from packcli.chat.batches import SpanReading, tokenize_chat_batches, tokenize_chat_spans
 from packcli.chat.encoder import ChatEncoder, ChatStats, TemplateEncoder
 from packcli.config import RunConfig
 from packcli.errors import InputError
 from packcli.faults import crash_point
+from packcli.fs import is_url
 from packcli.names import TOKENS_DIR
 from packcli.read import DocBatch, ReadStats, RejectSink, count_newlines
+from packcli.read.formats import splittable
+from packcli.read.spans import line_spans
 from packcli.records import read_record
 from packcli.stages.prepare import Prepared, Tokenizing, choose_backend, prepare_tokenize
 from packcli.stages.progress import Bar, progress_bar
 from packcli.stages.tasks import assign_by_size
-from packcli.stages.units import input_units, read_unit, source_units, unit_paths
+from packcli.stages.units import (
+    input_units,
+    read_unit,
+    source_units,
+    unit_paths,
+    unit_span,
+)
 from packcli.stages.work import (
     REJECTED,
     claim_output,
@@ -64,7 +74,7 @@ from packcli.tokenize.tokenizer import SpecialStringCounter
 
 if TYPE_CHECKING:
     from packcli.chat.preference import PreferenceStats
-    from packcli.chat.render_pool import RenderPool
+    from packcli.chat.render_pool import RenderPool, SpanRead
     from packcli.stages.prepare import UnitEncoder
 
 log = logging.getLogger(__name__)
@@ -135,26 +145,26 @@ def tokenize_task(
         (folder / SUCCESS).unlink(missing_ok=True)  # index_tokens rebuilds it
         store.remove(f"{TOKENS_DIR}/{SUCCESS}")
     encoder: UnitEncoder | None = tok.chat
-    if pending or not (folder / "backend.json").is_file():
-        # Building and checking the fast path costs seconds; skip it when nothing is left.
-        encoder, backend = choose_backend(cfg, tok, units, prepared.early)
-        atomic_write_json(folder / "backend.json", backend)
-        store.push(f"{TOKENS_DIR}/backend.json")
     total = sum(units[k]["size"] for k in mine)
     renderers = _render_pool(cfg, encoder, sum(units[k]["size"] for k in pending))
-    with (
-        renderers or contextlib.nullcontext(),
-        progress_bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar,
-    ):
-        progress = _TokenizeProgress(bar)
-        for k in mine:
-            if k in pending:
-                assert encoder is not None  # chosen above whenever a unit is pending
-                _tokenize_unit(cfg, units[k], encoder, tok, progress, renderers)
-                store.unit_finished(units[k]["key"])
-                release_free_memory()
-            else:
-                progress.update(units[k]["size"], 0)
+    with renderers or contextlib.nullcontext():
+        if renderers is not None:  # the workers start while the fast backend is built
+            _read_ahead(cfg, [units[k] for k in mine if k in pending], renderers)
+        if pending or not (folder / "backend.json").is_file():
+            # Building and checking the fast path costs seconds; skip it when nothing is left.
+            encoder, backend = choose_backend(cfg, tok, units, prepared.early)
+            atomic_write_json(folder / "backend.json", backend)
+            store.push(f"{TOKENS_DIR}/backend.json")
+        with progress_bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
+            progress = _TokenizeProgress(bar)
+            for k in mine:
+                if k in pending:
+                    assert encoder is not None  # chosen above whenever a unit is pending
+                    _tokenize_unit(cfg, units[k], encoder, tok, progress, renderers)
+                    store.unit_finished(units[k]["key"])
+                    release_free_memory()
+                else:
+                    progress.update(units[k]["size"], 0)
     if any(name in indexed for name in stale):
         uncomplete(cfg)
     for gone in stale:  # only now that this run's shards are all there
@@ -286,12 +296,22 @@ def _tokenize_unit(
         RejectSink(folder / REJECTED) as sink,
         ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, _schema(cfg)) as writer,
     ):
-        source = read_unit(cfg, unit, cfg.read.batch_size, counts.read, sink)
-        batches = prefetch(
-            _skip_documents(source, resume_doc, unit["file_index"]), times=counts.times
-        )
         failed = _template_failed(cfg, unit, counts.read, sink)
-        encoded = _encoded(cfg, batches, encoder, tok, counts, failed, renderers, unit)
+        spans = _worker_spans(cfg, unit, renderers, resume_doc)
+        if spans is not None:  # the workers read the unit too (packcli.chat.render_pool)
+            assert renderers is not None and isinstance(encoder, ChatEncoder)
+            assert counts.chat is not None
+            reading = SpanReading(counts.read, sink, unit["file_index"], spans[0][0])
+            encoded = tokenize_chat_spans(
+                unit["path"], spans, _span_read(cfg), encoder, renderers, counts.chat, failed,
+                reading, counts.times,
+            )  # fmt: skip
+        else:
+            source = read_unit(cfg, unit, cfg.read.batch_size, counts.read, sink)
+            batches = prefetch(
+                _skip_documents(source, resume_doc, unit["file_index"]), times=counts.times
+            )
+            encoded = _encoded(cfg, batches, encoder, tok, counts, failed, renderers, unit)
         for batch, record_batch in encoded:
             shards_before = len(writer.manifests)
             writer.add(record_batch)
@@ -311,6 +331,43 @@ def _tokenize_unit(
         ", ".join(f"{k} {v:.2f}" for k, v in dataclasses.asdict(counts.times).items()),
     )
     atomic_write_json(folder / SUCCESS, _unit_record(unit, writer.manifests, counts).to_json())
+
+
+def _worker_spans(
+    cfg: RunConfig, unit: dict[str, Any], renderers: RenderPool | None, resume_doc: int
+) -> list[tuple[int, int]] | None:
+    """The byte spans the rendering workers read a unit in, or None (this process reads
+    it): only a fresh unit that is one local, plain jsonl file (or a span of one)."""
+    from packcli.chat.render_pool import SPAN_BYTES
+
+    paths = unit_paths(unit)
+    if renderers is None or resume_doc or unit.get("format", "jsonl") != "jsonl":
+        return None
+    if len(paths) != 1 or is_url(paths[0]) or not splittable(paths[0]):
+        return None
+    size = os.path.getsize(paths[0])
+    lo, hi = unit_span(unit) or (0, size)
+    return line_spans(paths[0], min(lo, size), min(hi, size), SPAN_BYTES) or None
+
+
+def _read_ahead(cfg: RunConfig, pending: list[dict[str, Any]], renderers: RenderPool) -> None:
+    """Hand the workers the first spans of the first pending unit now: building and checking
+    the fast backend takes seconds (~2.5 s for Llama 3's vocabulary) in which this process
+    mostly waits on a Rust thread, and those spans are read and rendered meanwhile. A unit
+    that turns out to resume an interrupted run never claims them (same results either way:
+    ``RenderPool.submit_span`` only hands back a span read with the same settings)."""
+    from packcli.chat.render_pool import READ_AHEAD
+
+    spans = _worker_spans(cfg, pending[0], renderers, 0) if pending else None
+    if spans is not None:
+        renderers.read_ahead(pending[0]["path"], spans[:READ_AHEAD], _span_read(cfg))
+
+
+def _span_read(cfg: RunConfig) -> SpanRead:
+    from packcli.chat.render_pool import SpanRead
+
+    read = cfg.read
+    return SpanRead(cfg.chat.messages_field, read.on_bad_line, read.batch_size, read.batch_bytes)
 
 
 def _schema(cfg: RunConfig) -> Any:
