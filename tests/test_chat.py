@@ -182,7 +182,12 @@ def test_validate_keeps_messages_as_the_docstring_says(raw: list[dict[str, Any]]
             and m["role"] in ("system", "user", "assistant", "tool")
             and (
                 isinstance(m.get("content"), str)
-                or ("content" in m and m["role"] == "assistant" and bool(m.get("tool_calls")))
+                or (
+                    "content" in m
+                    and m["content"] is None
+                    and m["role"] == "assistant"
+                    and bool(m.get("tool_calls"))
+                )
             )
             for m in raw
         )
