@@ -431,7 +431,8 @@ def test_grouped_mixture_same_bytes_for_any_task_count(
             "pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q", "--num-tasks", tasks
         )
         assert ran == (["plan_task", "steps_task"] if as_tasks else [])
-        assert invoke("verify", out)[0] == 0
+        code, said = invoke("verify", out)
+        assert code == 0, said
         long, groups = _windows(out)
         assert sum(g["exchange_moves"] > 0 for g in groups) >= len(groups) // 2
         assert long["exchange_moves"] == sum(g["exchange_moves"] for g in groups)
@@ -532,3 +533,59 @@ def test_killed_grouped_mixture_resumes_to_identical_bytes(
     # What the killed run saved is kept, not exchanged again.
     assert saved and all(steps.joinpath(n).stat().st_mtime_ns == t for n, t in saved.items())
     assert invoke("verify", out)[0] == 0
+
+
+def _output_windows(out: Path, name: str, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Oracle: per output step window (``window_rows`` rows from row 0, Parquet files in
+    order), each source's tokens, read from the rows' segments; and each source's total."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sorted((out / "data" / name).glob("*.parquet")))
+    lengths = table.column("seq_lengths").to_pylist()
+    sources = table.column("source_ids").to_pylist()
+    k = 1 + max(s for row in sources for s in row)
+    per_row = np.zeros((len(lengths), k), np.int64)
+    for r, (ls, ss) in enumerate(zip(lengths, sources, strict=True)):
+        for n, s in zip(ls, ss, strict=True):
+            per_row[r, s] += n
+    full = max(1, len(lengths) // window_rows)
+    windows = np.array(
+        [per_row[j * window_rows : (j + 1) * window_rows].sum(axis=0) for j in range(full)]
+    )
+    return windows, per_row.sum(axis=0)
+
+
+def test_grouped_mixture_figures_are_the_outputs_steps(
+    tmp_path: Path,
+    toy_tokenizer_path: Path,
+    mix_files: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each source one file, one shard each, in groups of about one shard: the report's
+    per-source step deviation is the output's (its windows from row 0 against its share,
+    recomputed here from the Parquet rows), verify re-derives it, and the report says how
+    many groups hold each source; a source off its share by more than half a point is
+    named in a warning."""
+    import packcli.stages.plan as plan_stage
+
+    monkeypatch.setattr(plan_stage, "TOKENS_PER_STEP", 1024)
+    cfg = _mix_config(tmp_path, mix_files, "  group_tokens: 6000\n")
+    out = tmp_path / "out"
+    said = invoke_ok("pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg)
+    code, text = invoke("verify", out)
+    assert code == 0, text
+    mix = json.loads((out / "packcli.json").read_text())["report"]["mixture"]
+    assert mix["groups"] >= 3
+    warned = set()
+    for name in ("long", "short"):
+        windows, total = _output_windows(out, name, mix["window_rows"][name])
+        share = windows / windows.sum(axis=1, keepdims=True)
+        dev = np.abs(share - total / total.sum()).max(axis=0)
+        for k, s in enumerate(mix["sources"]):
+            assert s[name]["tokens"] == total[k]
+            assert s[name]["window_max_deviation"] == pytest.approx(dev[k], abs=2e-6)
+            if s[name]["share"] >= 0.05 and dev[k] > 0.005:
+                warned.add(s["name"])
+    for s in mix["sources"]:
+        assert 1 <= s["groups"] <= mix["groups"]
+        assert (f"warning: source {s['name']} " in said) == (s["name"] in warned)

@@ -124,6 +124,11 @@ def pack_command(
         # From the rows written, not stored in packcli.json: the schedule is the training
         # job's choice, and every figure there is one verify derives again.
         schedule = schedule_report(cfg.out_path, (_positive(dp_size, "--dp-size"),))
+    if (mix := result.report.get("mixture")) is not None:
+        from packcli.publish.report import mixture_warnings
+
+        for line in mixture_warnings(mix):  # on stderr, so --json's stdout stays JSON
+            typer.echo(line, err=True)
     if json_out:
         report = result.report if schedule is None else {**result.report, "schedule": schedule}
         typer.echo(json.dumps(report, indent=2))

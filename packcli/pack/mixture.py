@@ -522,3 +522,65 @@ def exchange_plan(
         "exchange_max_deviation": _rounded(at_ex["max"]),
     }
     return dataclasses.replace(plan, long=new), spread
+
+
+@dataclass(frozen=True)
+class StepSums:
+    """Tokens of each source in the output's step windows (window ``j`` is output rows
+    ``j * window_rows`` up to ``(j + 1) * window_rows``), for windows ``start`` onwards: what
+    the realised mix per step is measured from, summed part by part in any order (a part
+    needs only its own rows and its first output row), so neither the plan stage nor verify
+    holds more than one part's rows and one vector per window."""
+
+    window_rows: int
+    start: int
+    sums: np.ndarray  # (windows, sources) int64
+
+    @classmethod
+    def of_rows(cls, matrix: np.ndarray, window_rows: int, first_row: int) -> StepSums:
+        """Of a part whose rows (``matrix[r, k]``: tokens of source k in row r) start at
+        the output's row ``first_row``."""
+        matrix = np.asarray(matrix, np.int64)
+        w = max(1, int(window_rows))
+        if matrix.shape[0] == 0:
+            return cls(w, 0, np.zeros((0, matrix.shape[1]), np.int64))
+        win = (np.arange(matrix.shape[0], dtype=np.int64) + first_row) // w
+        cuts = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
+        return cls(w, int(win[0]), np.add.reduceat(matrix, cuts, axis=0))
+
+    def __add__(self, other: StepSums) -> StepSums:
+        if other.window_rows != self.window_rows:
+            raise ValueError("step sums of different windows")
+        if not other.sums.shape[0]:
+            return self
+        if not self.sums.shape[0]:
+            return other
+        start = min(self.start, other.start)
+        end = max(self.start + self.sums.shape[0], other.start + other.sums.shape[0])
+        sums = np.zeros((end - start, self.sums.shape[1]), np.int64)
+        for part in (self, other):
+            sums[part.start - start : part.start - start + part.sums.shape[0]] += part.sums
+        return StepSums(self.window_rows, start, sums)
+
+    def deviation(self, n_rows: int) -> dict[str, Any]:
+        """Per source, the largest and the 99th percentile |share - target| over the full
+        windows of an output of ``n_rows`` rows (its shorter last window is not counted,
+        unless there is no full one), the target being the source's share of all rows: the
+        definition of ``window_deviation`` at offset 0, over the whole output; and each
+        source's tokens."""
+        if self.start != 0 and self.sums.shape[0]:
+            raise ValueError("step sums do not start at the output's first window")
+        full = int(n_rows) // self.window_rows
+        per = self.sums[: max(1, full)].astype(np.float64)
+        total = self.sums.sum(axis=0).astype(np.float64)
+        target = total / max(total.sum(), 1.0)
+        if not per.shape[0]:
+            per = np.zeros((1, target.size))
+        share = per / np.maximum(per.sum(axis=1, keepdims=True), 1.0)
+        dev = np.abs(share - target[None, :])
+        return {
+            "max_deviation": _rounded(dev.max(axis=0)),
+            "p99_deviation": _rounded(np.percentile(dev, 99, axis=0)),
+            "windows": int(per.shape[0]),
+            "tokens": [int(x) for x in self.sums.sum(axis=0)],
+        }

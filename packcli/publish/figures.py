@@ -43,6 +43,7 @@ import numpy as np
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER
+from packcli.pack.mixture import StepSums
 from packcli.pack.plan import RowTotals
 from packcli.publish.report import cp_padding_report, encoder_policy, larger, step_totals
 from packcli.tokenize.records import ShardIndex
@@ -84,13 +85,18 @@ class ConfigScan:
     files: list[dict[str, Any]] = field(default_factory=list)  # each with its ``index``
     segments: int = 0
     pad_tokens: int = 0  # context-parallel padding (not in ``totals``, which are real tokens)
+    steps: StepSums | None = None  # a mixture: tokens per source in each step window
 
     def __add__(self, other: ConfigScan) -> ConfigScan:
+        steps = self.steps if other.steps is None else other.steps
+        if self.steps is not None and other.steps is not None:
+            steps = self.steps + other.steps
         return ConfigScan(
             self.totals + other.totals,
             sorted([*self.files, *other.files], key=lambda f: f["index"]),
             self.segments + other.segments,
             self.pad_tokens + other.pad_tokens,
+            steps,
         )
 
 
@@ -218,11 +224,13 @@ def derive(
     shards: ShardFigures | None = None,
     index: ShardIndex | None = None,
     rejected: Counter[str] | None = None,
+    held: tuple[int, list[int]] | None = None,
 ) -> dict[str, Any]:
     """The figures the data gives, by the dotted key ``packcli.json`` states them under.
     ``docs``: the long config's per-document figures, when known (``DocFigures``);
     ``shards`` and ``index`` (the tokenize stage's ``_SUCCESS.json``): when verify read the
-    shards; ``rejected``: ``rejected.jsonl``'s lines by reason, when there."""
+    shards; ``rejected``: ``rejected.jsonl``'s lines by reason, when there; ``held``: a
+    grouped mixture's groups, and how many of them hold each source in their long rows."""
     plan = meta["config"]["plan"]
     report = meta["report"]
     got: dict[str, Any] = {}
@@ -277,6 +285,8 @@ def derive(
             {n: scans[n].totals.tokens for n in CONFIG_NAMES},
             {n: scans[n].pad_tokens for n in CONFIG_NAMES},
         )
+    if (mix := report.get("mixture")) is not None:
+        got.update(_mixture_steps(mix, scans, held))
     if "preference" in report:
         got["report.preference.kept_pairs"] = long.segments - long.totals.units
     if rejected is not None:
@@ -287,6 +297,34 @@ def derive(
     got["report.input.bytes"] = sum(int(f.get("size", 0)) for f in inputs)
     if shards is not None and index is not None:
         got.update(_from_shards(meta, index, shards, rejected is not None))
+    return got
+
+
+def _mixture_steps(
+    mix: dict[str, Any], scans: dict[str, ConfigScan], held: tuple[int, list[int]] | None
+) -> dict[str, Any]:
+    """A mixture's per-source shares and step deviations, from the tokens of each source in
+    each of the output's step windows as the rows hold them (``StepSums.deviation``: the
+    plan stage's definition, over the same integer sums)."""
+    got: dict[str, Any] = {}
+    for name in CONFIG_NAMES:
+        scan = scans[name]
+        if scan.steps is None or name not in (mix["sources"][0] if mix["sources"] else {}):
+            continue
+        dev = scan.steps.deviation(scan.totals.rows)
+        tokens = scan.steps.sums.sum(axis=0)
+        total = int(tokens.sum())
+        for k in range(len(mix["sources"])):
+            at = f"report.mixture.sources[{k}].{name}"
+            got[f"{at}.tokens"] = int(tokens[k])
+            got[f"{at}.share"] = round(int(tokens[k]) / total, 6) if total else 0.0
+            got[f"{at}.window_max_deviation"] = dev["max_deviation"][k]
+            got[f"{at}.window_p99_deviation"] = dev["p99_deviation"][k]
+    if held is not None:
+        groups, holding = held
+        got["report.mixture.groups"] = groups
+        for k, n in enumerate(holding):
+            got[f"report.mixture.sources[{k}].groups"] = n
     return got
 
 

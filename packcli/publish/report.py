@@ -375,9 +375,10 @@ def _tokenizer_lines(tok: dict[str, Any]) -> list[str]:
 def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[str, Any]:
     """A mixture's section of the report: per source what its weight did (documents, tokens,
     copies, repeats, drops), its realised share of each config's tokens, and that share's
-    largest and 99th-percentile deviation over windows of one step (``window_rows`` rows of
-    ``window_tokens``; per group, each group's rows being consecutive; a grouped plan's long
-    config also over the windows across groups, against the output's share). Token account:
+    largest and 99th-percentile deviation over the output's windows of one step
+    (``window_rows`` rows of ``window_tokens`` from its first row, against the output's
+    share, a grouped plan's too), and for a grouped plan how many of its ``groups`` hold each
+    source (``mixture_warnings`` says why that matters). Token account:
     ``long tokens = input.tokens - truncated - dropped + repeat_tokens - subsampled_tokens``."""
     spec = stats["mixture_spec"]
     counts = stats["mixture"]
@@ -386,6 +387,7 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
         for name, w in stats.get("mixture_windows", {}).items()
     }
     out_tokens = {name: sum(w.tokens) for name, w in windows.items()}
+    held = stats.get("mixture_groups")  # a grouped plan: how many groups hold each source
     rows = []
     for k, name in enumerate(spec["names"]):
         c = counts.get(name, {})
@@ -410,8 +412,12 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
             }
             if w.straddling_max_deviation is not None:  # grouped: steps across groups too
                 row[tier]["straddling_window_max_deviation"] = w.straddling_max_deviation[k]
+        if held is not None:
+            row["groups"] = int(held["holding"][k])
         rows.append(row)
+    extra = {} if held is None else {"groups": int(held["groups"])}
     return {
+        **extra,
         "mode": "epochs",
         "seed": int(spec["seed"]),
         "window_tokens": TOKENS_PER_STEP,
@@ -420,6 +426,40 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
         "subsampled_tokens": sum(int(c.get("subsampled_tokens", 0)) for c in counts.values()),
         "sources": rows,
     }
+
+
+# A source this large a share of the mix should be within this of its share in every step
+# (issue 26's goal).
+WARN_SHARE = 0.05
+WARN_DEVIATION = 0.005
+
+
+def mixture_warnings(mix: dict[str, Any]) -> list[str]:
+    """Per source of at least ``WARN_SHARE`` of a config, off its share by more than
+    ``WARN_DEVIATION`` in some step: a line naming it, the deviation and, where it is in
+    fewer groups than the plan has, the cause and the cure. Why: a grouped plan orders each
+    group's rows for the mix, but a group can only give what it holds; groups are made of
+    whole token shards, so a source in few files sits in few groups, and every step of the
+    other groups lacks it."""
+    out = []
+    groups = mix.get("groups")
+    for s in mix["sources"]:
+        for tier in ("long", "short"):
+            t = s.get(tier)
+            if not t or t["share"] < WARN_SHARE or t["window_max_deviation"] <= WARN_DEVIATION:
+                continue
+            line = (
+                f"warning: source {s['name']} is up to {t['window_max_deviation'] * 100:.2f} "
+                f"points off its {t['share'] * 100:.2f}% share in some step of the {tier} "
+                f"config (goal: {WARN_DEVIATION * 100:.1f})"
+            )
+            if groups is not None and s.get("groups", groups) < groups:
+                line += (
+                    f": its documents sit in {s['groups']} of the {groups} plan groups; give "
+                    "it more, smaller input files, or raise plan.group_tokens"
+                )
+            out.append(line)
+    return out
 
 
 def format_mixture(mix: dict[str, Any]) -> str:

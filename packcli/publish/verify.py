@@ -305,8 +305,18 @@ def _verify(
         _check_leftovers(results, scans)
         docs = sum((r.shard_docs for r in results if r.shard_docs is not None), DocFigures())
         figures = _largest([r.shard_figures for r in results if r.shard_figures is not None])
+    held = None
+    if meta["report"].get("mixture") is not None and "groups" in meta["report"]["mixture"]:
+        held = _groups_holding(results)
     derived = derive(
-        meta, local, scans, docs, figures, shards.index if read else None, rejected_counts(local)
+        meta,
+        local,
+        scans,
+        docs,
+        figures,
+        shards.index if read else None,
+        rejected_counts(local),
+        held,
     )
     summary["figures_checked"] = check_figures(meta, derived)
     report = ReportShape.from_json(meta["report"], MARKER, prefix="report.")
@@ -341,6 +351,13 @@ def _largest(figures: list[ShardFigures]) -> ShardFigures | None:
     lengths = sum((f.lengths for f in figures[1:]), figures[0].lengths)
     top = next((f for f in figures if f.lengths.largest == lengths.largest), figures[0])
     return ShardFigures(lengths, top.largest_file, top.largest_line)
+
+
+def _groups_holding(results: list[PartResult]) -> tuple[int, list[int]]:
+    """A grouped mixture's groups, and how many hold each source in their long rows."""
+    groups = [r.scans["long"].steps for r in results if not r.tail]
+    holding = sum((s.sums.sum(axis=0) > 0).astype(np.int64) for s in groups if s is not None)
+    return len(groups), [int(x) for x in np.atleast_1d(holding)]
 
 
 def _check_leftovers(results: list[PartResult], scans: dict[str, ConfigScan]) -> None:

@@ -38,7 +38,8 @@ import pyarrow.parquet as pq
 from packcli.arrow_np import to_numpy
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, TOKENS_DIR
-from packcli.pack.mixture import MixSpec, copies, copy_key, source_of
+from packcli.pack.mixture import MixSpec, StepSums, copies, copy_key, key_doc, source_of
+from packcli.pack.padding import padded_sizes
 from packcli.pack.plan import RowTotals
 from packcli.pack.schedule import CostModel
 from packcli.publish.expected import expected_pieces, segment_hashes
@@ -344,6 +345,8 @@ def _scan_files(
                 segs = check_rows(batch, rel, row, capacity, vocab, padding, cost)
                 if (mix := meta["report"].get("mixture")) is not None:
                     segs = _mixture_segments(batch, segs, mix, rel)
+                    steps = _step_sums(mix, name, segs, row, batch.num_rows, padding)
+                    scan.steps = steps if scan.steps is None else scan.steps + steps
                 parts.append(segs)
                 offsets = batch.column("seq_lengths").offsets
                 scan.segments += int(offsets[-1].as_py() - offsets[0].as_py())
@@ -400,6 +403,26 @@ def _mixture_segments(batch: Any, segs: Segments, mix: dict[str, Any], rel: str)
     if (repeats < 0).any() or (repeats >= 1 << 11).any():
         fail(rel, "doc_repeats outside 0..2047")
     return replace(segs, doc=copy_key(segs.doc, repeats))
+
+
+def _step_sums(
+    mix: dict[str, Any],
+    name: str,
+    segs: Segments,
+    first_row: int,
+    n_rows: int,
+    padding: Padding | None = None,
+) -> StepSums:
+    """Tokens of each source in the output's step windows, of rows ``first_row`` onwards
+    (segments already checked to be labelled with their doc id's source), each segment's
+    padding counted with it, as the plan counts a piece's room."""
+    first = np.array([s["first_doc"] for s in mix["sources"]], np.int64)
+    k = first.size
+    src = source_of(key_doc(segs.doc), first)
+    flat = (segs.row - first_row) * k + src
+    sizes = segs.length if padding is None else padded_sizes(segs.length, padding.multiple)
+    m = np.bincount(flat, weights=sizes, minlength=n_rows * k).astype(np.int64)
+    return StepSums.of_rows(m.reshape(n_rows, k), int(mix["window_rows"][name]), first_row)
 
 
 def _expected_copies(

@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import logging
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from packcli.pack.groups import (
 )
 from packcli.pack.mixture import (
     MixSpec,
+    StepSums,
     WindowSpread,
     add_stats,
     exchange_plan,
@@ -96,7 +97,8 @@ def plan_fingerprint(
 # The row order's rule for a mixture, as a version (part of the plan's fingerprint).
 # 2: long rows' units exchanged between windows (issue 26); 3: a grouped plan's too, on the
 # output's windows (the second pass, ``_exchange_groups``).
-MIX_ORDER_RULE = 3
+# 4: the second pass saves each group's tokens per source per row (``_rows_rel``).
+MIX_ORDER_RULE = 4
 
 
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
@@ -327,12 +329,21 @@ def plan_stage(
             ]
         if len(groups) > 1 and mix is not None:
             stats.update(_mixture_stats(records))
-        if second:  # the long config's steps across parts, against the output's share
+        if second and mix is not None:  # the long config's steps across parts
             long = stats["mixture_windows"]["long"]
             tokens = np.array(long["tokens"], np.float64) + tail_edges["tokens"]
             edges = [*(x.edges for x in steps), tail_edges]
             worst = straddling_deviation(edges, tokens / max(tokens.sum(), 1.0))
             long["straddling_max_deviation"] = [round(float(x), 6) for x in worst]
+            # What the output's steps hold: its windows, against its share (the figures
+            # above are each group's own, against the group's share).
+            windows = {n: int(w["window_rows"]) for n, w in stats["mixture_windows"].items()}
+            honest, held = _output_steps(cfg, parts, tail_plan, mix[1], windows)
+            for name, figures in honest.items():
+                w = stats["mixture_windows"][name]
+                w["group_max_deviation"] = w["max_deviation"]
+                w.update(figures)
+            stats["mixture_groups"] = {"groups": len(groups), "holding": held}
     if mix is not None:
         stats["mixture_spec"] = {**mix[0].as_record(), "first_doc": mix[1].tolist()}
     planset = PlanSet(
@@ -388,6 +399,62 @@ def _steps_rel(g: int) -> str:
     return f"{PLAN_DIR}/{STEPS}/{_group_name(g)}.json"
 
 
+def _rows_rel(g: int) -> str:
+    """A group's tokens per source in each row after the second pass (both configs): what
+    the output's step figures are summed from, without loading its plan again."""
+    return f"{PLAN_DIR}/{STEPS}/{_group_name(g)}.rows.npz"
+
+
+def _row_sources(plan: Plan, first_doc: np.ndarray) -> dict[str, np.ndarray]:
+    """Per config, the tokens of each source in each row (int32: a row holds at most
+    ``long_len`` tokens)."""
+    src = source_of(plan.piece_doc, first_doc)
+    out = {}
+    for name in CONFIG_NAMES:
+        layout: RowLayout = getattr(plan, name)
+        m = row_source_tokens(
+            layout.row_offsets, layout.row_pieces, src, plan.piece_size, first_doc.size
+        )
+        out[name] = m.astype(np.int32)
+    return out
+
+
+def _output_steps(
+    cfg: RunConfig,
+    parts: Sequence[PlanPart],
+    tail_plan: Plan,
+    first_doc: np.ndarray,
+    windows: dict[str, int],
+) -> tuple[dict[str, dict[str, Any]], list[int]]:
+    """A grouped mixture's per-source step figures over the output's windows (rows in output
+    order: groups, then the tail) against the output's share, per config, and how many
+    groups hold each source (in their long rows). Read one group's row sums at a time."""
+    store = work_store(cfg)
+    rows = {name: 0 for name in CONFIG_NAMES}
+    sums: dict[str, StepSums] = {}
+    held = np.zeros(first_doc.size, np.int64)
+    for k, part in enumerate(parts):
+        if part.is_tail:
+            matrices = _row_sources(tail_plan, first_doc)
+        else:
+            rel = _rows_rel(k)
+            store.pull(rel)
+            try:
+                with np.load(cfg.work_path / rel) as z:
+                    matrices = {name: z[name] for name in CONFIG_NAMES}
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                raise PackcliError(
+                    f"{cfg.work_path / rel}: damaged plan ({exc}); run `packcli plan` again"
+                ) from exc
+            held += matrices["long"].sum(axis=0) > 0
+        for name in CONFIG_NAMES:
+            m = matrices[name]
+            got = StepSums.of_rows(m, windows[name], rows[name])
+            sums[name] = sums[name] + got if name in sums else got
+            rows[name] += m.shape[0]
+    return {name: sums[name].deviation(rows[name]) for name in CONFIG_NAMES}, held.tolist()
+
+
 def _steps_record(cfg: RunConfig, g: int) -> StepsRecord:
     """A group's second-pass record (``_exchange_groups`` made every one it was asked for)."""
     record = read_record(StepsRecord, cfg.work_path / _steps_rel(g))
@@ -435,17 +502,25 @@ def _exchange_groups(
         members = np.array(part.shards, np.int64)
         done = _save_part(cfg, name, plan, members, tail, len(at.first_rows), steps=True)
         edges = _long_edges(plan, first_doc, windows["long"], first_row)
+        rows_rel = _rows_rel(g)
+        with atomic_writer(cfg.work_path / rows_rel) as fh:
+            sources: dict[str, Any] = _row_sources(plan, first_doc)  # Any: as in _save_part
+            np.savez(fh, **sources)
         del plan, tail
         path = cfg.work_path / done.plan_array
+        rows_path = cfg.work_path / rows_rel
         done_record = StepsRecord(
             fingerprint=fp,
             part=done,
             mixture_windows=windows,
             edges=edges,
-            files={done.plan_array: (path.stat().st_size, sha256_file(path))},
+            files={
+                done.plan_array: (path.stat().st_size, sha256_file(path)),
+                rows_rel: (rows_path.stat().st_size, sha256_file(rows_path)),
+            },
         )
         atomic_write_json(cfg.work_path / _steps_rel(g), done_record.to_json())
-        store.push(done.plan_array, _steps_rel(g))
+        store.push(done.plan_array, rows_rel, _steps_rel(g))
         crash_point(f"plan-steps:{g}")
         on_group(1)
 
