@@ -5,6 +5,7 @@ any task count."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -589,3 +590,23 @@ def test_grouped_mixture_figures_are_the_outputs_steps(
     for s in mix["sources"]:
         assert 1 <= s["groups"] <= mix["groups"]
         assert (f"warning: source {s['name']} " in said) == (s["name"] in warned)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_step_sums_of_parts_are_the_whole_outputs(seed: int) -> None:
+    """A matrix of rows cut into consecutive parts (cuts inside windows too), each part's
+    ``StepSums`` made on its own and combined in any order: the same sums as the whole's,
+    and the same figures as ``window_deviation`` over all rows from row 0."""
+    rng = np.random.default_rng(seed)
+    rows, w = int(rng.integers(1, 200)), int(rng.integers(1, 9))
+    m = rng.integers(0, 500, size=(rows, 3))
+    cuts = sorted({0, rows, *rng.integers(0, rows, size=int(rng.integers(0, 6))).tolist()})
+    parts = [mx.StepSums.of_rows(m[a:b], w, a) for a, b in itertools.pairwise(cuts)]
+    rng.shuffle(parts)
+    got = mx.StepSums.combined(parts)
+    whole = mx.StepSums.of_rows(m, w, 0)
+    assert got.start == whole.start == 0 and np.array_equal(got.sums, whole.sums)
+    want = mx.window_deviation(m, w)
+    dev = got.deviation(rows)
+    assert dev["max_deviation"] == pytest.approx(want["max"].tolist(), abs=1e-6)
+    assert dev["p99_deviation"] == pytest.approx(want["p99"].tolist(), abs=1e-6)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -353,10 +354,17 @@ def window_deviation(
     n_rows = matrix.shape[0]
     n_win = max(1, n_rows // max(1, window_rows))
     w = matrix[: n_win * window_rows] if n_rows >= window_rows else matrix
-    per = w.reshape(n_win, -1, k).sum(axis=1)
+    worst, p99 = _share_deviation(w.reshape(n_win, -1, k).sum(axis=1), target)
+    return {"max": worst, "p99": p99, "windows": n_win}
+
+
+def _share_deviation(per: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per source, the largest and the 99th-percentile |share - target| over windows
+    (``per[j, k]``: tokens of source k in window j): the one definition the plan's figures
+    and verify's share."""
     share = per / np.maximum(per.sum(axis=1, keepdims=True), 1.0)
     dev = np.abs(share - np.asarray(target)[None, :])
-    return {"max": dev.max(axis=0), "p99": np.percentile(dev, 99, axis=0), "windows": n_win}
+    return dev.max(axis=0), np.percentile(dev, 99, axis=0)
 
 
 def window_edges(matrix: np.ndarray, window_rows: int, offset: int = 0) -> dict[str, Any]:
@@ -528,9 +536,9 @@ def exchange_plan(
 class StepSums:
     """Tokens of each source in the output's step windows (window ``j`` is output rows
     ``j * window_rows`` up to ``(j + 1) * window_rows``), for windows ``start`` onwards: what
-    the realised mix per step is measured from, summed part by part in any order (a part
-    needs only its own rows and its first output row), so neither the plan stage nor verify
-    holds more than one part's rows and one vector per window."""
+    the realised mix per step is measured from, made part by part in any order (a part
+    needs only its own rows and its first output row) and ``combined`` once, so neither the
+    plan stage nor verify holds more than one part's rows and one vector per window."""
 
     window_rows: int
     start: int
@@ -548,19 +556,24 @@ class StepSums:
         cuts = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
         return cls(w, int(win[0]), np.add.reduceat(matrix, cuts, axis=0))
 
-    def __add__(self, other: StepSums) -> StepSums:
-        if other.window_rows != self.window_rows:
+    @classmethod
+    def combined(cls, parts: Sequence[StepSums]) -> StepSums:
+        """The sums of ``parts`` (at least one, of one window size, in any order; neighbours
+        may share a window), into one array made once: summing them pairwise would copy
+        the windows so far once per part."""
+        if not parts:
+            raise ValueError("no step sums to combine")
+        w, k = parts[0].window_rows, parts[0].sums.shape[1]
+        if any(p.window_rows != w for p in parts):
             raise ValueError("step sums of different windows")
-        if not other.sums.shape[0]:
-            return self
-        if not self.sums.shape[0]:
-            return other
-        start = min(self.start, other.start)
-        end = max(self.start + self.sums.shape[0], other.start + other.sums.shape[0])
-        sums = np.zeros((end - start, self.sums.shape[1]), np.int64)
-        for part in (self, other):
-            sums[part.start - start : part.start - start + part.sums.shape[0]] += part.sums
-        return StepSums(self.window_rows, start, sums)
+        held = [p for p in parts if p.sums.shape[0]]
+        if not held:
+            return cls(w, 0, np.zeros((0, k), np.int64))
+        start = min(p.start for p in held)
+        sums = np.zeros((max(p.start + p.sums.shape[0] for p in held) - start, k), np.int64)
+        for p in held:
+            sums[p.start - start : p.start - start + p.sums.shape[0]] += p.sums
+        return cls(w, start, sums)
 
     def deviation(self, n_rows: int) -> dict[str, Any]:
         """Per source, the largest and the 99th percentile |share - target| over the full
@@ -576,11 +589,10 @@ class StepSums:
         target = total / max(total.sum(), 1.0)
         if not per.shape[0]:
             per = np.zeros((1, target.size))
-        share = per / np.maximum(per.sum(axis=1, keepdims=True), 1.0)
-        dev = np.abs(share - target[None, :])
+        worst, p99 = _share_deviation(per, target)
         return {
-            "max_deviation": _rounded(dev.max(axis=0)),
-            "p99_deviation": _rounded(np.percentile(dev, 99, axis=0)),
+            "max_deviation": _rounded(worst),
+            "p99_deviation": _rounded(p99),
             "windows": int(per.shape[0]),
             "tokens": [int(x) for x in self.sums.sum(axis=0)],
         }

@@ -85,18 +85,17 @@ class ConfigScan:
     files: list[dict[str, Any]] = field(default_factory=list)  # each with its ``index``
     segments: int = 0
     pad_tokens: int = 0  # context-parallel padding (not in ``totals``, which are real tokens)
-    steps: StepSums | None = None  # a mixture: tokens per source in each step window
+    # A mixture: tokens per source in the step windows, of each batch of rows read
+    # (``StepSums.combined`` once, where the figures are derived).
+    steps: tuple[StepSums, ...] = ()
 
     def __add__(self, other: ConfigScan) -> ConfigScan:
-        steps = self.steps if other.steps is None else other.steps
-        if self.steps is not None and other.steps is not None:
-            steps = self.steps + other.steps
         return ConfigScan(
             self.totals + other.totals,
             sorted([*self.files, *other.files], key=lambda f: f["index"]),
             self.segments + other.segments,
             self.pad_tokens + other.pad_tokens,
-            steps,
+            self.steps + other.steps,
         )
 
 
@@ -309,10 +308,11 @@ def _mixture_steps(
     got: dict[str, Any] = {}
     for name in CONFIG_NAMES:
         scan = scans[name]
-        if scan.steps is None or name not in (mix["sources"][0] if mix["sources"] else {}):
+        if not scan.steps or name not in (mix["sources"][0] if mix["sources"] else {}):
             continue
-        dev = scan.steps.deviation(scan.totals.rows)
-        tokens = scan.steps.sums.sum(axis=0)
+        steps = StepSums.combined(scan.steps)
+        dev = steps.deviation(scan.totals.rows)
+        tokens = steps.sums.sum(axis=0)
         total = int(tokens.sum())
         for k in range(len(mix["sources"])):
             at = f"report.mixture.sources[{k}].{name}"

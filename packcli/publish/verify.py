@@ -53,6 +53,7 @@ import numpy as np
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER, TOKENS_DIR, WORK_DIR
+from packcli.pack.mixture import StepSums
 from packcli.publish.figures import (
     ConfigScan,
     DocFigures,
@@ -356,7 +357,7 @@ def _largest(figures: list[ShardFigures]) -> ShardFigures | None:
 def _groups_holding(results: list[PartResult]) -> tuple[int, list[int]]:
     """A grouped mixture's groups, and how many hold each source in their long rows."""
     groups = [r.scans["long"].steps for r in results if not r.tail]
-    holding = sum((s.sums.sum(axis=0) > 0).astype(np.int64) for s in groups if s is not None)
+    holding = sum((StepSums.combined(s).sums.sum(axis=0) > 0).astype(np.int64) for s in groups if s)
     return len(groups), [int(x) for x in np.atleast_1d(holding)]
 
 

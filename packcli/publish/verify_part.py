@@ -328,6 +328,7 @@ def _scan_files(
     scan = ConfigScan(RowTotals(capacity))
     rows_per_batch = max(1, (1 << 21) // capacity)
     row = first_row
+    steps: list[StepSums] = []  # a mixture's, batch by batch
     for i in range(*part.files[name]):
         entry = meta["files"][name][i]
         rel = f"data/{name}/{entry['file']}"
@@ -345,8 +346,7 @@ def _scan_files(
                 segs = check_rows(batch, rel, row, capacity, vocab, padding, cost)
                 if (mix := meta["report"].get("mixture")) is not None:
                     segs = _mixture_segments(batch, segs, mix, rel)
-                    steps = _step_sums(mix, name, segs, row, batch.num_rows, padding)
-                    scan.steps = steps if scan.steps is None else scan.steps + steps
+                    steps.append(_step_sums(mix, name, segs, row, batch.num_rows, padding))
                 parts.append(segs)
                 offsets = batch.column("seq_lengths").offsets
                 scan.segments += int(offsets[-1].as_py() - offsets[0].as_py())
@@ -375,6 +375,8 @@ def _scan_files(
                 "sha256": digest,
             }
         )
+    if steps:  # one array for the part: what goes back to the verify driver
+        scan.steps = (StepSums.combined(steps),)
     return concat(parts), scan
 
 

@@ -431,7 +431,7 @@ def _output_steps(
     groups hold each source (in their long rows). Read one group's row sums at a time."""
     store = work_store(cfg)
     rows = {name: 0 for name in CONFIG_NAMES}
-    sums: dict[str, StepSums] = {}
+    sums: dict[str, list[StepSums]] = {name: [] for name in CONFIG_NAMES}
     held = np.zeros(first_doc.size, np.int64)
     for k, part in enumerate(parts):
         if part.is_tail:
@@ -449,10 +449,10 @@ def _output_steps(
             held += matrices["long"].sum(axis=0) > 0
         for name in CONFIG_NAMES:
             m = matrices[name]
-            got = StepSums.of_rows(m, windows[name], rows[name])
-            sums[name] = sums[name] + got if name in sums else got
+            sums[name].append(StepSums.of_rows(m, windows[name], rows[name]))
             rows[name] += m.shape[0]
-    return {name: sums[name].deviation(rows[name]) for name in CONFIG_NAMES}, held.tolist()
+    figures = {n: StepSums.combined(sums[n]).deviation(rows[n]) for n in CONFIG_NAMES}
+    return figures, held.tolist()
 
 
 def _steps_record(cfg: RunConfig, g: int) -> StepsRecord:
