@@ -19,6 +19,7 @@ from packcli.pack.groups import (
     plan_group,
     plan_tail,
     shard_groups,
+    source_slices,
 )
 from packcli.pack.plan import Plan, plan_two_tier, tier_summary
 
@@ -220,3 +221,60 @@ def test_gathered_pieces_are_held_once() -> None:
     assert Pieces.concat([got]) is got  # the tail's planner takes it without a copy
     with pytest.raises(ValueError):
         Pieces.gather([4], parts.__getitem__)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(  # per source: its shards' documents, each a list of lengths
+        st.lists(st.lists(st.integers(0, 300), min_size=0, max_size=12), min_size=1, max_size=5),
+        min_size=1,
+        max_size=4,
+    ),
+    st.integers(1, 9),
+)
+def test_source_slices_give_each_group_its_part_of_every_source(
+    sources: list[list[list[int]]], n_groups: int
+) -> None:
+    """A mixture's groups as runs of shard rows: every row of every shard in exactly one
+    group, runs in row order; each group holds within one document (half at each end) of
+    ``1/G`` of every source's tokens, found by an oracle that walks the documents one by
+    one; only shards a cut falls in have their lengths read."""
+    shard_lens = [np.array(s, np.int64) for src in sources for s in src]
+    shard_source = np.array([k for k, src in enumerate(sources) for _ in src], np.int64)
+    tokens = np.array([int(x.sum()) for x in shard_lens], np.int64)
+    docs = np.array([x.size for x in shard_lens], np.int64)
+    read: list[int] = []
+
+    def lengths_of(s: int) -> np.ndarray:
+        read.append(s)
+        return shard_lens[s]
+
+    groups = source_slices(shard_source, tokens, docs, n_groups, lengths_of)
+    assert all(groups) and len(groups) <= n_groups
+    owner: dict[tuple[int, int], int] = {}
+    for g, runs in enumerate(groups):
+        assert runs == sorted(runs)
+        for s, a, b in runs:
+            assert 0 <= a < b <= docs[s]
+            for r in range(a, b):
+                assert (s, r) not in owner
+                owner[(s, r)] = g
+    assert set(owner) == {(s, r) for s in range(docs.size) for r in range(int(docs[s]))}
+    for k, src in enumerate(sources):
+        first = int(np.flatnonzero(shard_source == k)[0])
+        flat = [(first + i, r, n) for i, s in enumerate(src) for r, n in enumerate(s)]
+        total = sum(n for *_, n in flat)
+        biggest = max((n for *_, n in flat), default=0)
+        held = np.zeros(len(groups))
+        for s, r, n in flat:
+            held[owner[(s, r)]] += n
+        if total:  # each group within a document of its part (empty groups dropped)
+            full = np.zeros(n_groups)
+            cum = 0
+            for *_, n in flat:  # the oracle: midpoint of each document
+                full[min(n_groups - 1, (n_groups * (2 * cum + n)) // (2 * total))] += n
+                cum += n
+            assert sorted(held[held > 0].tolist()) == sorted(full[full > 0].tolist())
+            assert np.all(np.abs(full - total / n_groups) <= biggest)
+    straddled = {s for s in range(docs.size) if len({owner[(s, r)] for r in range(docs[s])}) > 1}
+    assert straddled <= set(read)

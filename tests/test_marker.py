@@ -97,3 +97,46 @@ def test_a_damaged_marker_fails_naming_the_field(
     with pytest.raises(VerifyError, match="damaged or not written by packcli") as caught:
         marker.read_marker(tmp_path)
     assert named in str(caught.value)
+
+
+def _sliced_meta(slices: list[list[list[int]]]) -> dict[str, Any]:
+    """A marker's files and parts: one group per slice list, each with one long and one
+    short file, then the tail."""
+    n = len(slices)
+    files = {c: [{"file": f"f{i}"} for i in range(n + 1)] for c in ("long", "short")}
+    parts: list[dict[str, Any]] = [
+        {
+            "name": f"group-{g:05d}",
+            "shards": sorted({s for s, _, _ in runs}),
+            "files": {"long": [g, g + 1], "short": [g, g + 1]},
+            "slices": runs,
+        }
+        for g, runs in enumerate(slices)
+    ]
+    parts.append({"name": "tail", "shards": [], "files": {"long": [n, n + 1], "short": [n, n + 1]}})
+    return {"files": files, "parts": parts}
+
+
+@pytest.mark.parametrize(
+    ("slices", "ok"),
+    [
+        ([[[0, 0, 4], [1, 0, 2]], [[1, 2, 5]]], True),  # shard 1 shared, rows tiled
+        ([[[0, 0, 4], [1, 0, 3]], [[1, 2, 5]]], False),  # row 2 of shard 1 twice
+        ([[[0, 0, 4], [1, 0, 2]], [[1, 3, 5]]], False),  # row 2 of shard 1 in no part
+        ([[[0, 0, 4], [1, 0, 2]], [[1, 2, 4]]], False),  # shard 1's last row in none
+        ([[[0, 0, 4]], [[1, 0, 5]], [[2, 0, 1]]], False),  # a shard the tokens lack
+    ],
+)
+def test_parts_cover_every_row_of_every_shard_once(slices: list, ok: bool) -> None:
+    """A grouped mixture's parts share shards: verify checks their slices tile every
+    shard's rows, each row in exactly one part."""
+    from packcli.errors import VerifyError
+    from packcli.publish.verify_part import parts_of
+
+    meta = _sliced_meta(slices)
+    if ok:
+        parts = parts_of(meta, [4, 5])
+        assert [p.slices for p in parts[:-1]] == [tuple(tuple(r) for r in runs) for runs in slices]
+    else:
+        with pytest.raises(VerifyError, match="each row of the 2 tokenized shards exactly once"):
+            parts_of(meta, [4, 5])

@@ -147,6 +147,65 @@ def shard_groups(n_shards: int, n_groups: int) -> list[np.ndarray]:
     return [np.arange(g, n_shards, n_groups, dtype=np.int64) for g in range(n_groups)]
 
 
+# A run of one shard's documents: (shard, first row, end row), rows as in the shard.
+Slice = tuple[int, int, int]
+
+
+def whole_shards(members: np.ndarray, shard_docs: Sequence[int]) -> list[Slice]:
+    """Whole shards as slices."""
+    return [(int(s), 0, int(shard_docs[int(s)])) for s in members]
+
+
+def source_slices(
+    shard_source: np.ndarray,
+    shard_tokens: np.ndarray,
+    shard_docs: np.ndarray,
+    n_groups: int,
+    lengths_of: Callable[[int], np.ndarray],
+) -> list[list[Slice]]:
+    """A mixture's groups: each holds ``1/n_groups`` of every source's tokens, as runs of
+    the source's documents.
+
+    Why: a group's rows can only hold the mix its documents have, and the output's steps
+    are the groups' one after another, so a group whose share of a source differs from the
+    source's share puts that difference in every step it writes. Whole shards cannot cut a
+    source finely enough (a small file is one shard), so each source is cut at its
+    ``g / n_groups`` token points, inside shards where they fall: document ``i`` of a
+    source of ``T`` tokens goes to group ``floor(n_groups * m_i / T)``, ``m_i`` the token
+    position of its midpoint. Each group then holds ``T / n_groups`` of the source to
+    within half a document at each end. Only the shards a cut falls in have their lengths
+    read (``lengths_of(shard)``); the others go whole by their token range. A source of no
+    tokens is cut by document count instead. Groups holding nothing are left out."""
+    n_groups = max(1, int(n_groups))
+    shard_source = np.asarray(shard_source, np.int64)
+    groups: list[list[Slice]] = [[] for _ in range(n_groups)]
+    for k in np.unique(shard_source):
+        members = np.flatnonzero(shard_source == k)
+        by_tokens = int(np.asarray(shard_tokens)[members].sum()) > 0
+        sizes = np.asarray(shard_tokens if by_tokens else shard_docs, np.int64)[members]
+        total2 = 2 * max(1, int(sizes.sum()))  # in half tokens: midpoints are whole
+
+        def group(mid2: Any, total2: int = total2) -> Any:
+            return np.minimum(n_groups * mid2 // total2, n_groups - 1)
+
+        before = 0
+        for s, size in zip(members.tolist(), sizes.tolist(), strict=True):
+            rows = int(shard_docs[s])
+            first, last = int(group(2 * before)), int(group(2 * (before + size)))
+            if first == last or rows == 0:
+                if rows:
+                    groups[first].append((s, 0, rows))
+            else:
+                lens = np.asarray(lengths_of(s), np.int64) if by_tokens else np.ones(rows, np.int64)
+                ends = np.cumsum(lens)
+                of = group(2 * before + ends + (ends - lens))  # 2 x (before + midpoint)
+                cuts = np.flatnonzero(np.diff(of)) + 1
+                for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), rows], strict=True):
+                    groups[int(of[a])].append((s, a, b))
+            before += size
+    return [sorted(g) for g in groups if g]
+
+
 def group_seed(seed: int, group: int) -> int:
     """The shuffle seed of a group: independent streams per group, fixed by ``seed``."""
     return int(np.random.SeedSequence([seed, group]).generate_state(2, np.uint64)[0] >> 1)

@@ -150,6 +150,9 @@ class MarkerPart(Fields):
     name: str
     shards: list[int]
     files: dict[str, tuple[int, int]]
+    # A grouped mixture's part: its documents as [shard, first row, end row] runs (parts
+    # share shards); absent: its shards whole.
+    slices: list[tuple[int, int, int]] | None = field(default=None, metadata={"omit": True})
 
 
 @dataclass(frozen=True)

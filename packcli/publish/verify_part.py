@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,24 +68,34 @@ def cat_pieces(parts: list[Pieces]) -> Pieces:
 
 @dataclass(frozen=True)
 class Part:
-    """One planned part: its token shards (none: a tail) and, per config, the range
-    ``[first, end)`` of its files in ``packcli.json``'s ``files``."""
+    """One planned part: its token shards (none: a tail), per config the range
+    ``[first, end)`` of its files in ``packcli.json``'s ``files``, and (a grouped
+    mixture's group) its documents as ``(shard, first row, end row)`` runs."""
 
     name: str
     shards: tuple[int, ...]
     files: dict[str, tuple[int, int]]
+    slices: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def is_tail(self) -> bool:
         return not self.shards
 
+    def runs(self, shard_docs: Callable[[int], int]) -> list[tuple[int, int, int]]:
+        """Its documents as runs of shard rows (``shard_docs(s)``: shard ``s``'s rows)."""
+        if self.slices is not None:
+            return list(self.slices)
+        return [(s, 0, shard_docs(s)) for s in self.shards]
 
-def parts_of(meta: dict[str, Any], n_shards: int | None) -> list[Part]:
+
+def parts_of(meta: dict[str, Any], shard_docs: Sequence[int] | None) -> list[Part]:
     """``packcli.json``'s parts, checked: each config's file ranges tile its files in order,
-    and (``n_shards``: when the shards are read) each shard is in exactly one part. An output
-    of a version without parts is one part holding every file and every shard."""
+    and (``shard_docs``, each shard's documents: when the shards are read) every row of
+    every shard is in exactly one part. An output of a version without parts is one part
+    holding every file and every shard."""
     files = {name: len(meta["files"][name]) for name in CONFIG_NAMES}
     stated = meta.get("parts")
+    n_shards = None if shard_docs is None else len(shard_docs)
     if stated is None:
         return [Part("all", tuple(range(n_shards or 0)), {n: (0, k) for n, k in files.items()})]
 
@@ -101,7 +111,13 @@ def parts_of(meta: dict[str, Any], n_shards: int | None) -> list[Part]:
         try:
             shards = tuple(int(s) for s in p["shards"])
             ranges = {n: (int(p["files"][n][0]), int(p["files"][n][1])) for n in CONFIG_NAMES}
-            parts.append(Part(str(p["name"]), shards, ranges))
+            runs = p.get("slices")
+            slices = None
+            if runs is not None:
+                slices = tuple((int(s), int(a), int(b)) for s, a, b in runs)
+                if sorted({s for s, _, _ in slices}) != sorted(set(shards)):
+                    raise ValueError("its slices are not of its shards")
+            parts.append(Part(str(p["name"]), shards, ranges, slices))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise bad(f"[{i}] is not a part record ({exc!r})") from None
     for name in CONFIG_NAMES:
@@ -115,11 +131,27 @@ def parts_of(meta: dict[str, Any], n_shards: int | None) -> list[Part]:
             end = stop
         if end != files[name]:
             raise bad(f"hold {end} files of config {name}; files.{name} lists {files[name]}")
-    if n_shards is not None:
-        seen = sorted(s for part in parts for s in part.shards)
-        if seen != list(range(n_shards)):
-            raise bad(f"do not hold each of the {n_shards} tokenized shards exactly once")
+    if shard_docs is not None:
+        _check_cover(parts, shard_docs, bad)
     return parts
+
+
+def _check_cover(
+    parts: list[Part], shard_docs: Sequence[int], bad: Callable[[str], VerifyError]
+) -> None:
+    """Every row of every shard in exactly one part: the runs of each shard, in row order,
+    tile ``[0, rows)``."""
+    n = len(shard_docs)
+    runs = sorted(
+        r for part in parts for r in part.runs(lambda s: int(shard_docs[s]) if s < n else -1)
+    )
+    end = dict.fromkeys(range(n), 0)
+    for s, a, b in runs:
+        if s not in end or a != end[s] or b < a:
+            raise bad(f"do not hold each row of the {n} tokenized shards exactly once")
+        end[s] = b
+    if any(end[s] != int(shard_docs[s]) for s in range(n)):
+        raise bad(f"do not hold each row of the {n} tokenized shards exactly once")
 
 
 @dataclass(frozen=True)
@@ -471,14 +503,15 @@ def _expected(
     figures = DocFigures()
     lengths = LengthStats()
     where = ShardFigures(lengths)
-    for s in part.shards:
+    for s, a, b in part.runs(lambda s: int(shards.manifests[s]["num_docs"])):
         try:
             shards.check_content(s)
             shard = shards.shard(s)
         except ShardError as exc:
             raise VerifyError(str(exc)) from None
-        doc_lens = np.diff(shard.offsets)
-        first = shard.first_doc_id
+        offsets = shard.offsets[a : b + 1]  # the part's rows of the shard
+        doc_lens = np.diff(offsets)
+        first = shard.first_doc_id + a
         before = lengths.largest
         lengths = lengths + LengthStats.of(doc_lens, short_len, long_len, first)
         if lengths.largest != before:  # looked up while the shard is here
@@ -492,7 +525,7 @@ def _expected(
             own = str(_expected_copies(np.array([first]), doc_lens[:1], mix, long_len)[1][0])
         figures = figures + DocFigures.of_lengths(doc_lens, first, short_len, long_len, own)
         ids = np.arange(first, first + doc_lens.size, dtype=np.int64)
-        values = shard.values[int(shard.offsets[0]) : int(shard.offsets[-1])]
+        values = shard.values[int(offsets[0]) : int(offsets[-1])]
         whole_hash = segment_hashes(values, doc_lens)
         fits = (doc_lens <= long_len) & (doc_lens > 0)
         if mix is None:
@@ -507,7 +540,7 @@ def _expected(
         hashes.append(np.repeat(whole_hash[keep], reps))
         tags.append(np.full(int(reps.sum()), piece_tags(0, 1), np.int64))  # whole: 0, last
         for k in np.flatnonzero((doc_lens > long_len) & ((n > 0) | (mix is None))):
-            start = int(shard.offsets[k])
+            start = int(offsets[k])
             document = shard.values[start : start + int(doc_lens[k])]
             for r in range(int(n[k]) if mix is not None else 1):
                 pieces = expected_pieces(document, long_len, str(policies[k]))

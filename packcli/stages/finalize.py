@@ -109,7 +109,12 @@ def plan_parts(plan: PlanSet) -> list[MarkerPart]:
         if not first[name] and ranges:  # a config without rows: its one empty file (jobs)
             ranges[0][name] = (0, 1)
     return [
-        MarkerPart(part.name, list(part.shards), files)
+        MarkerPart(
+            part.name,
+            list(part.shards),
+            files,
+            None if part.slices is None else list(part.slices),
+        )
         for part, files in zip(plan.parts, ranges, strict=True)
     ]
 

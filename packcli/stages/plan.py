@@ -35,11 +35,14 @@ from packcli.names import CONFIG_NAMES, TOKENS_DIR
 from packcli.pack.groups import (
     RELEASE_RULE,
     Pieces,
+    Slice,
     group_count,
     plan_group,
     plan_tail,
     policy_counts,
     shard_groups,
+    source_slices,
+    whole_shards,
 )
 from packcli.pack.mixture import (
     MixSpec,
@@ -178,10 +181,23 @@ class FileJob:
         return f"data/{self.config}/train-{self.index:05d}-of-{self.count:05d}.parquet"
 
 
-def _groups(cfg: RunConfig, shards: TokenShards) -> list[np.ndarray]:
-    """The shards of each group: from the corpus's tokens and ``plan.group_tokens`` only."""
+def _groups(cfg: RunConfig, shards: TokenShards) -> list[list[Slice]]:
+    """The documents of each group, as runs of shards' rows: from the corpus's tokens and
+    ``plan.group_tokens`` only. A plain corpus's groups stride over whole shards; a
+    mixture's each hold an equal part of every source (``source_slices``)."""
     n_groups = group_count(int(shards.success.tokens), cfg.plan.group_tokens)
-    return shard_groups(len(shards), n_groups)
+    docs = [int(m["num_docs"]) for m in shards.manifests]
+    index = shards.success.sources
+    if not cfg.sources or not index or n_groups == 1:
+        return [whole_shards(g, docs) for g in shard_groups(len(shards), n_groups)]
+    first = np.array([s.first_doc for s in index], np.int64)
+    return source_slices(
+        source_of(np.asarray(shards.first_doc_ids, np.int64), first),
+        np.array([int(m["num_tokens"]) for m in shards.manifests], np.int64),
+        np.array(docs, np.int64),
+        n_groups,
+        lambda s: shards.shard_column(s, "length"),
+    )
 
 
 def _group_name(g: int) -> str:
@@ -217,7 +233,7 @@ def plan_task(
 def _plan_groups(
     cfg: RunConfig,
     shards: TokenShards,
-    groups: list[np.ndarray],
+    groups: list[list[Slice]],
     mine: range,
     on_group: Callable[[int], object],
 ) -> None:
@@ -240,6 +256,7 @@ def _plan_groups(
             on_group(1)
             continue
         members = groups[g]
+        sliced = mix is not None and len(groups) > 1  # groups may share a shard's rows
         lengths = _group_lengths(shards, members)
         if mix is not None:
             plan, tail = _plan_mixed(cfg, shards, members, lengths, mix, g, len(groups))
@@ -249,7 +266,7 @@ def _plan_groups(
             grouped = plan_group(lengths, _group_docs(shards, members), cfg.plan, g)
             plan, tail = grouped.plan, grouped.tail
         del lengths
-        part = _save_part(cfg, name, plan, members, tail, len(groups))
+        part = _save_part(cfg, name, plan, members, tail, len(groups), sliced=sliced)
         files = {
             rel: ((cfg.work_path / rel).stat().st_size, sha256_file(cfg.work_path / rel))
             for rel in part.arrays
@@ -310,7 +327,7 @@ def plan_stage(
                     tail_plan, mix[1], spread["long"], mix[0].seed, first_row
                 )
                 tail_edges = _long_edges(tail_plan, mix[1], spread["long"], first_row)
-            parts.append(_save_part(cfg, TAIL, tail_plan, np.zeros(0, np.int64), None, 0))
+            parts.append(_save_part(cfg, TAIL, tail_plan, (), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
             bar.update(1)
@@ -499,8 +516,10 @@ def _exchange_groups(
         plan, windows["long"] = exchange_plan(
             plan, first_doc, windows["long"], spec.seed, first_row, open_end
         )
-        members = np.array(part.shards, np.int64)
-        done = _save_part(cfg, name, plan, members, tail, len(at.first_rows), steps=True)
+        assert part.slices is not None  # a grouped mixture's group records its slices
+        done = _save_part(
+            cfg, name, plan, part.slices, tail, len(at.first_rows), steps=True, sliced=True
+        )
         edges = _long_edges(plan, first_doc, windows["long"], first_row)
         rows_rel = _rows_rel(g)
         with atomic_writer(cfg.work_path / rows_rel) as fh:
@@ -528,7 +547,7 @@ def _exchange_groups(
 def _plan_mixed(
     cfg: RunConfig,
     shards: TokenShards,
-    members: np.ndarray,
+    members: Sequence[Slice],
     lengths: np.ndarray,
     mix: tuple[MixSpec, np.ndarray],
     g: int,
@@ -621,20 +640,16 @@ def _load_tail(cfg: RunConfig, part: PlanPart) -> Pieces:
     return tail
 
 
-def _group_lengths(shards: TokenShards, members: np.ndarray) -> np.ndarray:
-    """The documents' lengths of a group's shards (ranged reads of one column each)."""
-    parts = [shards.shard_column(int(s), "length").astype(np.int64) for s in members]
+def _group_lengths(shards: TokenShards, members: Sequence[Slice]) -> np.ndarray:
+    """The documents' lengths of a group's slices (ranged reads of one column each)."""
+    parts = [shards.shard_column(s, "length")[a:b].astype(np.int64) for s, a, b in members]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _group_docs(shards: TokenShards, members: np.ndarray) -> np.ndarray:
-    """The global doc ids of a group's shards' documents, in the group's order."""
-    ranges = [
-        np.arange(
-            shards.first_doc_ids[s], shards.first_doc_ids[s] + shards.manifests[s]["num_docs"]
-        )
-        for s in members
-    ]
+def _group_docs(shards: TokenShards, members: Sequence[Slice]) -> np.ndarray:
+    """The global doc ids of a group's slices' documents, in the group's order."""
+    first = shards.first_doc_ids
+    ranges = [np.arange(first[s] + a, first[s] + b) for s, a, b in members]
     return np.concatenate(ranges).astype(np.int64) if ranges else np.zeros(0, dtype=np.int64)
 
 
@@ -694,16 +709,19 @@ def _save_part(
     cfg: RunConfig,
     name: str,
     plan: Plan,
-    members: np.ndarray,
+    members: Sequence[Slice],
     tail: Pieces | None,
     groups: int,
     steps: bool = False,
+    sliced: bool = False,
 ) -> PlanPart:
     """A part's plan arrays (``plan/NAME.npz``) and, for a group, the pieces it released
     (``plan/NAME.tail.npz``: small, all the tail's planner reads); the digest covers both.
     ``groups``: how many groups the plan has (0 for the tail, which is cut by size only).
     ``steps``: a group after the second pass, into ``plan/steps/NAME.npz`` (its released
-    pieces are the first pass's, already saved)."""
+    pieces are the first pass's, already saved). ``members``: the part's documents as
+    slices of shards; ``sliced``: recorded as slices (a grouped mixture's groups share
+    shards), else as whole shards."""
     # Any: numpy's stub types ``savez``'s **kwds as its allow_pickle flag.
     arrays: dict[str, Any] = _plan_arrays(plan)
     folder = cfg.work_path / PLAN_DIR
@@ -721,7 +739,7 @@ def _save_part(
         arrays.update(tail_arrays)
     return PlanPart(
         name=name,
-        shards=tuple(int(s) for s in members),
+        shards=tuple(dict.fromkeys(int(s) for s, _, _ in members)),
         files={  # a part with no rows in a config has no file of it
             c: _files(cfg.write, getattr(plan, c), groups) if getattr(plan, c).num_rows else []
             for c in CONFIG_NAMES
@@ -731,6 +749,7 @@ def _save_part(
         tail_pieces=int(plan.piece_len.size if tail is None else tail.size),
         content_sha256=_digest(arrays),
         steps=steps,
+        slices=tuple((int(s), int(a), int(b)) for s, a, b in members) if sliced else None,
     )
 
 

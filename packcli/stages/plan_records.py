@@ -12,7 +12,7 @@ balancer each add their own, and the report reads them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,10 @@ class PlanPart(Fields):
     tail_pieces: int  # a group: pieces it released; the tail: pieces it holds
     content_sha256: str
     steps: bool = False  # a grouped mixture's group after the second pass (_exchange_groups)
+    # A grouped mixture's group: its documents as runs of shard rows, (shard, first, end):
+    # its shards' rows hold other groups' documents too (``packcli.pack.groups.source_slices``).
+    # None: it holds its shards whole.
+    slices: tuple[tuple[int, int, int], ...] | None = field(default=None, metadata={"omit": True})
 
     @property
     def is_tail(self) -> bool:
