@@ -12,7 +12,8 @@ the row order alone (``mix_order``, before the exchange) and what packcli plans
 lower bound before and after; plan and order time (``order_plan`` timed on its second run,
 so numba's cache load is not in it, and again without the exchange: the difference is the
 exchange's cost). ``--groups G`` plans by groups instead and measures the output's windows
-across them (``grouped``).
+across them (``grouped``): packcli's groups of a mixture (``source_slices``: runs of each
+source's documents, ``1/G`` of its tokens each) over shards of ``--shard-tokens``.
 
     python scripts/bench_mixture.py --scale 1.0
     python scripts/bench_mixture.py --scale 2.0 --groups 4
@@ -29,7 +30,7 @@ import numpy as np
 from packcli.pack import exchange as xc
 from packcli.pack import mixture as mx
 from packcli.pack.exchange import piece_bound
-from packcli.pack.groups import plan_group, plan_tail
+from packcli.pack.groups import plan_group, plan_tail, source_slices
 from packcli.pack.plan import plan_two_tier, tier_summary
 from packcli.pack.plan_config import PlanConfig
 
@@ -52,7 +53,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=[1 << 20, 2 << 20, 4 << 20, 8 << 20])
     ap.add_argument("--step", type=int, default=1 << 20, help="the plan's step (TOKENS_PER_STEP)")
     ap.add_argument(
-        "--groups", type=int, default=0, help="also plan in this many groups (doc i in i mod G)"
+        "--groups", type=int, default=0, help="also plan in this many groups (as packcli does)"
+    )
+    ap.add_argument(
+        "--shard-tokens", type=int, default=16 << 20, help="the token shards groups cut (grouped)"
     )
     args = ap.parse_args()
     lens = lengths(args.scale, args.seed)
@@ -136,9 +140,37 @@ def main() -> None:
                 )
 
 
+def source_groups(lens: list[np.ndarray], n_groups: int, shard_tokens: int) -> list[np.ndarray]:
+    """packcli's groups of a mixture (``source_slices``), as global doc ids: each source's
+    documents (consecutive ids, as tokenized) in shards of about ``shard_tokens`` tokens."""
+    start, first, size, source, tokens = 0, [], [], [], []
+    for k, x in enumerate(lens):
+        cut = np.concatenate([[0], np.cumsum(x)[:-1]]) // shard_tokens  # a shard per cut
+        counts = np.bincount(cut)
+        ends = np.cumsum(counts)
+        for n, e in zip(counts, ends, strict=True):
+            if n:
+                first.append(start + int(e - n))
+                size.append(int(n))
+                source.append(k)
+                tokens.append(int(x[e - n : e].sum()))
+        start += x.size
+    all_lens = np.concatenate(lens)
+    groups = source_slices(
+        np.array(source),
+        np.array(tokens),
+        np.array(size),
+        n_groups,
+        lambda s: all_lens[first[s] : first[s] + size[s]],
+    )
+    return [
+        np.concatenate([np.arange(first[s] + a, first[s] + b) for s, a, b in g]) for g in groups
+    ]
+
+
 def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
-    """The long config planned by groups (as ``packcli plan`` does past ``group_tokens``),
-    here of documents ``i mod G`` (every group samples every source): each group and the
+    """The long config planned by groups (as ``packcli plan`` does past ``group_tokens``:
+    ``source_groups``, every group ``1/G`` of every source): each group and the
     tail row-ordered alone (``order_plan`` without the exchange), the output their rows
     one part after another. Then three ways on: the row order alone; each part exchanged on
     its own windows (from its first row, as if it started the output); and what packcli
@@ -155,8 +187,7 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
     spec = mx.MixSpec(("fortunes", "manpages", "code", "books"), tuple(mult), ("split",) * 4)
     cfg = PlanConfig(overlong="split")
     planned, tails = [], []
-    for g in range(args.groups):
-        docs = np.arange(g, all_lens.size, args.groups)
+    for g, docs in enumerate(source_groups(lens, args.groups, args.shard_tokens)):
         ex = mx.expand(all_lens[docs], docs, first, spec, cfg.long_len)
         gp = plan_group(ex.lengths, ex.keys, cfg, g)
         planned.append(gp.plan)

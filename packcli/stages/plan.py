@@ -101,7 +101,8 @@ def plan_fingerprint(
 # 2: long rows' units exchanged between windows (issue 26); 3: a grouped plan's too, on the
 # output's windows (the second pass, ``_exchange_groups``).
 # 4: the second pass saves each group's tokens per source per row (``_rows_rel``).
-MIX_ORDER_RULE = 4
+# 5: groups are runs of each source's documents, 1/G of its tokens each (``source_slices``).
+MIX_ORDER_RULE = 5
 
 
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
