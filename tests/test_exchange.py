@@ -602,8 +602,9 @@ def test_grouped_mixture_figures_are_the_outputs_steps(
         # (groups are runs of each source's documents: ``source_slices``).
         if s["documents"] >= 4 * mix["groups"]:
             assert s["groups"] == mix["groups"]
-        else:  # books: 12 documents, each in one group
+        else:  # books: 12 documents, each in one group; the warning says so
             assert mix["groups"] // 2 <= s["groups"] <= s["documents"]
+            assert f"sit in {s['groups']} of the {mix['groups']} plan groups" in said
         assert (f"warning: source {s['name']} " in said) == (s["name"] in warned)
 
 

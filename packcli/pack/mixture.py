@@ -68,6 +68,9 @@ class WindowSpread(Fields):
     exchange_max_deviation: list[float] | None = field(default=None, metadata={"omit": True})
     # A grouped mixture's long config: the steps that straddle two parts (plan stage).
     straddling_max_deviation: list[float] | None = field(default=None, metadata={"omit": True})
+    # A grouped mixture (plan.json): the largest of each group's own deviation, against its
+    # share; ``max_deviation`` is then the output's, over its windows from row 0.
+    group_max_deviation: list[float] | None = field(default=None, metadata={"omit": True})
 
     def merged(self, other: WindowSpread) -> WindowSpread:
         """This group's and ``other``'s (the next group's rows, consecutive in the output):

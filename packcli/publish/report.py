@@ -438,9 +438,9 @@ def mixture_warnings(mix: dict[str, Any]) -> list[str]:
     """Per source of at least ``WARN_SHARE`` of a config, off its share by more than
     ``WARN_DEVIATION`` in some step: a line naming it, the deviation and, where it is in
     fewer groups than the plan has, the cause and the cure. Why: a grouped plan orders each
-    group's rows for the mix, but a group can only give what it holds; groups are made of
-    whole token shards, so a source in few files sits in few groups, and every step of the
-    other groups lacks it."""
+    group's rows for the mix, but a group can only give what it holds; each group holds
+    ``1/G`` of every source's tokens (``packcli.pack.groups.source_slices``), but a source of
+    fewer documents than groups sits in only some, and every step of the others lacks it."""
     out = []
     groups = mix.get("groups")
     for s in mix["sources"]:
@@ -455,8 +455,8 @@ def mixture_warnings(mix: dict[str, Any]) -> list[str]:
             )
             if groups is not None and s.get("groups", groups) < groups:
                 line += (
-                    f": its documents sit in {s['groups']} of the {groups} plan groups; give "
-                    "it more, smaller input files, or raise plan.group_tokens"
+                    f": its documents sit in {s['groups']} of the {groups} plan groups (a "
+                    "document is in one group); raise plan.group_tokens for fewer groups"
                 )
             out.append(line)
     return out
