@@ -140,10 +140,16 @@ def main() -> None:
                 )
 
 
-def source_groups(lens: list[np.ndarray], n_groups: int, shard_tokens: int) -> list[np.ndarray]:
-    """packcli's groups of a mixture (``source_slices``), as global doc ids: each source's
-    documents (consecutive ids, as tokenized) in shards of about ``shard_tokens`` tokens."""
+def source_groups(
+    lens: list[np.ndarray], n_groups: int, shard_tokens: int, spec: mx.MixSpec
+) -> list[np.ndarray]:
+    """packcli's groups of a mixture (``source_slices`` on each document's copy tokens, as
+    ``packcli.stages.plan._copy_weights``), as global doc ids: each source's documents
+    (consecutive ids, as tokenized) in shards of about ``shard_tokens`` tokens."""
     start, first, size, source, tokens = 0, [], [], [], []
+    weights = [
+        x * mx.copies(np.arange(x.size), np.full(x.size, k), spec) for k, x in enumerate(lens)
+    ]
     for k, x in enumerate(lens):
         cut = np.concatenate([[0], np.cumsum(x)[:-1]]) // shard_tokens  # a shard per cut
         counts = np.bincount(cut)
@@ -153,15 +159,15 @@ def source_groups(lens: list[np.ndarray], n_groups: int, shard_tokens: int) -> l
                 first.append(start + int(e - n))
                 size.append(int(n))
                 source.append(k)
-                tokens.append(int(x[e - n : e].sum()))
+                tokens.append(int(weights[k][e - n : e].sum()))
         start += x.size
-    all_lens = np.concatenate(lens)
+    all_weights = np.concatenate(weights)
     groups = source_slices(
         np.array(source),
         np.array(tokens),
         np.array(size),
         n_groups,
-        lambda s: all_lens[first[s] : first[s] + size[s]],
+        lambda s: all_weights[first[s] : first[s] + size[s]],
     )
     return [
         np.concatenate([np.arange(first[s] + a, first[s] + b) for s, a, b in g]) for g in groups
@@ -187,7 +193,7 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
     spec = mx.MixSpec(("fortunes", "manpages", "code", "books"), tuple(mult), ("split",) * 4)
     cfg = PlanConfig(overlong="split")
     planned, tails = [], []
-    for g, docs in enumerate(source_groups(lens, args.groups, args.shard_tokens)):
+    for g, docs in enumerate(source_groups(lens, args.groups, args.shard_tokens, spec)):
         ex = mx.expand(all_lens[docs], docs, first, spec, cfg.long_len)
         gp = plan_group(ex.lengths, ex.keys, cfg, g)
         planned.append(gp.plan)

@@ -22,6 +22,7 @@ from packcli.pack import exchange as xc
 from packcli.pack import mixture as mx
 from packcli.pack.plan import RowLayout, plan_two_tier
 from packcli.pack.plan_config import PlanConfig
+from packcli.tokenize.shards import TokenShards
 
 
 def _rows(layout: RowLayout) -> list[list[int]]:
@@ -626,3 +627,65 @@ def test_step_sums_of_parts_are_the_whole_outputs(seed: int) -> None:
     dev = got.deviation(rows)
     assert dev["max_deviation"] == pytest.approx(want["max"].tolist(), abs=1e-6)
     assert dev["p99_deviation"] == pytest.approx(want["p99"].tolist(), abs=1e-6)
+
+
+FRACTIONAL = """sources:
+  - name: web
+    inputs: [{web}]
+    weight: 1.5
+  - name: code
+    inputs: [{code}]
+    weight: 1
+  - name: books
+    inputs: [{books}]
+    weight: 0.45
+plan:
+  short_len: 64
+  long_len: 512
+  group_tokens: 8000
+"""
+
+
+def test_grouped_mixture_groups_hold_equal_parts_of_each_sources_copies(
+    tmp_path: Path,
+    toy_tokenizer_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Weights 1.5 / 1 / 0.45 (a subset of books, repeats of web), each source one file, in
+    ~68 groups: every group's copy tokens of each source are within one document's copies
+    of the groups' mean (cut at the copies' tokens; cut at the documents' tokens, books
+    are off by 1.4 documents here); the cut is saved in ``plan/groups.json``, a second plan
+    reuses it, reading no lengths, and a damaged one is cut again; verify holds."""
+    import packcli.stages.plan as plan_stage
+
+    spans = {"web": (1, 30, 400), "code": (20, 150, 80), "books": (60, 240, 600)}
+    files = _mix_files(tmp_path, spans)
+    cfg = tmp_path / "frac.yaml"
+    cfg.write_text(FRACTIONAL.format(**files))
+    out = tmp_path / "out"
+    invoke_ok("pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q")
+    assert invoke("verify", out)[0] == 0
+    plan = out / ".packcli" / "plan"
+    records = [json.loads(p.read_text()) for p in sorted(plan.glob("group-*.json"))]
+    assert len(records) >= 4
+    marker = json.loads((out / "packcli.json").read_text())
+    largest = {}  # per source, its largest document's copy tokens
+    shards = TokenShards(out / ".packcli" / "tokens")
+    for s in marker["report"]["mixture"]["sources"]:
+        first = s["first_doc"]
+        lens = shards.column("length")[first : first + s["documents"]]
+        largest[s["name"]] = int(lens.max()) * int(np.ceil(s["multiplier"]))
+    for name in spans:
+        held = np.array([r["stats"]["mixture"][name]["copy_tokens"] for r in records])
+        assert np.abs(held - held.mean()).max() <= largest[name], (name, held)
+    saved = json.loads((plan / "groups.json").read_text())
+    assert [r["part"]["slices"] for r in records] == saved["groups"]
+
+    def no_reads(*args: object) -> None:
+        raise AssertionError("the saved groups were cut again")
+
+    monkeypatch.setattr(plan_stage, "_copy_weights", no_reads)
+    invoke_ok("plan", "-o", out, "-c", cfg, "-q")
+    (plan / "groups.json").write_text("{}")  # damaged: cut again
+    with pytest.raises(AssertionError, match="cut again"):
+        invoke("plan", "-o", out, "-c", cfg, "-q")

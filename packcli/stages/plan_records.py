@@ -22,6 +22,7 @@ from packcli.records import Fields, Record
 PLAN_DIR = "plan"  # the parts' arrays and records: plan/group-NNNNN.npz, plan/tail.npz
 PLAN = "plan.json"  # in the work folder: the saved plan, written last by the plan stage
 TAIL = "tail"
+GROUPS = "plan/groups.json"  # in the work folder: a grouped mixture's groups (GroupsRecord)
 STEPS = "steps"  # a grouped mixture's second pass: plan/steps.json, plan/steps/group-NNNNN.*
 
 
@@ -62,6 +63,17 @@ class PlanPart(Fields):
         """Its files in the work folder: the plan arrays and (a group) its released pieces."""
         names = [self.plan_array]
         return names if self.is_tail else [*names, f"{PLAN_DIR}/{self.name}.tail.npz"]
+
+
+@dataclass(frozen=True)
+class GroupsRecord(Record):
+    """``plan/groups.json``: a grouped mixture's groups as runs of shard rows (``(shard,
+    first row, end row)``), for the plan fingerprint they were cut for. Cutting at each
+    source's copy tokens reads the length column of every shard of a source whose weight
+    is fractional; saved once, so the plan tasks read this instead of every shard."""
+
+    fingerprint: str
+    groups: list[list[tuple[int, int, int]]]
 
 
 @dataclass(frozen=True)
