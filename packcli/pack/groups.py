@@ -8,7 +8,9 @@ shards instead, and each group is planned, and later written, on its own:
 1. **Groups stride over the shards** (shard ``s`` is in group ``s mod G``, ``G`` from the
    corpus's token count and ``group_tokens``, never from the task count), so every group
    samples the whole input and a group's rows are as mixed as global rows would be; output
-   bytes do not depend on how many tasks run.
+   bytes do not depend on how many tasks run. A mixture's groups are cut finer
+   (``source_slices``): runs of each source's documents, ``1/G`` of its tokens each, so
+   every group holds the mix whatever the sources' shard counts.
 2. **Each group is planned** by ``plan_two_tier`` over its own lengths (its own seed, drawn
    from ``seed`` and the group index). Then its least-filled rows are **released**: long
    rows in order of free room, most first, until the room left in the kept long rows is at

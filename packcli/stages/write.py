@@ -1,5 +1,6 @@
 """The write stage: each task writes the output Parquet files of whole parts of the saved plan
-(groups of token shards), so it reads each of its groups' shards once and no other; with a
+(groups of token shards; a grouped mixture's share a shard where a source's cut falls in
+it), so it reads each of its groups' shards once and no other; with a
 record per finished file for resume. A group's task also cuts the group's *tail shard* (the
 tokens of the pieces the group released); the tail's files are written from those last."""
 
