@@ -160,13 +160,15 @@ def whole_shards(members: np.ndarray, shard_docs: Sequence[int]) -> list[Slice]:
 
 def source_slices(
     shard_source: np.ndarray,
-    shard_tokens: np.ndarray,
+    shard_weights: np.ndarray,
     shard_docs: np.ndarray,
     n_groups: int,
-    lengths_of: Callable[[int], np.ndarray],
+    weights_of: Callable[[int], np.ndarray],
 ) -> list[list[Slice]]:
     """A mixture's groups: each holds ``1/n_groups`` of every source's tokens, as runs of
-    the source's documents.
+    the source's documents. A document's tokens are its weight (``weights_of(shard)``, per
+    document; ``shard_weights``, per shard: their sums): the plan stage weighs by the
+    tokens its copies put in the output (``packcli.stages.plan._copy_weights``).
 
     Why: a group's rows can only hold the mix its documents have, and the output's steps
     are the groups' one after another, so a group whose share of a source differs from the
@@ -175,16 +177,16 @@ def source_slices(
     ``g / n_groups`` token points, inside shards where they fall: document ``i`` of a
     source of ``T`` tokens goes to group ``floor(n_groups * m_i / T)``, ``m_i`` the token
     position of its midpoint. Each group then holds ``T / n_groups`` of the source to
-    within half a document at each end. Only the shards a cut falls in have their lengths
-    read (``lengths_of(shard)``); the others go whole by their token range. A source of no
+    within half a document at each end. Only the shards a cut falls in have their weights
+    read (``weights_of(shard)``); the others go whole by their token range. A source of no
     tokens is cut by document count instead. Groups holding nothing are left out."""
     n_groups = max(1, int(n_groups))
     shard_source = np.asarray(shard_source, np.int64)
     groups: list[list[Slice]] = [[] for _ in range(n_groups)]
     for k in np.unique(shard_source):
         members = np.flatnonzero(shard_source == k)
-        by_tokens = int(np.asarray(shard_tokens)[members].sum()) > 0
-        sizes = np.asarray(shard_tokens if by_tokens else shard_docs, np.int64)[members]
+        by_tokens = int(np.asarray(shard_weights)[members].sum()) > 0
+        sizes = np.asarray(shard_weights if by_tokens else shard_docs, np.int64)[members]
         total2 = 2 * max(1, int(sizes.sum()))  # in half tokens: midpoints are whole
 
         def group(mid2: Any, total2: int = total2) -> Any:
@@ -198,7 +200,7 @@ def source_slices(
                 if rows:
                     groups[first].append((s, 0, rows))
             else:
-                lens = np.asarray(lengths_of(s), np.int64) if by_tokens else np.ones(rows, np.int64)
+                lens = np.asarray(weights_of(s), np.int64) if by_tokens else np.ones(rows, np.int64)
                 ends = np.cumsum(lens)
                 of = group(2 * before + ends + (ends - lens))  # 2 x (before + midpoint)
                 cuts = np.flatnonzero(np.diff(of)) + 1
