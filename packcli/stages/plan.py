@@ -287,6 +287,7 @@ def _plan_groups(
     )
     store = work_store(cfg)
     (cfg.work_path / PLAN_DIR).mkdir(parents=True, exist_ok=True)
+    sliced = mix is not None and len(groups) > 1  # groups may share a shard's rows
     for g in mine:
         name = _group_name(g)
         store.pull(f"{PLAN_DIR}/{name}.json")
@@ -294,7 +295,6 @@ def _plan_groups(
             on_group(1)
             continue
         members = groups[g]
-        sliced = mix is not None and len(groups) > 1  # groups may share a shard's rows
         lengths = _group_lengths(shards, members)
         if mix is not None:
             plan, tail = _plan_mixed(cfg, shards, members, lengths, mix, g, len(groups))
