@@ -30,7 +30,7 @@ import numpy as np
 from packcli.pack import exchange as xc
 from packcli.pack import mixture as mx
 from packcli.pack.exchange import piece_bound
-from packcli.pack.groups import plan_group, plan_tail, source_slices
+from packcli.pack.groups import Ballast, balance_tail, plan_group, plan_tail, source_slices
 from packcli.pack.plan import plan_two_tier, tier_summary
 from packcli.pack.plan_config import PlanConfig
 
@@ -57,6 +57,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--shard-tokens", type=int, default=16 << 20, help="the token shards groups cut (grouped)"
+    )
+    ap.add_argument(
+        "--no-ballast",
+        action="store_true",
+        help="grouped: the tail only what groups release (before balance_tail)",
     )
     args = ap.parse_args()
     lens = lengths(args.scale, args.seed)
@@ -192,13 +197,20 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
     all_lens = np.concatenate(lens)
     spec = mx.MixSpec(("fortunes", "manpages", "code", "books"), tuple(mult), ("split",) * 4)
     cfg = PlanConfig(overlong="split")
-    planned, tails = [], []
+    planned, tails, ballasts = [], [], []
     for g, docs in enumerate(source_groups(lens, args.groups, args.shard_tokens, spec)):
         ex = mx.expand(all_lens[docs], docs, first, spec, cfg.long_len)
         gp = plan_group(ex.lengths, ex.keys, cfg, g)
+        if not args.no_ballast:  # as packcli's plan stage: the tail holds the group's mix
+            src = [mx.source_of(x, first) for x in (gp.plan.piece_doc, gp.tail.doc)]
+            gp = balance_tail(gp, src[0], src[1], len(lens))
         planned.append(gp.plan)
         tails.append(gp.tail)
-    planned.append(plan_tail(tails, cfg))
+        ballasts.append(gp.ballast or Ballast.empty(cfg.short_len, cfg.long_len))
+    firsts = np.cumsum([0, *(t.size for t in tails[:-1])]).tolist()
+    planned.append(plan_tail(tails, cfg, Ballast.concat(ballasts, firsts)))
+    given = planned[-1].stats.get("ballast_rows", 0)
+    print(f"rows given whole to the tail (balance_tail): {given}")
     rows = [mx.order_plan(p, first, args.step, exchange=False) for p in planned]
     counts = [int(p.long.num_rows) for p, _ in rows]
     offsets = np.cumsum([0, *counts[:-1]])

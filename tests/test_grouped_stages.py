@@ -80,9 +80,9 @@ def test_the_tail_planner_holds_each_released_piece_once(
     seen: list[list[int]] = []
     real = plan_stage.plan_tail
 
-    def spy(tails, config):
+    def spy(tails, config, ballast=None):
         seen.append([t.size for t in tails])
-        return real(tails, config)
+        return real(tails, config, ballast)
 
     monkeypatch.setattr(plan_stage, "plan_tail", spy)
     invoke_ok("plan", "-o", out, "-c", cfg, "-q")

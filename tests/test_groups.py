@@ -8,12 +8,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_plan import check_packs_whole, check_plan, pretrain_lengths
+from test_plan import check_packs_whole, check_plan, pretrain_lengths, rows
 
 from packcli.config import PlanConfig
 from packcli.pack.groups import (
+    BALLAST_SHARE,
+    MOST_BALLAST,
     MOST_RELEASED,
+    Ballast,
     Pieces,
+    balance_tail,
     group_count,
     merge_plans,
     plan_group,
@@ -31,11 +35,14 @@ def grouped(
     cfg: PlanConfig,
     tail_share: float = 1e-4,
     most_released: int = MOST_RELEASED,
+    sources: np.ndarray | None = None,
 ) -> tuple[list[Plan], Plan]:
-    """Group plans (doc ids of strided shards) and the tail plan, as the stages would."""
+    """Group plans (doc ids of strided shards) and the tail plan, as the stages would;
+    with ``sources`` (each document's), groups give the tail whole rows as a mixture's do
+    (``balance_tail``)."""
     bounds = np.cumsum([0, *shard_sizes])
     assert bounds[-1] == lengths.size
-    plans, tails = [], []
+    plans, tails, ballasts = [], [], []
     for g, shards in enumerate(shard_groups(len(shard_sizes), n_groups)):
         docs = (
             np.concatenate([np.arange(bounds[s], bounds[s + 1]) for s in shards])
@@ -45,9 +52,16 @@ def grouped(
         gp = plan_group(
             lengths[docs], docs, cfg, g, tail_share=tail_share, most_released=most_released
         )
+        if sources is not None:
+            k = int(sources.max(initial=0)) + 1
+            gp = balance_tail(gp, sources[gp.plan.piece_doc], sources[gp.tail.doc], k)
         plans.append(gp.plan)
         tails.append(gp.tail)
-    return plans, plan_tail(tails, cfg)
+        ballasts.append(gp.ballast or Ballast.empty(cfg.short_len, cfg.long_len))
+    if sources is None:
+        return plans, plan_tail(tails, cfg)
+    firsts = np.cumsum([0, *(t.size for t in tails[:-1])]).tolist()
+    return plans, plan_tail(tails, cfg, Ballast.concat(ballasts, firsts))
 
 
 def _split(n: int, rng: np.random.Generator) -> list[int]:
@@ -91,6 +105,86 @@ def test_groups_and_tail_make_a_valid_plan_of_the_whole_corpus(
     whole = plan_two_tier(arr, cfg)  # the same policy counts as one global plan
     for key in ("split_docs", "truncated_tokens", "dropped_docs", "empty_docs", "documents"):
         assert merged.stats[key] == whole.stats[key]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=0, max_size=200),
+    short_len=st.integers(8, 40),
+    factor=st.integers(2, 6),
+    n_groups=st.integers(2, 4),
+    n_sources=st.integers(1, 4),
+    seed=st.integers(0, 2**32),
+)
+def test_rows_given_whole_keep_the_plan_valid_and_arrive_as_they_were(
+    lengths: list[int], short_len: int, factor: int, n_groups: int, n_sources: int, seed: int
+) -> None:
+    """With groups giving the tail whole rows (a mixture's), groups and tail are still a
+    valid plan of the whole corpus, each given row is in the tail exactly as its group had
+    it (both configs), and the tail reads every piece from where its group put it."""
+    cfg = PlanConfig(short_len=short_len, long_len=short_len * factor, overlong="split")
+    arr = np.array(lengths, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    sizes = _split(arr.size, rng)
+    sources = rng.integers(0, n_sources, arr.size)
+    plans, tail = grouped(arr, sizes, n_groups, cfg, 0.0, 2, sources)
+    check_plan(arr, cfg, merge_plans([*plans, tail]))
+    # What each group gives, and the rows it gives whole, as the stages save them.
+    tails, ballasts, before = [], [], []
+    for g, shards in enumerate(shard_groups(len(sizes), n_groups)):
+        bounds = np.cumsum([0, *sizes])
+        docs = np.concatenate([np.arange(bounds[x], bounds[x + 1]) for x in shards] or [[]])
+        docs = docs.astype(np.int64)
+        gp = plan_group(arr[docs], docs, cfg, g, tail_share=0.0, most_released=2)
+        before.append(gp.plan)
+        k = int(sources.max(initial=0)) + 1
+        gp = balance_tail(gp, sources[gp.plan.piece_doc], sources[gp.tail.doc], k)
+        tails.append(gp.tail)
+        ballasts.append(gp.ballast)
+    given = Pieces.concat(tails)
+    assert tail.piece_source is not None
+    assert np.array_equal(given.doc[tail.piece_source], tail.piece_doc)
+    assert np.array_equal(given.start[tail.piece_source], tail.piece_start)
+    assert np.array_equal(given.length[tail.piece_source], tail.piece_len)
+    assert sorted(tail.piece_source.tolist()) == list(range(given.size))
+    for name in ("short", "long"):
+        tail_rows = sorted(map(tuple, rows(tail, getattr(tail, name))))
+        old_rows = {tuple(r) for p in before for r in rows(p, getattr(p, name))}
+        whole = [b for b in ballasts if b is not None]
+        n_given = sum(getattr(b, name).num_rows for b in whole)
+        kept = sum(getattr(p, name).num_rows for p in plans)
+        assert kept + n_given <= sum(getattr(p, name).num_rows for p in before)
+        assert sum(r in old_rows for r in tail_rows) >= n_given
+
+
+def test_rows_given_whole_bring_the_tail_to_the_groups_mix() -> None:
+    """A mixture's group whose released pieces lack a source of short documents (the
+    released rows hold packs of fewest pieces) gives whole rows until what it gives is near
+    its own mix, within the limits; a group that released nothing gives nothing."""
+    rng = np.random.default_rng(3)
+    short = np.clip(rng.lognormal(3.3, 0.5, 60_000), 1, None).astype(np.int64)
+    longer = np.clip(rng.lognormal(7.8, 0.6, 1_500), 1, None).astype(np.int64)
+    lengths = np.concatenate([short, longer])
+    sources = np.repeat([0, 1], [short.size, longer.size])
+    cfg = PlanConfig(overlong="split", short_len=1024, long_len=16384)
+    gp = plan_group(lengths, np.arange(lengths.size), cfg, 0)
+    assert gp.tail.size > 0
+    out = balance_tail(gp, sources[gp.plan.piece_doc], sources[gp.tail.doc], 2)
+    assert out.ballast is not None and 0 < out.ballast.long.num_rows <= MOST_BALLAST
+    share = np.bincount(sources, weights=lengths) / lengths.sum()
+
+    def off(p: Pieces) -> float:
+        return float(np.abs(np.bincount(sources[p.doc], weights=p.length, minlength=2)
+                            / p.length.sum() - share).max())  # fmt: skip
+
+    assert off(out.tail) < off(gp.tail) / 4
+    assert out.tail.length.sum() <= (1 + BALLAST_SHARE) * gp.tail.length.sum()
+    assert out.plan.long.num_rows + out.ballast.long.num_rows == gp.plan.long.num_rows
+    assert out.ballast.long.num_rows <= gp.plan.long.num_rows // 2
+    check_plan(lengths, cfg, merge_plans([out.plan, plan_tail([out.tail], cfg, out.ballast)]))
+    none = plan_group(lengths, np.arange(lengths.size), cfg, 0, most_released=0)
+    assert none.tail.size == 0
+    assert balance_tail(none, sources[none.plan.piece_doc], sources[none.tail.doc], 2) is none
 
 
 def test_kept_rows_leave_at_most_the_tail_share_free() -> None:

@@ -20,10 +20,12 @@ shards instead, and each group is planned, and later written, on its own:
    ``MOST_RELEASED`` rows per config: more under-filled rows than best fit's last few is
    the corpus's shape, which no tail can fill. The other packs of a released long row are
    exchanged for kept packs of fewer pieces (``_fewest_pieces``), and whatever is released
-   (every piece of the released long rows) goes to the **tail**.
+   (every piece of the released long rows) goes to the **tail**. A mixture's group also
+   gives the tail whole rows, so that what it gives holds its mix (``balance_tail``).
 3. **The tail is planned once, globally** (``plan_tail``): the released pieces of every
    group, which are small (a few percent of the tokens at most, often 0.1%), packed
-   two-tier as one corpus. Its under-filled last rows are the only ones the job leaves.
+   two-tier as one corpus (rows given whole are taken as they are). Its under-filled last
+   rows are the only ones the job leaves.
 
 Cost in packing: each group leaves at most ``tail_share`` of its tokens as free room in the
 rows it keeps (beyond its ``MOST_RELEASED`` roomiest rows, which a global plan would leave
@@ -66,6 +68,12 @@ MOST_RELEASED = 4
 # Packs of released rows exchanged at most per group, most pieces first: the default sizes
 # release ~1 long row of 32 packs; a tiny short_len (1,024 packs a row) stays bounded.
 EXCHANGES = 256
+# Long rows a mixture's group gives the tail whole at most (``balance_tail``): in the
+# benchmark groups gave 12-16 with 8 released; each holds up to ~4,000 pieces of 30 tokens.
+MOST_BALLAST = 32
+# ...holding at most this many times the tokens it released (what it takes to bring a
+# source the released pieces lack back to its share), and at most half its long rows.
+BALLAST_SHARE = 4
 # Which rows a group releases, as a version: part of the plan's fingerprint, so a work
 # folder planned by another rule is planned again (grouped output bytes depend on it).
 RELEASE_RULE = 2
@@ -128,11 +136,61 @@ _PIECE_FIELDS = ("doc", "start", "length")
 
 
 @dataclass(frozen=True)
+class Ballast:
+    """Whole rows a group gives the tail as they are (a mixture's, ``balance_tail``): each
+    config's rows, their ``row_pieces`` indices into the tail's pieces (in a group's
+    ``GroupPlan.tail``, after the pieces it released; in the tail's planner, into every
+    group's tail pieces one after another)."""
+
+    short: RowLayout
+    long: RowLayout
+
+    @classmethod
+    def empty(cls, short_len: int, long_len: int) -> Ballast:
+        none = np.zeros(0, dtype=np.int64)
+        start = np.zeros(1, dtype=np.int64)
+        return cls(RowLayout(short_len, start, none, none), RowLayout(long_len, start, none, none))
+
+    @property
+    def pieces(self) -> int:
+        """How many tail pieces these rows hold (every one is in one long row)."""
+        return int(self.long.row_pieces.size)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Ballast], firsts: Sequence[int]) -> Ballast:
+        """The parts' rows one after another, part ``i``'s pieces shifted by ``firsts[i]``
+        (where its group's tail pieces start among all groups')."""
+        short = concat_layouts([p.short for p in parts], firsts)
+        return cls(short, concat_layouts([p.long for p in parts], firsts))
+
+
+def concat_layouts(layouts: Sequence[RowLayout], bases: Sequence[int]) -> RowLayout:
+    """Layouts of one config one after another, layout ``i``'s pieces shifted by
+    ``bases[i]``."""
+    offsets = [np.zeros(1, dtype=np.int64)]
+    end = 0
+    for layout in layouts:
+        offsets.append(layout.row_offsets[1:] + end)
+        end += int(layout.row_offsets[-1])
+    return RowLayout(
+        layouts[0].capacity,
+        np.concatenate(offsets),
+        np.concatenate(
+            [np.zeros(0, np.int64)]
+            + [x.row_pieces + int(b) for x, b in zip(layouts, bases, strict=True)]
+        ),
+        np.concatenate([np.zeros(0, np.int64)] + [x.row_tokens for x in layouts]),
+    )
+
+
+@dataclass(frozen=True)
 class GroupPlan:
-    """One group's kept rows (``plan``: doc ids are global) and what it released."""
+    """One group's kept rows (``plan``: doc ids are global) and what it gives the tail: the
+    pieces it released, then (``ballast``, a mixture's) those of rows it gives whole."""
 
     plan: Plan
     tail: Pieces
+    ballast: Ballast | None = None
 
 
 def group_count(total_tokens: int, group_tokens: int = GROUP_TOKENS) -> int:
@@ -237,22 +295,120 @@ def plan_group(
     return GroupPlan(_keep(plan, ~released), _pieces(plan, released))
 
 
-def plan_tail(tails: Sequence[Pieces], config: PlanConfig) -> Plan:
-    """The released pieces of every group (in group order), planned two-tier as one corpus.
+def plan_tail(tails: Sequence[Pieces], config: PlanConfig, ballast: Ballast | None = None) -> Plan:
+    """The pieces every group gave the tail (in group order): the released ones planned
+    two-tier as one corpus, then the ``ballast`` rows (a mixture's: whole rows, their
+    pieces among the tails') as they are.
 
     Every piece is at most ``long_len`` already, so each stays one piece; the plan's pieces
-    are mapped back to their documents and offsets."""
+    are mapped back to their documents and offsets, and ``piece_source`` says where each
+    is in the tails (where the tail's writer reads it)."""
     tail = Pieces.concat(tails)
-    plan = plan_two_tier(tail.length, config)
-    idx = plan.piece_doc  # index into the tail: one piece per released piece
+    placed = np.zeros(tail.size, dtype=bool)
+    if ballast is not None:
+        placed[ballast.long.row_pieces] = True
+    free = np.flatnonzero(~placed)
+    plan = plan_two_tier(tail.length[free], config)
+    idx = free[plan.piece_doc]  # index into the tail: one piece per released piece
     stats = {k: v for k, v in plan.stats.items() if k not in POLICY_KEYS}
-    return dataclasses.replace(
+    stats |= {"tail_pieces": tail.size, "tail_tokens": int(tail.length.sum())}
+    planned = dataclasses.replace(
         plan,
         piece_doc=tail.doc[idx],
         piece_start=tail.start[idx] + plan.piece_start,
-        stats=stats | {"tail_pieces": tail.size, "tail_tokens": int(tail.length.sum())},
+        stats=stats,
         piece_source=idx,
     )
+    if ballast is None or not ballast.pieces:
+        return planned
+    given = np.flatnonzero(placed)  # the ballast's pieces, in tail order
+
+    def local(x: RowLayout) -> RowLayout:  # row pieces as indices into ``given``
+        return RowLayout(
+            x.capacity, x.row_offsets, np.searchsorted(given, x.row_pieces), x.row_tokens
+        )
+
+    rows = Plan(
+        tail.doc[given],
+        tail.start[given],
+        tail.length[given],
+        short=local(ballast.short),
+        long=local(ballast.long),
+        pad_multiple=planned.pad_multiple,
+        piece_source=given,
+    )
+    merged = merge_plans([planned, rows])
+    stats |= {"ballast_rows": ballast.long.num_rows, "ballast_pieces": ballast.pieces}
+    return dataclasses.replace(merged, stats=stats)
+
+
+def balance_tail(
+    grouped: GroupPlan,
+    piece_src: np.ndarray,
+    tail_src: np.ndarray,
+    n_sources: int,
+    most: int = MOST_BALLAST,
+) -> GroupPlan:
+    """A mixture's group after giving the tail whole long rows (with the short packs in
+    them) besides what it released, chosen so that what it gives holds the group's mix.
+
+    Why: a group releases its least-filled rows, and ``_fewest_pieces`` fills them with the
+    packs of fewest pieces, so the released pieces hold few of a source of short documents
+    (1.7% of fortunes against 50% in ``scripts/bench_mixture.py``). The tail, planned from
+    them, then held a mix of its own: the output's steps holding it were 2-50 points off,
+    and every group's share moved by what it released. Rows given whole need no planning
+    (the tail's planner takes them as they are, so its rows stay as full) and keep the
+    short config whole. Greedy: the kept long row that brings the given pieces' share
+    closest to the group's (sum of squared differences; ties: the lowest row), while it
+    gets closer: at most ``most`` rows, half the group's, and ``BALLAST_SHARE`` times the
+    released tokens. ``piece_src`` / ``tail_src``: each piece's source index in
+    ``grouped.plan`` / ``grouped.tail``. Deterministic; nothing given when the group
+    released nothing.
+
+    Cost: the tail holds the given rows' pieces too (12-16 rows a group in the benchmark,
+    40k-70k pieces of 30-token documents), in the one process that plans it."""
+    plan, tail = grouped.plan, grouped.tail
+    long, short = plan.long, plan.short
+    assert long is not None and short is not None
+    n = plan.piece_len.size
+    if not tail.size or not long.num_rows or n_sources < 2:
+        return grouped
+    long_row = _row_of_piece(long, n)
+    flat = long_row * n_sources + np.asarray(piece_src, np.int64)
+    rows = np.bincount(flat, weights=plan.piece_len, minlength=long.num_rows * n_sources)
+    rows = rows.reshape(long.num_rows, n_sources)
+    given = np.bincount(np.asarray(tail_src, np.int64), weights=tail.length, minlength=n_sources)
+    target = (rows.sum(axis=0) + given) / max(float(rows.sum() + given.sum()), 1.0)
+
+    def error(v: np.ndarray) -> np.ndarray:
+        tot = v.sum(axis=-1, keepdims=True)
+        share = np.divide(v, tot, out=np.zeros_like(v), where=tot > 0)
+        out: np.ndarray = ((share - target) ** 2).sum(axis=-1)
+        return out
+
+    chosen = np.zeros(long.num_rows, dtype=bool)
+    best = float(error(given))
+    room = BALLAST_SHARE * float(tail.length.sum())  # tokens the given rows may yet hold
+    row_tokens = rows.sum(axis=1)
+    for _ in range(min(most, long.num_rows // 2)):
+        errs = error(given + rows)
+        errs[chosen | (row_tokens > room)] = np.inf
+        r = int(np.argmin(errs))
+        if not errs[r] < best * (1 - 1e-6):
+            break
+        chosen[r], best, given = True, float(errs[r]), given + rows[r]
+        room -= float(row_tokens[r])
+    if not chosen.any():
+        return grouped
+    mask = chosen[long_row]
+    rows_plan = _keep(plan, mask)
+    assert rows_plan.short is not None and rows_plan.long is not None
+    shift = tail.size  # the ballast's pieces follow the released ones in the group's tail
+    ballast = Ballast(
+        dataclasses.replace(rows_plan.short, row_pieces=rows_plan.short.row_pieces + shift),
+        dataclasses.replace(rows_plan.long, row_pieces=rows_plan.long.row_pieces + shift),
+    )
+    return GroupPlan(_keep(plan, ~mask), Pieces.concat([tail, _pieces(plan, mask)]), ballast)
 
 
 def policy_counts(stats: Sequence[dict[str, Any]]) -> dict[str, int]:
@@ -263,25 +419,14 @@ def policy_counts(stats: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 def merge_plans(plans: Sequence[Plan]) -> Plan:
     """The plans' rows one after another as one plan (what the output holds, file after
-    file): for checking invariants and counting rows, never needed to write."""
+    file): for checking invariants and counting rows, and the tail's ballast rows after its
+    planned ones. ``piece_source`` is kept when every plan has it."""
     if not plans:
         raise ValueError("no plans to merge")
-    base = np.cumsum([0] + [p.piece_len.size for p in plans])
-    layouts: dict[str, RowLayout] = {}
-    for name in CONFIG_NAMES:
-        parts: list[RowLayout] = [getattr(p, name) for p in plans]
-        offsets = [np.zeros(1, dtype=np.int64)]
-        end = 0
-        for part in parts:
-            offsets.append(part.row_offsets[1:] + end)
-            end += int(part.row_offsets[-1])
-        layouts[name] = RowLayout(
-            parts[0].capacity,
-            np.concatenate(offsets),
-            np.concatenate([part.row_pieces + b for part, b in zip(parts, base, strict=False)]),
-            np.concatenate([part.row_tokens for part in parts]),
-        )
+    base = np.cumsum([0] + [p.piece_len.size for p in plans])[:-1].tolist()
+    layouts = {n: concat_layouts([getattr(p, n) for p in plans], base) for n in CONFIG_NAMES}
     stats: dict[str, Any] = policy_counts([p.stats for p in plans])
+    sources = [p.piece_source for p in plans if p.piece_source is not None]
     return Plan(
         np.concatenate([p.piece_doc for p in plans]),
         np.concatenate([p.piece_start for p in plans]),
@@ -290,6 +435,7 @@ def merge_plans(plans: Sequence[Plan]) -> Plan:
         pad_multiple=plans[0].pad_multiple,
         short=layouts["short"],
         long=layouts["long"],
+        piece_source=np.concatenate(sources) if len(sources) == len(plans) else None,
     )
 
 

@@ -34,8 +34,10 @@ from packcli.faults import crash_point
 from packcli.names import CONFIG_NAMES, TOKENS_DIR
 from packcli.pack.groups import (
     RELEASE_RULE,
+    Ballast,
     Pieces,
     Slice,
+    balance_tail,
     group_count,
     plan_group,
     plan_tail,
@@ -105,7 +107,8 @@ def plan_fingerprint(
 # output's windows (the second pass, ``_exchange_groups``).
 # 4: the second pass saves each group's tokens per source per row (``_rows_rel``).
 # 5: groups are runs of each source's documents, 1/G of its tokens each (``source_slices``).
-MIX_ORDER_RULE = 5
+# 6: a group gives the tail whole rows besides its released pieces (``balance_tail``).
+MIX_ORDER_RULE = 6
 
 
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
@@ -296,15 +299,18 @@ def _plan_groups(
             continue
         members = groups[g]
         lengths = _group_lengths(shards, members)
+        ballast = None
         if mix is not None:
-            plan, tail = _plan_mixed(cfg, shards, members, lengths, mix, g, len(groups))
+            plan, tail, ballast = _plan_mixed(cfg, shards, members, lengths, mix, g, len(groups))
         elif len(groups) == 1:  # one group: the global plan, nothing released
             plan, tail = plan_two_tier(lengths, cfg.plan), Pieces.concat([])
         else:
             grouped = plan_group(lengths, _group_docs(shards, members), cfg.plan, g)
             plan, tail = grouped.plan, grouped.tail
         del lengths
-        part = _save_part(cfg, name, plan, members, tail, len(groups), sliced=sliced)
+        part = _save_part(
+            cfg, name, plan, members, tail, len(groups), sliced=sliced, ballast=ballast
+        )
         files = {
             rel: ((cfg.work_path / rel).stat().st_size, sha256_file(cfg.work_path / rel))
             for rel in part.arrays
@@ -350,12 +356,23 @@ def plan_stage(
             else policy_counts([r.stats for r in records])
         )
         if len(groups) > 1:
-            # Every released piece once, in one set of arrays (not a list and its concat).
-            tails = Pieces.gather(
-                [p.tail_pieces for p in parts], lambda k: _load_tail(cfg, parts[k])
-            )
-            tail_plan = plan_tail([tails], cfg.plan)
-            del tails
+            # Every given piece once, in one set of arrays (not a list and its concat), and
+            # the rows a mixture's groups gave whole, their pieces among them.
+            sizes = [p.tail_pieces for p in parts]
+            ballasts: list[Ballast] = []
+
+            def load(k: int) -> Pieces:
+                tail, ballast = _load_tail(cfg, parts[k])
+                if ballast is not None:
+                    ballasts.append(ballast)
+                    firsts.append(sum(sizes[:k]))
+                return tail
+
+            firsts: list[int] = []
+            tails = Pieces.gather(sizes, load)
+            given = Ballast.concat(ballasts, firsts) if ballasts else None
+            tail_plan = plan_tail([tails], cfg.plan, given)
+            del tails, given, ballasts
             if mix is not None:  # the tail's rows start after every group's
                 tail_plan, spread = order_plan(
                     tail_plan, mix[1], TOKENS_PER_STEP, mix[0].seed, exchange=False
@@ -368,6 +385,8 @@ def plan_stage(
             parts.append(_save_part(cfg, TAIL, tail_plan, (), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
+            if mix is not None:  # long rows its groups gave the tail whole (``balance_tail``)
+                stats["tail_rows_given"] = tail_plan.stats.get("ballast_rows", 0)
             bar.update(1)
         if second:
             at = StepRows.of(parts)
@@ -549,21 +568,29 @@ def _exchange_groups(
             continue
         part = record.part
         store.pull(*part.arrays)
-        plan, tail = _load_part(cfg.work_path, cfg.plan, part)
+        plan, tail, ballast = _load_part(cfg.work_path, cfg.plan, part)
         windows = dict(record.stats["mixture_windows"])
         plan, windows["long"] = exchange_plan(
             plan, first_doc, windows["long"], spec.seed, first_row, open_end
         )
         assert part.slices is not None  # a grouped mixture's group records its slices
         done = _save_part(
-            cfg, name, plan, part.slices, tail, len(at.first_rows), steps=True, sliced=True
+            cfg,
+            name,
+            plan,
+            part.slices,
+            tail,
+            len(at.first_rows),
+            steps=True,
+            sliced=True,
+            ballast=ballast,
         )
         edges = _long_edges(plan, first_doc, windows["long"], first_row)
         rows_rel = _rows_rel(g)
         with atomic_writer(cfg.work_path / rows_rel) as fh:
             sources: dict[str, Any] = _row_sources(plan, first_doc)  # Any: as in _save_part
             np.savez(fh, **sources)
-        del plan, tail
+        del plan, tail, ballast
         path = cfg.work_path / done.plan_array
         rows_path = cfg.work_path / rows_rel
         done_record = StepsRecord(
@@ -590,19 +617,24 @@ def _plan_mixed(
     mix: tuple[MixSpec, np.ndarray],
     g: int,
     n_groups: int,
-) -> tuple[Plan, Pieces]:
+) -> tuple[Plan, Pieces, Ballast | None]:
     """A group of a mixture: its documents' copies (``packcli.pack.mixture.expand``) planned
-    as documents, keyed ``doc_id + repeat << 40``, then rows ordered for the mix."""
+    as documents, keyed ``doc_id + repeat << 40``, then rows ordered for the mix; of
+    several groups, what it gives the tail holds its mix (``balance_tail``: rows given
+    whole besides the released pieces)."""
     spec, first_doc = mix
     docs = _group_docs(shards, members)
     ex = expand(lengths, docs, first_doc, spec, cfg.plan.long_len)
     plan_cfg = dataclasses.replace(cfg.plan, overlong="split")  # others applied by expand
+    ballast = None
     if n_groups == 1:
         plan = plan_two_tier(ex.lengths, plan_cfg)
         plan, tail = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc]), None
     else:
         grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g)
-        plan, tail = grouped.plan, grouped.tail
+        src = [source_of(x, first_doc) for x in (grouped.plan.piece_doc, grouped.tail.doc)]
+        grouped = balance_tail(grouped, src[0], src[1], first_doc.size)
+        plan, tail, ballast = grouped.plan, grouped.tail, grouped.ballast
     # The exchange's windows start at the plan's first row: the output's only for one group
     # (several: the second pass, once each group's first output row is known).
     plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP, spec.seed, exchange=n_groups == 1)
@@ -622,7 +654,8 @@ def _plan_mixed(
         mixture=ex.stats,
         mixture_windows=spread,
     )
-    return dataclasses.replace(plan, stats=stats), tail if tail is not None else Pieces.concat([])
+    tail = tail if tail is not None else Pieces.concat([])
+    return dataclasses.replace(plan, stats=stats), tail, ballast
 
 
 def _mixture_stats(records: list[GroupRecord]) -> dict[str, Any]:
@@ -654,19 +687,50 @@ def _reusable(
     return store.intact(record.files, under)
 
 
-def _read_tail(path: Path) -> tuple[Pieces, dict[str, np.ndarray]]:
-    """A group's ``.tail.npz``: the pieces it released, and its arrays (for the digest)."""
+def _tail_arrays(tail: Pieces, ballast: Ballast | None) -> dict[str, np.ndarray]:
+    """A group's ``.tail.npz`` arrays: the pieces it gives the tail, and (a mixture's) the
+    layouts of the rows it gives whole (``ballast_*``; absent when none, so a plain
+    corpus's files are as before)."""
+    arrays = {"tail_doc": tail.doc, "tail_start": tail.start, "tail_len": tail.length}
+    if ballast is not None:
+        for name in CONFIG_NAMES:
+            layout: RowLayout = getattr(ballast, name)
+            arrays[f"ballast_{name}_row_offsets"] = layout.row_offsets
+            arrays[f"ballast_{name}_row_pieces"] = layout.row_pieces
+            arrays[f"ballast_{name}_row_tokens"] = layout.row_tokens
+    return arrays
+
+
+def _read_tail(path: Path, cfg: PlanConfig) -> tuple[Pieces, Ballast | None, dict[str, np.ndarray]]:
+    """A group's ``.tail.npz``: the pieces it gives the tail, the rows it gives whole (None:
+    none), and its arrays (for the digest)."""
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
-    return Pieces(arrays["tail_doc"], arrays["tail_start"], arrays["tail_len"]), arrays
+    tail = Pieces(arrays["tail_doc"], arrays["tail_start"], arrays["tail_len"])
+    ballast = None
+    if "ballast_long_row_offsets" in arrays:
+        ballast = Ballast(
+            *(
+                RowLayout(
+                    cfg.short_len if name == "short" else cfg.long_len,
+                    arrays[f"ballast_{name}_row_offsets"],
+                    arrays[f"ballast_{name}_row_pieces"],
+                    arrays[f"ballast_{name}_row_tokens"],
+                )
+                for name in ("short", "long")
+            )
+        )
+        if ballast.long.row_pieces.size and int(ballast.long.row_pieces.max()) >= tail.size:
+            raise ValueError("its rows given whole hold pieces it does not give")
+    return tail, ballast, arrays
 
 
-def _load_tail(cfg: RunConfig, part: PlanPart) -> Pieces:
-    """The pieces a group released (its small ``.tail.npz``, not its plan)."""
+def _load_tail(cfg: RunConfig, part: PlanPart) -> tuple[Pieces, Ballast | None]:
+    """What a group gives the tail (its small ``.tail.npz``, not its plan)."""
     rel = f"{PLAN_DIR}/{part.name}.tail.npz"
     work_store(cfg).pull(rel)
     try:
-        tail, _ = _read_tail(cfg.work_path / rel)
+        tail, ballast, _ = _read_tail(cfg.work_path / rel, cfg.plan)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise PackcliError(
             f"{cfg.work_path / rel}: damaged plan ({exc}); run `packcli plan` again"
@@ -675,7 +739,7 @@ def _load_tail(cfg: RunConfig, part: PlanPart) -> Pieces:
         raise PackcliError(
             f"{cfg.work_path / rel}: does not match its record; run `packcli plan` again"
         )
-    return tail
+    return tail, ballast
 
 
 def _group_lengths(shards: TokenShards, members: Sequence[Slice]) -> np.ndarray:
@@ -752,6 +816,7 @@ def _save_part(
     groups: int,
     steps: bool = False,
     sliced: bool = False,
+    ballast: Ballast | None = None,
 ) -> PlanPart:
     """A part's plan arrays (``plan/NAME.npz``) and, for a group, the pieces it released
     (``plan/NAME.tail.npz``: small, all the tail's planner reads); the digest covers both.
@@ -759,18 +824,15 @@ def _save_part(
     ``steps``: a group after the second pass, into ``plan/steps/NAME.npz`` (its released
     pieces are the first pass's, already saved). ``members``: the part's documents as
     slices of shards; ``sliced``: recorded as slices (a grouped mixture's groups share
-    shards), else as whole shards."""
+    shards), else as whole shards. ``ballast``: the rows a mixture's group gives the tail
+    whole, saved with its tail pieces."""
     # Any: numpy's stub types ``savez``'s **kwds as its allow_pickle flag.
     arrays: dict[str, Any] = _plan_arrays(plan)
     folder = cfg.work_path / PLAN_DIR
     with atomic_writer(folder / (f"{STEPS}/{name}.npz" if steps else f"{name}.npz")) as fh:
         np.savez(fh, **arrays)  # np.savez writes the same bytes to a file or a path
     if tail is not None:
-        tail_arrays: dict[str, Any] = {
-            "tail_doc": tail.doc,
-            "tail_start": tail.start,
-            "tail_len": tail.length,
-        }
+        tail_arrays: dict[str, Any] = _tail_arrays(tail, ballast)
         if not steps:
             with atomic_writer(folder / f"{name}.tail.npz") as fh:
                 np.savez(fh, **tail_arrays)
@@ -852,10 +914,11 @@ def load_plan(work: Path, shards: TokenShards) -> PlanSet:
 def load_part(work: Path, planset: PlanSet, part: PlanPart) -> tuple[Plan, Pieces]:
     """A part's plan, and (a group) the pieces it released to the tail; both checked
     against the digest ``plan.json`` holds."""
-    return _load_part(work, planset.config, part)
+    plan, tail, _ = _load_part(work, planset.config, part)
+    return plan, tail
 
 
-def _load_part(work: Path, cfg: PlanConfig, part: PlanPart) -> tuple[Plan, Pieces]:
+def _load_part(work: Path, cfg: PlanConfig, part: PlanPart) -> tuple[Plan, Pieces, Ballast | None]:
     path = work / part.plan_array
     try:
         with np.load(path) as z:  # each array read once (z[k] reads it anew every time)
@@ -878,9 +941,9 @@ def _load_part(work: Path, cfg: PlanConfig, part: PlanPart) -> tuple[Plan, Piece
             pad_multiple=cfg.pad_multiple,
             **layouts,
         )
-        tail = Pieces.concat([])
+        tail, ballast = Pieces.concat([]), None
         if not part.is_tail:
-            tail, tail_arrays = _read_tail(work / PLAN_DIR / f"{part.name}.tail.npz")
+            tail, ballast, tail_arrays = _read_tail(work / PLAN_DIR / f"{part.name}.tail.npz", cfg)
             arrays.update(tail_arrays)
         if part.tail_pieces != (plan.piece_len.size if part.is_tail else tail.size):
             raise ValueError("the part's piece count differs from plan.json")
@@ -890,7 +953,7 @@ def _load_part(work: Path, cfg: PlanConfig, part: PlanPart) -> tuple[Plan, Piece
         ) from exc
     if _digest(arrays) != part.content_sha256:
         raise PackcliError(f"{path}: does not match plan.json; run `packcli plan` again")
-    return plan, tail
+    return plan, tail, ballast
 
 
 def stored_config(cfg: RunConfig) -> RunConfig:
