@@ -31,7 +31,7 @@ from packcli.pack import exchange as xc
 from packcli.pack import mixture as mx
 from packcli.pack.exchange import piece_bound
 from packcli.pack.groups import Ballast, balance_tail, plan_group, plan_tail, source_slices
-from packcli.pack.plan import plan_two_tier, tier_summary
+from packcli.pack.plan import Plan, plan_two_tier, tier_summary
 from packcli.pack.plan_config import PlanConfig
 
 
@@ -57,6 +57,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--shard-tokens", type=int, default=16 << 20, help="the token shards groups cut (grouped)"
+    )
+    ap.add_argument(
+        "--no-carry",
+        action="store_true",
+        help="grouped: the last group does not count the tail's rows in the window they share",
     )
     ap.add_argument(
         "--no-ballast",
@@ -216,20 +221,37 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
     offsets = np.cumsum([0, *counts[:-1]])
     bounds = [tier_summary(p.long)["rows_over_bound"] for p, _ in rows]
     last = len(rows) - 1
+
+    def packcli_pass(k: int, p: Plan, s: dict) -> Plan:
+        return mx.exchange_plan(
+            p, first, s, spec.seed, int(offsets[k]), k < last, tail_rows if k == last - 1 else None
+        )[0]
+
     variants = {
         "row order alone": lambda k, p, s: p,
         "exchanged, each part on its own windows": lambda k, p, s: mx.exchange_plan(
             p, first, s, spec.seed
         )[0],
-        "exchanged on the output's windows (packcli)": lambda k, p, s: mx.exchange_plan(
-            p, first, s, spec.seed, int(offsets[k]), k < last
-        )[0],
+        "exchanged on the output's windows (packcli)": packcli_pass,
     }
     shares = [int(p.long.row_tokens.sum()) for p, _ in rows]
     print(f"{args.groups} groups and the tail; long rows per part {counts}; tokens {shares}")
+    # The tail is exchanged before the groups' second pass (its rows then known to the last).
+    tail_plan = mx.exchange_plan(rows[last][0], first, rows[last][1]["long"], spec.seed,
+                                 int(offsets[last]))[0]  # fmt: skip
+    tail_rows = None
+    if not args.no_carry:
+        tl = tail_plan.long
+        tail_rows = mx.row_source_tokens(
+            tl.row_offsets, tl.row_pieces, mx.source_of(tail_plan.piece_doc, first),
+            tail_plan.piece_size, len(lens),
+        )  # fmt: skip
     for label, how in variants.items():
         t0 = time.perf_counter()
-        parts = [how(k, p, s["long"]) for k, (p, s) in enumerate(rows)]
+        parts = [
+            tail_plan if how is packcli_pass and k == last else how(k, p, s["long"])
+            for k, (p, s) in enumerate(rows)
+        ]
         took = time.perf_counter() - t0
         after = [tier_summary(p.long)["rows_over_bound"] for p in parts]
         assert after == bounds  # the same rows, each its tokens: rows / bound unchanged

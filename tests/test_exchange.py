@@ -62,13 +62,15 @@ def _output_window_errors(
     w: int,
     offset: int,
     open_end: bool,
+    following: np.ndarray | None = None,
 ) -> float:
     """For a part whose first row is output row ``offset``: the largest error over the
     output's windows of ``w`` rows cut to the part, a window the part shares with a
     neighbour (its first when ``offset`` is not on a window's start; its last when
     ``open_end`` and the part does not end on one) as its tokens' excess over the target
     share per full window (``w * capacity``), any other as |share - target| (computed here
-    from the rows, not with the module's helpers)."""
+    from the rows, not with the module's helpers); ``following``: the next part's rows
+    (tokens per source), those in the part's last window counted in it."""
     rows = _rows(layout)
     per: dict[int, np.ndarray] = {}
     for r, row in enumerate(rows):
@@ -77,6 +79,11 @@ def _output_window_errors(
             v[src[p]] += lens[p]
     total = sum(per.values())
     target = total / total.sum()
+    if following is not None and open_end:
+        end = offset + len(rows)
+        for r, v in enumerate(following):
+            if (end + r) // w == (end - 1) // w:  # in the part's last window
+                per[(end - 1) // w] = per[(end - 1) // w] + v
     first, last = min(per), max(per)
     errors = []
     for win, v in per.items():
@@ -98,12 +105,13 @@ def _check_exchange(
     seed: int,
     offset: int = 0,
     open_end: bool = False,
+    following: np.ndarray | None = None,
 ) -> None:
     cfg = PlanConfig(short_len=32, long_len=256, overlong="split")
     plan = plan_two_tier(np.array(lengths, np.int64), cfg)
     src = np.array(sources, np.int64)[plan.piece_doc]
     before = plan.long
-    at = {"offset": offset, "open_end": open_end}
+    at = {"offset": offset, "open_end": open_end, "following": following}
     new, _moves = xc.balance_steps(
         before, _pack_of_piece(plan), src, plan.piece_len, k, w, seed, **at
     )
@@ -120,11 +128,9 @@ def _check_exchange(
         assert len({r for r, _ in at}) == 1
         assert [i for _, i in at] == list(range(at[0][1], at[0][1] + len(at)))
     # The largest window error does not rise (the output's windows, for a part at offset).
-    after_err = _output_window_errors(new, src, plan.piece_len, k, w, offset, open_end)
-    assert (
-        after_err
-        <= _output_window_errors(before, src, plan.piece_len, k, w, offset, open_end) + 1e-12
-    )
+    edges = (offset, open_end, following)
+    after_err = _output_window_errors(new, src, plan.piece_len, k, w, *edges)
+    assert after_err <= _output_window_errors(before, src, plan.piece_len, k, w, *edges) + 1e-12
     if offset == 0 and not open_end:  # a part that starts the output: as it always was
         assert (
             _window_errors(new, src, plan.piece_len, k, w)
@@ -158,6 +164,54 @@ def test_exchange_of_a_part_on_the_outputs_windows(
     step, does not rise."""
     lengths, sources = zip(*docs, strict=True)
     _check_exchange(list(lengths), list(sources), 3, w, seed, offset, open_end)
+
+
+@given(
+    docs=DOCS,
+    w=st.integers(2, 6),
+    seed=st.integers(0, 5),
+    offset=st.integers(0, 40),
+    following=st.lists(st.tuples(*[st.integers(0, 256)] * 3), min_size=0, max_size=8),
+)
+@settings(max_examples=60, deadline=None)
+def test_exchange_counts_the_next_parts_rows_in_the_window_they_share(
+    docs, w: int, seed: int, offset: int, following: list[tuple[int, int, int]]
+) -> None:
+    """The last group before the tail (whose rows are known): the same invariants, and the
+    largest error over the output's windows, the last one holding the tail's rows in it,
+    does not rise."""
+    lengths, sources = zip(*docs, strict=True)
+    after = np.array(following, np.float64).reshape(-1, 3)
+    _check_exchange(list(lengths), list(sources), 3, w, seed, offset, True, after)
+
+
+def test_the_last_group_makes_up_for_the_tails_side_of_their_window() -> None:
+    """A tail side far off the share (all source 0): with its rows counted, the last group's
+    side of the window they share leans the other way, so the step is nearer its share
+    than when each side holds its own (the error measured over the whole step)."""
+    rng = np.random.default_rng(5)
+    cfg = PlanConfig(short_len=32, long_len=256, overlong="split")
+    lengths = rng.integers(1, 200, 600)
+    sources = rng.integers(0, 3, 600)
+    plan = plan_two_tier(lengths, cfg)
+    src = sources[plan.piece_doc]
+    n = plan.long.num_rows
+    w, offset = 8, 3  # the part ends 4 rows into a window: 4 of the tail's rows follow
+    tail = np.tile([[256.0, 0.0, 0.0]], (6, 1))
+    errors = []
+    for following in (None, tail):
+        new, _ = xc.balance_steps(
+            plan.long, _pack_of_piece(plan), src, plan.piece_len, 3, w, 0, None, 0, offset,
+            True, following,
+        )  # fmt: skip
+        rows = _rows(new)
+        last = [r for r in range(n) if (offset + r) // w == (offset + n - 1) // w]
+        v = tail[: -(offset + n) % w].sum(axis=0)
+        for r in last:
+            np.add.at(v, src[rows[r]], plan.piece_len[rows[r]])
+        total = np.bincount(src, weights=plan.piece_len, minlength=3)
+        errors.append(float(np.abs(v / v.sum() - total / total.sum()).max()))
+    assert errors[1] < errors[0] - 0.05
 
 
 def test_the_outputs_windows_over_a_part() -> None:
@@ -545,6 +599,9 @@ def test_grouped_mixture_tail_holds_the_outputs_mix(
     assert np.abs(windows / windows.sum(1, keepdims=True) - share).max() < 0.05
     stats = json.loads((out / ".packcli" / "plan.json").read_text())["stats"]
     assert stats["tail_rows_given"] > 0
+    # The last group's second pass counted the tail's rows as the output holds them.
+    steps = json.loads((out / ".packcli" / "plan" / "steps.json").read_text())
+    assert np.array_equal(np.array(steps["tail_rows"]), tail)
 
 
 @pytest.mark.parametrize("point", ["plan-steps:1", "plan"])

@@ -17,7 +17,9 @@ output's windows (``Windows``: cut at the output's multiples of ``window_rows`` 
 first output row), and a window it shares with the part before or after it is held to
 its share of the step: its error is its tokens' excess over the target share of them per
 full window's tokens, what it adds to the step's share, so that each side near zero makes
-the straddling step near target too.
+the straddling step near target too. Where the next part's rows are known before (the
+tail's, for the last group: ``Windows.carried``), they are counted in the shared window,
+whose error is then the step's: this part makes up for the other side.
 
 1. *Deal* (``deal_windows``): rows, coarsest first (by their largest long piece, e.g. a
    book), each to the window with a free place whose squared error it leaves least; an
@@ -384,6 +386,7 @@ def exchange_kernel(
     capacity: int,
     bounds: np.ndarray,
     norm: np.ndarray,
+    fixed: np.ndarray,
     target: np.ndarray,
     rand: np.ndarray,
     max_passes: int,
@@ -394,7 +397,8 @@ def exchange_kernel(
 ) -> int:
     """The exchange (module docstring), in place: ``pos_row[p]`` is the row at position p,
     ``slot_unit[slot_offsets[r]:slot_offsets[r+1]]`` the units of row r, ``row_tok`` each
-    row's tokens; window i holds positions ``bounds[i]..bounds[i+1]-1``, its error per
+    row's tokens; window i holds positions ``bounds[i]..bounds[i+1]-1`` plus ``fixed[i]``
+    (tokens per source of another part's rows in it, which no move changes), its error per
     ``_err`` with ``norm[i]``; with ``peer_lo`` (not empty) window i trades only with
     windows ``peer_lo[i]..peer_hi[i]-1``. Returns the number of moves."""
     n_rows = pos_row.shape[0]
@@ -409,6 +413,9 @@ def exchange_kernel(
     win_tot = np.zeros(n_win)
     widest, most_peers = 1, 2 * N_PARTNERS
     for i in range(n_win):
+        for x in range(k):
+            win_vec[i, x] = fixed[i, x]
+            win_tot[i] += fixed[i, x]
         widest = max(widest, bounds[i + 1] - bounds[i])
         if peer_lo.shape[0] > 0:
             most_peers = max(most_peers, peer_hi[i] - peer_lo[i])
@@ -555,10 +562,25 @@ class Windows:
     with ``open_end``, unless the part ends one), whose error is its tokens' excess over
     their target share per ``norm`` tokens (a full window's): each side then holds its
     share of the step, so the step is near target too. Every other window, the output's
-    shorter last one too, is held to its share (``_err``)."""
+    shorter last one too, is held to its share (``_err``). ``fixed[i]``: tokens per source
+    of the next part's rows in window i (its last), when they are known before this part
+    is exchanged (the tail's, for the last group), so the window's error is the step's,
+    and this part makes up for what the next part's side of it lacks."""
 
     bounds: np.ndarray
     norm: np.ndarray
+    fixed: np.ndarray | None = None
+
+    def carried(
+        self, following: np.ndarray | None, n_sources: int, rows: int, end: int
+    ) -> np.ndarray:
+        """``fixed`` for a part ending at output row ``end`` (exclusive) followed by rows of
+        ``following`` ((R, K) tokens per source, in the next part's order): those up to the
+        output's next window cut, in the part's last window; zeros when none."""
+        fixed = np.zeros((self.count, n_sources))
+        if following is not None and self.count and self.norm[-1] > 0:
+            fixed[-1] = np.asarray(following, np.float64)[: -end % rows].sum(axis=0)
+        return fixed
 
     @classmethod
     def of(
@@ -599,6 +621,7 @@ def balance_steps(
     group: int = 0,
     offset: int = 0,
     open_end: bool = False,
+    following: np.ndarray | None = None,
 ) -> tuple[RowLayout, int]:
     """The long layout after the exchange at windows of ``window_rows`` rows (rows trade
     positions, units trade rows), and the number of moves. ``group`` > 0: windows trade
@@ -606,13 +629,17 @@ def balance_steps(
     sums, hence any coarser balance, stay as they are); else from the deal
     (``deal_windows``), or the given order where that ends worse. ``offset``: the layout's
     first row is the output's row ``offset`` (a part after others), and windows and groups
-    are the output's (``Windows``); ``open_end``: rows of another part follow it. Within a
+    are the output's (``Windows``); ``open_end``: rows of another part follow it, and
+    ``following`` (their tokens per source per row, (R, K), when known: ``Windows.carried``)
+    are counted in the window it shares with them. Within a
     row, units keep the order of their old positions in the layout, so a row nothing moved
     in reads as before."""
     n_rows = layout.num_rows
     windows = Windows.of(n_rows, window_rows, int(layout.capacity), offset, open_end)
     if windows.count < 2 or n_sources < 2:  # one window: nothing to trade with
         return layout, 0
+    fixed = windows.carried(following, n_sources, window_rows, offset + n_rows)
+    windows = Windows(windows.bounds, windows.norm, fixed)
     units = units_of(layout, pack_of_piece, piece_src, piece_size, n_sources)
     n_units = units.start.size
     vec = np.ascontiguousarray(units.vec, dtype=np.float64)
@@ -642,6 +669,7 @@ def balance_steps(
             int(layout.capacity),
             windows.bounds,
             windows.norm,
+            fixed,
             target,
             rand,
             MAX_PASSES,
@@ -711,6 +739,8 @@ def _largest_error(
     n_win = windows.count
     per = np.zeros((n_win, target.size))
     np.add.at(per, win, units.vec)
+    if windows.fixed is not None:
+        per += windows.fixed
     tot = per.sum(axis=1, keepdims=True)
     err = np.abs(np.divide(per, tot, out=np.zeros_like(per), where=tot > 0) - target)
     shared = windows.norm > 0

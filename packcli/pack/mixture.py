@@ -485,13 +485,16 @@ def exchange_plan(
     seed: int = 0,
     offset: int = 0,
     open_end: bool = False,
+    following: np.ndarray | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The plan with its long config's units exchanged between the output's windows
     (``packcli.pack.exchange``: windows of 4 steps, or more where a piece forbids, then the
     steps inside each), and its long config's ``spread`` (``order_plan``'s) updated.
     ``offset``: the plan's first long row is the output's row ``offset``, whose windows
     start at the output's row 0; ``open_end``: another part's rows follow (the windows the
-    plan shares with its neighbours then hold their share of a step: ``exchange.Windows``).
+    plan shares with its neighbours then hold their share of a step: ``exchange.Windows``);
+    ``following``: the next part's first long rows' tokens per source (R, K; by
+    ``piece_size``), when known, counted in the window shared with them.
     A plan ``order_plan`` gave no piece bound (no short config, one source) is as it was."""
     import dataclasses
 
@@ -513,8 +516,9 @@ def exchange_plan(
 
     def balance(layout: Any, rows: int, group: int = 0) -> tuple[Any, int]:
         return xc.balance_steps(
-            layout, pack_of_piece, src, sizes, k, rows, seed, target, group, offset, open_end
-        )
+            layout, pack_of_piece, src, sizes, k, rows, seed, target, group, offset, open_end,
+            following,
+        )  # fmt: skip
 
     new, moves = balance(layout, w_ex)
     if w_ex > window:  # then the steps inside each window, trading within it only

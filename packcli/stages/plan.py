@@ -107,7 +107,8 @@ def plan_fingerprint(
 # output's windows (the second pass, ``_exchange_groups``).
 # 4: the second pass saves each group's tokens per source per row (``_rows_rel``).
 # 5: groups are runs of each source's documents, 1/G of its tokens each (``source_slices``).
-# 6: a group gives the tail whole rows besides its released pieces (``balance_tail``).
+# 6: a group gives the tail whole rows besides its released pieces (``balance_tail``), and
+# the last group counts the tail's rows in the window they share (``StepRows.tail_rows``).
 MIX_ORDER_RULE = 6
 
 
@@ -382,6 +383,7 @@ def plan_stage(
                     tail_plan, mix[1], spread["long"], mix[0].seed, first_row
                 )
                 tail_edges = _long_edges(tail_plan, mix[1], spread["long"], first_row)
+                tail_rows = _long_sources(tail_plan, mix[1])
             parts.append(_save_part(cfg, TAIL, tail_plan, (), None, 0))
             work_store(cfg).push(f"{PLAN_DIR}/{TAIL}.npz")
             stats.update(groups=len(groups), tail_tokens=tail_plan.stats["tail_tokens"])
@@ -389,7 +391,7 @@ def plan_stage(
                 stats["tail_rows_given"] = tail_plan.stats.get("ballast_rows", 0)
             bar.update(1)
         if second:
-            at = StepRows.of(parts)
+            at = StepRows.of(parts, tail_rows)
             atomic_write_json(cfg.work_path / PLAN_DIR / f"{STEPS}.json", at.to_json())
             work_store(cfg).push(f"{PLAN_DIR}/{STEPS}.json")
             if run_tasks is not None:
@@ -452,17 +454,22 @@ def steps_task(
         _exchange_groups(cfg, shards, at, mine, bar.update)
 
 
+def _long_sources(plan: Plan, first_doc: np.ndarray) -> np.ndarray:
+    """Each long row's tokens per source (by ``piece_size``: what a row takes)."""
+    src = source_of(plan.piece_doc, first_doc)
+    layout = plan.long
+    assert layout is not None  # a plan of the plan stage has both configs
+    return row_source_tokens(
+        layout.row_offsets, layout.row_pieces, src, plan.piece_size, first_doc.size
+    )
+
+
 def _long_edges(
     plan: Plan, first_doc: np.ndarray, spread: dict[str, Any], first_row: int
 ) -> dict[str, Any]:
     """A part's long rows at the edges of the output's step windows (``window_edges``), and
     its long tokens per source."""
-    src = source_of(plan.piece_doc, first_doc)
-    layout = plan.long
-    assert layout is not None  # a plan of the plan stage has both configs
-    m = row_source_tokens(
-        layout.row_offsets, layout.row_pieces, src, plan.piece_size, first_doc.size
-    )
+    m = _long_sources(plan, first_doc)
     return {
         **window_edges(m, int(spread["window_rows"]), first_row),
         "tokens": m.sum(axis=0).astype(np.int64).tolist(),
@@ -561,7 +568,11 @@ def _exchange_groups(
         store.pull(f"{PLAN_DIR}/{name}.json", _steps_rel(g))
         record = _group_record(cfg, g)
         first_row, open_end = at.first_rows[g], at.open_end[g]
-        fp = fingerprint([record.fingerprint, record.part.content_sha256, first_row, open_end])
+        # The last group counts the tail's rows in the window they share (``StepRows``).
+        following = at.tail_rows if g == len(at.first_rows) - 1 and at.tail_rows else None
+        fp = fingerprint(
+            [record.fingerprint, record.part.content_sha256, first_row, open_end, following]
+        )
         done_before = read_record(StepsRecord, cfg.work_path / _steps_rel(g))
         if _reusable(store, done_before, fp, f"{PLAN_DIR}/{STEPS}"):
             on_group(1)
@@ -571,7 +582,13 @@ def _exchange_groups(
         plan, tail, ballast = _load_part(cfg.work_path, cfg.plan, part)
         windows = dict(record.stats["mixture_windows"])
         plan, windows["long"] = exchange_plan(
-            plan, first_doc, windows["long"], spec.seed, first_row, open_end
+            plan,
+            first_doc,
+            windows["long"],
+            spec.seed,
+            first_row,
+            open_end,
+            None if following is None else np.asarray(following, np.float64),
         )
         assert part.slices is not None  # a grouped mixture's group records its slices
         done = _save_part(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -111,18 +111,29 @@ class PlanRecord(Record):
 class StepRows(Record):
     """``plan/steps.json``, the second pass's input, fixed once every group and the tail are
     planned (row counts do not change in it): per group, its first long row in the output,
-    and whether long rows follow it (a later group's or the tail's)."""
+    and whether long rows follow it (a later group's or the tail's); and the tail's first
+    long rows' tokens per source (``tail_rows``, by ``piece_size``; at most ``HEAD_ROWS``),
+    which the last group counts in the window it shares with them (the tail is exchanged
+    before the groups' second pass, so its rows are known)."""
 
     first_rows: tuple[int, ...]
     open_end: tuple[bool, ...]
+    tail_rows: tuple[tuple[int, ...], ...]
+
+    HEAD_ROWS: ClassVar[int] = 4096  # more than any exchange window of the default steps
 
     @classmethod
-    def of(cls, parts: Sequence[PlanPart]) -> StepRows:
+    def of(cls, parts: Sequence[PlanPart], tail_rows: np.ndarray | None = None) -> StepRows:
         """From the parts in output order: the groups, then the tail."""
         rows = [p.rows["long"] for p in parts]
         first = np.cumsum([0, *rows[:-1]])
         after = np.cumsum(rows[::-1])[::-1] - rows  # rows of the parts after each
-        return cls(tuple(int(x) for x in first[:-1]), tuple(bool(x > 0) for x in after[:-1]))
+        head = (
+            ()
+            if tail_rows is None
+            else tuple(tuple(int(x) for x in r) for r in np.asarray(tail_rows)[: cls.HEAD_ROWS])
+        )
+        return cls(tuple(int(x) for x in first[:-1]), tuple(bool(x > 0) for x in after[:-1]), head)
 
 
 @dataclass(frozen=True)
