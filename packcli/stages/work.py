@@ -19,12 +19,14 @@ from packcli.atomic import atomic_write_json
 from packcli.config import ReadConfig, RunConfig
 from packcli.errors import ConfigError
 from packcli.fs import (
+    WorkMarker,
     check_remote_output,
     check_writable,
     foreign_files,
     marker_files,
     redact,
     refuse_foreign,
+    work_marker_of,
     writes_at,
 )
 from packcli.names import CONFIG_NAMES, MARKER, OUT_LOCK, TOKENS_DIR, WORK_DIR, WORK_MARKER
@@ -54,9 +56,9 @@ def _is_work_folder(work: Path, out: Path | None) -> bool:
     """Whether ``work`` holds packcli's marker (naming ``out``, when given: a work folder
     elsewhere claims only the output it was made for). A work folder of a packcli without
     markers is recognised by its tokenize stage record."""
-    marker = read_json(work / WORK_MARKER)
-    if marker.get("packcli_work") == 1:
-        return out is None or marker.get("out") == str(out.resolve())
+    marker = read_work_marker(work)
+    if marker is not None:
+        return out is None or marker.out == str(out.resolve())
     from packcli.tokenize.records import STAGE, StageRecord
 
     return out is None and StageRecord.recognised(read_json(work / TOKENS_DIR / STAGE))
@@ -225,17 +227,24 @@ def claim_output(cfg: RunConfig) -> None:
     work = cfg.work_path
     work.mkdir(parents=True, exist_ok=True)
     marker = work_marker(cfg)
-    if read_json(work / WORK_MARKER) != marker:
-        atomic_write_json(work / WORK_MARKER, marker)
+    if read_work_marker(work) != marker:
+        atomic_write_json(work / WORK_MARKER, marker.to_json())
     work_store(cfg).claim(marker, WORK_MARKER)
     _keep_owned(cfg)
 
 
-def work_marker(cfg: RunConfig) -> dict[str, Any]:
+def work_marker(cfg: RunConfig) -> WorkMarker:
     """The work folder's marker: it names the output it was made for (a URL work folder's,
     the output's redacted URL)."""
     out = redact(cfg.out) if cfg.remote_work else str(cfg.out_path.resolve())
-    return {"packcli_work": 1, "out": out}
+    return WorkMarker.naming(out)
+
+
+def read_work_marker(work: Path) -> WorkMarker | None:
+    """The marker of the local work folder ``work``; None when it has none, or one that is
+    damaged or foreign (then the folder is not packcli's)."""
+    path = work / WORK_MARKER
+    return work_marker_of(read_json(path), path)
 
 
 def uncomplete(cfg: RunConfig) -> None:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, TOKENS_DIR, WORK_LOCK
 
 if TYPE_CHECKING:
+    from packcli.fs import WorkMarker
     from packcli.stages.write_records import FileRecord
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class LocalWork:
     def remove(self, *rels: str) -> None:
         pass
 
-    def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
+    def claim(self, marker: WorkMarker, marker_rel: str) -> None:
         pass
 
     def fresh(self) -> None:
@@ -394,7 +395,7 @@ class WorkStore(StagingWork):
             for path in base.rglob("*"):
                 rel = path.relative_to(self.local).as_posix()
                 stale = path.is_file() and _is_record(rel) and rel not in remote
-                if stale and path.name not in _KEEP and not rel.startswith("locks/"):
+                if stale and path.name not in _KEEP and not rel.startswith(f"{TASK_LOCKS}/"):
                     path.unlink()
         with ThreadPoolExecutor(_PUT_THREADS) as pool:
             list(pool.map(self._get, sorted(remote)))
@@ -576,13 +577,19 @@ class WorkStore(StagingWork):
         every data file."""
         return set()
 
-    def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
+    def claim(self, marker: WorkMarker, marker_rel: str) -> None:
         """Mark the work folder as packcli's, naming its output (the output prefix is marked
         when its first file goes there: ``fs.begin_changes``)."""
-        if self.read_json(marker_rel) != marker:
-            body = json.dumps(marker, indent=2, sort_keys=True).encode("utf-8")
+        if self.work_marker(marker_rel) != marker:
+            body = json.dumps(marker.to_json(), indent=2, sort_keys=True).encode("utf-8")
             where = self._remote(marker_rel)
             self._call("write its marker", lambda: self.fs.pipe_file(where, body))
+
+    def work_marker(self, marker_rel: str) -> WorkMarker | None:
+        """The work folder's marker on the store (None: none, damaged or foreign)."""
+        from packcli.fs import work_marker_of
+
+        return work_marker_of(self.read_json(marker_rel), self.shown(marker_rel))
 
     # ------------------------------------------------------------------ the mirror
 
@@ -652,17 +659,17 @@ def in_mirror(fn: F) -> F:
     return cast(F, run)
 
 
-def check_remote_work(url: str, marker: dict[str, Any], marker_rel: str, overwrite: bool) -> None:
+def check_remote_work(url: str, marker: WorkMarker, marker_rel: str, overwrite: bool) -> None:
     """Refuse a work folder URL that holds files but not packcli's marker naming this output
     (the rule a local ``--work-dir`` follows): packcli would delete files there."""
     from packcli.errors import ConfigError
     from packcli.fs import redact
 
-    store = WorkStore(url, Path(), marker["out"], Path())
+    store = WorkStore(url, Path(), marker.out, Path())
     files = store.listing()
-    if not files or overwrite or store.read_json(marker_rel) == marker:
+    if not files or overwrite or store.work_marker(marker_rel) == marker:
         return
     raise ConfigError(
         f"work folder {redact(url)} is not empty and is not packcli's work folder for "
-        f"{marker['out']}; choose another --work-dir or pass --overwrite"
+        f"{marker.out}; choose another --work-dir or pass --overwrite"
     )
