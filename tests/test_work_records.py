@@ -13,7 +13,7 @@ import pytest
 from packcli.config import RunConfig
 from packcli.errors import ConfigError
 from packcli.stages import lock
-from packcli.stages.work import check_output_folder, claim_output
+from packcli.stages.work import check_output_folder, claim_output, owned_outputs
 
 
 def _with_marker(out: Path, body: bytes) -> Path:
@@ -79,3 +79,28 @@ def test_a_lock_line_that_does_not_read_as_a_holder_is_not_named(tmp_path: Path)
             lock.hold(out, work),
         ):
             pass
+
+
+def _owned_list(out: Path, body: bytes) -> None:
+    (out / ".packcli" / "owned").mkdir(parents=True)
+    (out / ".packcli" / "owned" / "0123456789abcdef.json").write_bytes(body)
+
+
+def test_a_list_of_owned_files_kept_by_an_earlier_packcli_still_owns_them(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rel = "data/long/train-00000-of-00001.parquet"
+    _owned_list(out, (json.dumps({"files": [rel]}, indent=2, sort_keys=True) + "\n").encode())
+    assert owned_outputs(RunConfig(out=str(out))) == {rel}
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"files": "data/long/x.parquet"}', b'{"files": [3]}', b"{}", b'{"files": [']
+)
+def test_a_damaged_list_of_owned_files_owns_nothing(
+    tmp_path: Path, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its files are then refused as another's (never deleted); the log names the list."""
+    out = tmp_path / "out"
+    _owned_list(out, body)
+    assert owned_outputs(RunConfig(out=str(out))) == set()
+    assert "0123456789abcdef.json: damaged list of files packcli wrote" in caplog.text

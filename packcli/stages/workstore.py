@@ -43,10 +43,12 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Self, TypeVar, cast
 
 from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, TOKENS_DIR, WORK_LOCK
+from packcli.records import Record, parse_record
 
 if TYPE_CHECKING:
     from packcli.fs import WorkMarker
@@ -62,6 +64,25 @@ UNITS = f"{TOKENS_DIR}/files"
 STORED = "_STORED.json"
 """In a unit folder on the store: the store's version (ETag, generation) of each file put,
 taken right after the puts; resume trusts a shard only while the store still has it."""
+
+
+@dataclass(frozen=True)
+class StoredVersions(Record):
+    """``STORED``: each file put of a unit (by name in its folder) -> the version the store
+    gave it. The file is the mapping itself, so this record reads and writes its one field
+    as the whole object; no version field (its bytes stay those every packcli wrote)."""
+
+    VERSION: ClassVar[int | None] = None
+
+    versions: dict[str, dict[str, str]]
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.versions)
+
+    @classmethod
+    def from_json(cls, data: object, path: Path | str, prefix: str = "") -> Self:
+        return super().from_json({"versions": data}, path, prefix)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -461,7 +482,9 @@ class WorkStore(StagingWork):
         there = self.infos(rel)
         self.remove(*sorted(set(there) - set(body) - {record, stored}))
         versions = {f[len(rel) + 1 :]: content_version(there.get(f, {})) for f in body}
-        body_json = json.dumps(versions, indent=1, sort_keys=True).encode("utf-8")
+        body_json = json.dumps(StoredVersions(versions).to_json(), indent=1, sort_keys=True).encode(
+            "utf-8"
+        )
         where = self._remote(stored)
         self._call(f"write {stored}", lambda: self.fs.pipe_file(where, body_json))
         self.push(record)
@@ -482,7 +505,6 @@ class WorkStore(StagingWork):
         and every shard it lists there at its recorded size and as the store had it when put
         (``STORED``; one listing for all units)."""
         from packcli.fs import same_version
-        from packcli.records import parse_record
         from packcli.tokenize.records import SUCCESS, UnitRecord
 
         found = self.infos(UNITS)
@@ -497,17 +519,21 @@ class WorkStore(StagingWork):
             if record is None or record.fingerprint != unit["fingerprint"]:
                 continue
             # The store's version of each shard as it was put: a shard replaced since (the
-            # same size, other tokens) is not the one the record vouches for.
-            stored = self.read_json(f"{rel}/{STORED}")
+            # same size, other tokens) is not the one the record vouches for. A damaged
+            # list vouches for none: the unit is tokenized again.
+            listed = parse_record(
+                StoredVersions, self.read_json(f"{rel}/{STORED}"), f"{rel}/{STORED}"
+            )
+            stored = {} if listed is None else listed.versions
 
             def intact(
-                name: Any, size: Any, rel: str = rel, stored: dict[str, Any] = stored
+                name: Any, size: Any, rel: str = rel, stored: dict[str, dict[str, str]] = stored
             ) -> bool:
                 there = found.get(f"{rel}/{name}")
                 return (
                     there is not None
                     and int(there.get("size") or 0) == size
-                    and isinstance(stored.get(name), dict)
+                    and name in stored
                     and same_version(stored[name], there)
                 )
 
