@@ -91,10 +91,10 @@ T = TypeVar("T")
 def _is_record(rel: str) -> bool:
     """Files a stage reads back: everything but the shards and their per-shard manifests
     (the unit's ``_SUCCESS.json`` lists those manifests)."""
+    from packcli.tokenize.records import UNIT_STAMP
+
     name = rel.rsplit("/", 1)[-1]
-    return not (
-        name.endswith(".arrow") or _SHARD_MANIFEST.match(name) or name == "fingerprint.json"
-    )
+    return not (name.endswith(".arrow") or _SHARD_MANIFEST.match(name) or name == UNIT_STAMP)
 
 
 class LocalWork:
