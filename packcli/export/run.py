@@ -93,8 +93,8 @@ def export_pack(
         place = _destination(pack, to, dest)
         settings: dict[str, Any] = {
             "format": to,
-            "pack_fingerprint": pack.meta["run"].get("fingerprint"),
-            "tokens_fingerprint": pack.meta["run"].get("tokens_fingerprint"),
+            "pack_fingerprint": pack.meta.run.get("fingerprint"),
+            "tokens_fingerprint": pack.meta.run.get("tokens_fingerprint"),
         }
         if to == "megatron-bridge":
             return _export_rows(pack, place, settings, configs_of(config), quiet)
