@@ -171,13 +171,14 @@ class PackedTitanDataset(IterableDataset[tuple[dict[str, torch.Tensor], torch.Te
             raise TitanDataError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
         self.pack_dir = Path(pack_dir)
         meta = read_marker(self.pack_dir)
-        run = meta["run"]
+        run = meta.run
         if (run.get("format") or "text") == "preference":
             raise TitanDataError(
                 f"{self.pack_dir} holds preference pairs, which need a pairwise loss (DPO) that "
                 "torchtitan's next-token training does not have; see packcli.collate for DPO"
             )
-        capacity = int(meta["config"]["plan"][f"{config}_len"])
+        plan = meta.plan_shape()
+        capacity = plan.long_len if config == "long" else plan.short_len
         self.seq_len = capacity if seq_len is None else int(seq_len)
         if self.seq_len < capacity:
             raise TitanDataError(
@@ -189,8 +190,8 @@ class PackedTitanDataset(IterableDataset[tuple[dict[str, torch.Tensor], torch.Te
         self.vocab_size = int(run["tokenizer"]["vocab_size"])
         self.config = config
         self.files = [
-            (self.pack_dir / "data" / config / entry["file"], int(entry["rows"]))
-            for entry in meta["files"][config]
+            (self.pack_dir / "data" / config / entry.file, entry.rows)
+            for entry in meta.files.of(config)
         ]
         self.num_rows = sum(rows for _, rows in self.files)
         if self.num_rows < dp_world_size:

@@ -66,7 +66,7 @@ def segment_lengths(out: Path, config: str) -> np.ndarray:
 
 def cp_padding(out: Path) -> None:
     """Padding share and rows of each tier at ``--cp-size C`` (see the module docstring)."""
-    plan = read_marker(out)["config"]["plan"]
+    plan = read_marker(out).config["plan"]
     if int(plan.get("cp_size", 1)) > 1:
         raise SystemExit(f"{out} is padded already: give an output packed without --cp-size")
     pieces = segment_lengths(out, "long")  # every piece once (short packs sit in long rows)

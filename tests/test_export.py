@@ -142,6 +142,24 @@ def test_rerun_skips_complete_parts_and_rewrites_damaged_ones(text, tmp_path: Pa
     assert (dest / "packcli-export.json").read_bytes() == before
 
 
+def test_the_claim_carries_what_earlier_runs_claimed_unless_it_is_damaged(
+    text, tmp_path: Path
+) -> None:
+    from packcli.export.record import CLAIM
+
+    out, _ = text
+    dest = tmp_path / "mg"
+    invoke_ok("export", out, "--to", "megatron", "--dest", dest, "-q")
+    claim = dest / CLAIM
+    planned = json.loads(claim.read_text())["files"]
+    claim.write_text(json.dumps({"files": [*planned, "earlier.bin"]}))  # an earlier run's
+    invoke_ok("export", out, "--to", "megatron", "--dest", dest, "-q")
+    assert json.loads(claim.read_text())["files"] == sorted([*planned, "earlier.bin"])
+    claim.write_text(json.dumps({"files": ["earlier.bin", 3]}))  # damaged: names nothing
+    invoke_ok("export", out, "--to", "megatron", "--dest", dest, "-q")
+    assert json.loads(claim.read_text())["files"] == planned
+
+
 def test_a_damaged_or_incomplete_pack_is_named(toy_tokenizer_path: Path, tmp_path: Path) -> None:
     out, _ = text_pack(tmp_path, toy_tokenizer_path)
     shard = next((out / ".packcli" / "tokens" / "files").rglob("shard-00000.arrow"))

@@ -531,3 +531,19 @@ def test_a_failed_store_call_is_one_redacted_line_of_the_callers_error() -> None
     with pytest.raises(ConfigError, match=r"^already one of packcli's, with its own words$"):
         packfs.store_call(ours, "x", "y", Mine)
     assert packfs.store_call(lambda: 7, "x", "y") == 7
+
+
+@pytest.mark.parametrize("marker", [b'{"packcli_work": 1, "out": 5}', b'{"packcli_work": 1'])
+def test_a_damaged_marker_of_a_started_upload_does_not_claim_the_prefix(
+    bucket: str, marker: bytes
+) -> None:
+    fs, _ = packfs.locate(f"s3://{bucket}")
+    out = f"s3://{bucket}/started-{len(marker)}"
+    fs.pipe_file(f"{out[5:]}/data/long/train-00000-of-00001.parquet", b"killed upload")
+    fs.pipe_file(f"{out[5:]}/{packfs.REMOTE_MARKER}", marker)
+    with pytest.raises(ConfigError, match="is not empty and is not a packcli output"):
+        packfs.check_remote_output(out, overwrite=False)
+    fs.pipe_file(f"{out[5:]}/{packfs.REMOTE_MARKER}", packfs.WorkMarker.naming(out).compact())
+    # Claimed now: only its unlisted data file is refused (the upload log names none).
+    with pytest.raises(ConfigError, match="1 file\\(s\\) packcli did not write"):
+        packfs.check_remote_output(out, overwrite=False)

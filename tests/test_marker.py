@@ -70,7 +70,8 @@ def test_the_marker_reads_back_to_the_same_bytes(tmp_path: Path) -> None:
     assert record.plan_shape() == marker.PlanShape(64, 1024, "split")
     assert record.report_shape().tiers.short == marker.TierCounts(rows=2, tokens=9, segments=1)
     (tmp_path / "packcli.json").write_bytes(json_bytes(data))
-    assert marker.read_marker(tmp_path) == data
+    assert marker.read_marker(tmp_path) == record
+    assert marker.work_folder(tmp_path, record) == tmp_path / ".packcli"
     del data["parts"]  # an output of a packcli before parts: one part (verify_part.parts_of)
     assert json_bytes(marker.Marker.from_json(data, "packcli.json").to_json()) == json_bytes(data)
 

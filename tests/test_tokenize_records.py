@@ -16,14 +16,22 @@ from corpora import mixed_lengths, write_corpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from packcli.config import RunConfig
+from packcli.errors import PackcliError
 from packcli.records import OldRecordError, RecordError, read_record
+from packcli.stages.index import index_tokens
 from packcli.tokenize.records import (
+    BACKEND,
     SUCCESS,
+    UNIT_STAMP,
+    BackendChoice,
     ShardIndex,
+    ShardManifest,
     SourceCount,
     SourceSpec,
     StageRecord,
     UnitRecord,
+    UnitStamp,
 )
 
 names = st.text("abcdefghij_", min_size=1, max_size=8)
@@ -256,3 +264,50 @@ def test_an_older_work_folder_is_tokenized_again_not_misread(
     ShardIndex.from_json(json.loads((tokens / SUCCESS).read_text()), tokens / SUCCESS)
     assert {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")} == expected
     assert json.loads((out / "packcli.json").read_text())["report"] == report
+
+
+def test_damaged_records_without_a_version_are_redone_not_misread(
+    tmp_path: Path, toy_tokenizer_path: Path
+) -> None:
+    """``backend.json`` with a field of the wrong type, a unit's ``fingerprint.json`` and
+    another's first shard manifest each with one (their completion records gone, as after a
+    kill): the rerun chooses the backend again and tokenizes both units from their start, to
+    the first run's bytes. The index refuses a damaged ``backend.json``, naming it."""
+    corpus = tmp_path / "corpus.jsonl"
+    write_corpus(corpus, mixed_lengths(300, seed=3), seed=3)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG)
+    out = tmp_path / "out"
+    assert _pack(corpus, toy_tokenizer_path, out, cfg).returncode == 0
+    expected = {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")}
+    tokens = out / ".packcli" / "tokens"
+    backend = tokens / BACKEND
+    chosen = json.loads(backend.read_text())
+    backend.write_text(json.dumps({**chosen, "backend": 3}))
+    first, second = sorted(p for p in (tokens / "files").iterdir())[:2]
+    (first / UNIT_STAMP).write_text(json.dumps({"fingerprint": 5}))
+    manifest = json.loads((second / "shard-00000.json").read_text())
+    (second / "shard-00000.json").write_text(json.dumps({**manifest, "sha256": None}))
+    for unit in (first, second):
+        (unit / SUCCESS).unlink()
+    (tokens / SUCCESS).unlink()
+    again = _pack(corpus, toy_tokenizer_path, out, cfg)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(backend.read_text()) == chosen
+    assert UnitStamp.from_json(json.loads((first / UNIT_STAMP).read_text()), first)
+    assert json.loads((second / "shard-00000.json").read_text())["sha256"] == manifest["sha256"]
+    assert {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")} == expected
+
+    backend.write_text(json.dumps({"requested": "auto"}))
+    (tokens / SUCCESS).unlink()
+    with pytest.raises(PackcliError, match=f"{backend}: .*'backend' missing"):
+        index_tokens(RunConfig(out=str(out)))
+
+
+@pytest.mark.parametrize("cls", [BackendChoice, UnitStamp, ShardManifest])
+def test_a_record_without_a_version_names_its_file_and_field(cls: type) -> None:
+    raw = {f.name: "x" for f in dataclasses.fields(cls)}
+    name = dataclasses.fields(cls)[0].name
+    raw[name] = 12 if cls is not ShardManifest else None
+    with pytest.raises(RecordError, match=f"^w/tokens/x.json: field {name!r} is "):
+        cls.from_json(raw, "w/tokens/x.json")

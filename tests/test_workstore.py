@@ -191,6 +191,24 @@ def test_files_replaced_on_the_store_at_the_same_size_are_not_reused(
     assert invoke("verify", out)[0] == 0
 
 
+def test_a_damaged_list_of_store_versions_vouches_for_no_shard(job: Job, tmp_path: Path) -> None:
+    """A unit's ``_STORED.json`` with a version of the wrong type: its shards are not known
+    to be those put, so the rerun tokenizes it again (to the same bytes), never misreads it."""
+    out, args, bucket = job.out, job.args, job.bucket
+    env = job.env(tmp_path / "cache")
+    _ok(args, env)
+    fs, _ = packfs.locate(out)
+    stored = sorted(p for p in fs.find(f"{bucket}/work/tokens") if p.endswith("_STORED.json"))
+    versions = json.loads(fs.cat_file(stored[0]))
+    fs.pipe_file(stored[0], json.dumps({name: "etag" for name in versions}).encode())
+    fs.invalidate_cache()
+    again = _ok([a for a in args if a != "-q"], env)
+    assert "reused tokenized shards" not in again
+    fs.invalidate_cache()
+    assert json.loads(fs.cat_file(stored[0])).keys() == versions.keys()  # written again
+    assert remote_hashes(out) == job.reference
+
+
 def test_foreign_parquet_under_the_output_is_refused_with_the_work_folder_on_the_store(
     job: Job, tmp_path: Path
 ) -> None:

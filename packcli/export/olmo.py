@@ -16,13 +16,33 @@ OLMo-core's own rule when its config names no dtype.
 from __future__ import annotations
 
 import gzip
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from packcli.atomic import atomic_writer
+from packcli.records import Record
 
 TOKENS = "tokens"  # the export's folder of token memmaps and document boundaries
+PATH_LISTS = "paths.json"  # the export's path lists, for the dataset's config
+
+
+@dataclass(frozen=True)
+class PathLists(Record):
+    """``paths.json``: the path lists of OLMo-core's dataset config, each file where the
+    export is (local paths, or URLs): ``paths``, and for chat ``label_mask_paths``. Written
+    for the config, not read back: no version field, keys in this order (not sorted)."""
+
+    VERSION: ClassVar[int | None] = None
+
+    paths: list[str]
+    label_mask_paths: list[str] | None = field(default=None, metadata={"omit": True})
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.to_json(), indent=2) + "\n").encode()
 
 
 def olmo_dtype(vocab_size: int) -> np.dtype:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from packcli.atomic import atomic_write_json, json_bytes
 from packcli.export.record import (
@@ -42,9 +43,29 @@ from packcli.export.record import (
 from packcli.export.source import ExportError
 from packcli.faults import crash_point
 from packcli.publish.marker import read_json_object
+from packcli.records import Record, parse_record
 
 T = TypeVar("T")
 _READ_THREADS = 8
+
+
+@dataclass(frozen=True)
+class ExportClaim(Record):
+    """``CLAIM``: every file the export writes (relative, sorted, with those earlier runs
+    claimed), written once the ownership check passes and before any of them. No version
+    field: it only names files, and its bytes stay those every packcli wrote."""
+
+    VERSION: ClassVar[int | None] = None
+
+    files: list[str]
+
+
+def claimed(data: object, path: Path | str) -> set[str]:
+    """The files the claim ``data`` (parsed JSON of ``path``) names, carried into the next
+    claim; none when it does not read as one (a file only it named is then refused as
+    another's, should an export plan to write there: never replaced)."""
+    claim = parse_record(ExportClaim, data, path)
+    return set() if claim is None else set(claim.files)
 
 
 def foreign(
@@ -97,9 +118,9 @@ class LocalDest:
         present = [rel for rel in planned if (self.folder / rel).is_file()]
         marker = read_json_object(self.folder / EXPORT_MARKER)
         refuse_foreign(self.where, foreign(planned, present, records, marker))
-        claim = read_json_object(self.folder / CLAIM)
+        files = claimed(read_json_object(self.folder / CLAIM), self.folder / CLAIM) | planned
         parts.mkdir(exist_ok=True)
-        atomic_write_json(self.folder / CLAIM, {"files": sorted(named_files(claim) | planned)})
+        atomic_write_json(self.folder / CLAIM, ExportClaim(sorted(files)).to_json())
         (self.folder / EXPORT_MARKER).unlink(missing_ok=True)
 
     def done_part(self, name: str, fp: str) -> PartRecord | None:
@@ -174,8 +195,8 @@ class StoreDest:
         logged = {"files": sorted(uploaded_files(self.stage, self.url))}
         found = foreign(planned, there, [*records.values(), logged], marker)
         refuse_foreign(self.where, found)
-        claimed = named_files(records.get(CLAIM, {})) | planned
-        self._pipe(CLAIM, json_bytes({"files": sorted(claimed)}))
+        files = claimed(records.get(CLAIM, {}), self.shown(CLAIM)) | planned
+        self._pipe(CLAIM, json_bytes(ExportClaim(sorted(files)).to_json()))
         if EXPORT_MARKER in there:
             self._call("remove its marker", lambda: _rm(self.fs, self._key(EXPORT_MARKER)))
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -93,8 +93,8 @@ def export_pack(
         place = _destination(pack, to, dest)
         settings: dict[str, Any] = {
             "format": to,
-            "pack_fingerprint": pack.meta["run"].get("fingerprint"),
-            "tokens_fingerprint": pack.meta["run"].get("tokens_fingerprint"),
+            "pack_fingerprint": pack.meta.run.get("fingerprint"),
+            "tokens_fingerprint": pack.meta.run.get("tokens_fingerprint"),
         }
         if to == "megatron-bridge":
             return _export_rows(pack, place, settings, configs_of(config), quiet)
@@ -136,7 +136,7 @@ def _export_documents(
         "label_mask": chat,
     }
     names = [f"part-{i:05d}" for i in range(len(shards.manifests))]
-    list_name = "data-args.txt" if to == "megatron" else "paths.json"
+    list_name = "data-args.txt" if to == "megatron" else olmo.PATH_LISTS
     place.begin({list_name, *(f for n in names for f in _document_files(to, n, chat))})
     parts: list[PartRecord] = []
     written = reused = 0
@@ -249,14 +249,12 @@ def _list_file(place: Dest, to: str, parts: list[PartRecord]) -> str:
         text = " ".join(f"{p.tokens} {place.shown(p.name)}" for p in parts if p.tokens)
         atomic_write_bytes(place.folder / rel, (text + "\n").encode())
         return rel
-    rel = "paths.json"
-    listing: dict[str, list[str]] = {
-        "paths": [place.shown(f"{olmo.TOKENS}/{p.name}.npy") for p in parts]
-    }
+    masks = None
     if any(f.path.startswith("label_mask/") for p in parts for f in p.files):
-        listing["label_mask_paths"] = [place.shown(f"label_mask/{p.name}.npy") for p in parts]
-    atomic_write_bytes(place.folder / rel, (json.dumps(listing, indent=2) + "\n").encode())
-    return rel
+        masks = [place.shown(f"label_mask/{p.name}.npy") for p in parts]
+    listing = olmo.PathLists([place.shown(f"{olmo.TOKENS}/{p.name}.npy") for p in parts], masks)
+    atomic_write_bytes(place.folder / olmo.PATH_LISTS, listing.to_bytes())
+    return olmo.PATH_LISTS
 
 
 def _export_rows(

@@ -58,7 +58,7 @@ class Pack:
     the store (``stages.workstore.WorkStore``) whose mirror is ``tokens_dir``'s parent."""
 
     out: Path
-    meta: dict[str, Any]
+    meta: Marker
     tokens_dir: Path
     url: str | None = None
     store: Any = None
@@ -82,27 +82,28 @@ class Pack:
 
     @property
     def data_format(self) -> str:
-        return str(self.meta["run"].get("format") or "text")
+        return str(self.meta.run.get("format") or "text")
 
     @property
     def vocab_size(self) -> int:
-        return int(self.meta["run"]["tokenizer"]["vocab_size"])
+        return int(self.meta.run["tokenizer"]["vocab_size"])
 
     @property
     def eos_id(self) -> int | None:
-        eos = self.meta["run"]["tokenizer"].get("eos_id")
+        eos = self.meta.run["tokenizer"].get("eos_id")
         return None if eos is None else int(eos)
 
     @property
     def long_len(self) -> int:
-        return int(self.meta["config"]["plan"]["long_len"])
+        return self.meta.plan_shape().long_len
 
     @property
     def overlong(self) -> str:
-        return str(self.meta["config"]["plan"]["overlong"])
+        return self.meta.plan_shape().overlong
 
     def capacity(self, config: str) -> int:
-        return int(self.meta["config"]["plan"][f"{config}_len"])
+        plan = self.meta.plan_shape()
+        return plan.long_len if config == "long" else plan.short_len
 
     def shards(self) -> TokenShards:
         """The pack's own tokenized shards; an error naming the folder when they are gone or
@@ -122,7 +123,7 @@ class Pack:
                 f"{self.shown} are not there (the work folder was removed or moved{hint}); "
                 "rerun the same packcli pack to rebuild it"
             )
-        if index.fingerprint != self.meta["run"].get("tokens_fingerprint"):
+        if index.fingerprint != self.meta.run.get("tokens_fingerprint"):
             raise ExportError(
                 f"{where}: tokenized shards belong to another run than "
                 f"{self.reword(str(self.out / MARKER))}; rerun the same packcli pack"
@@ -135,9 +136,8 @@ class Pack:
             (self.tokens_dir / shards.manifests[index]["file"]).unlink(missing_ok=True)
 
     def parquet_files(self, config: str) -> list[Listing]:
-        """The config's Parquet files as ``packcli.json`` lists them (read through ``Marker``,
-        which ``read_marker`` checked them with)."""
-        return Marker.from_json(self.meta, MARKER).files.of(config)
+        """The config's Parquet files as ``packcli.json`` lists them."""
+        return self.meta.files.of(config)
 
 
 def open_pack(out: Path) -> Pack:

@@ -19,6 +19,7 @@ from packcli.fs.output import (
     UPLOAD_LOG,
     Placed,
     Uploaded,
+    WorkMarker,
     begin_changes,
     check_remote_output,
     check_writable,
@@ -33,6 +34,7 @@ from packcli.fs.output import (
     reword,
     upload_output,
     uploaded_files,
+    work_marker_of,
     writes_at,
 )
 from packcli.fs.reading import (
@@ -78,6 +80,7 @@ __all__ = [
     "Placed",
     "ReadFailed",
     "Uploaded",
+    "WorkMarker",
     "as_input",
     "begin_changes",
     "cache_root",
@@ -119,5 +122,6 @@ __all__ = [
     "upload_output",
     "uploaded_files",
     "url_folder",
+    "work_marker_of",
     "writes_at",
 ]

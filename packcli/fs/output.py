@@ -58,6 +58,35 @@ REMOTE_MARKER = f"{WORK_DIR}/{WORK_MARKER}"
 there yet (a killed upload) is still recognised as packcli's."""
 
 
+@dataclass(frozen=True)
+class WorkMarker(Record):
+    """``packcli-work.json``: marks a work folder as packcli's and names the output it was made
+    for (a local path resolved, or a URL redacted); under a remote output (``REMOTE_MARKER``)
+    it marks a started upload. ``packcli_work`` (1) is its version, so it has no version
+    field: its bytes stay those every packcli wrote."""
+
+    VERSION: ClassVar[int | None] = None
+
+    packcli_work: int
+    out: str
+
+    @classmethod
+    def naming(cls, out: str) -> WorkMarker:
+        """The marker of a work folder made for the output ``out``."""
+        return cls(packcli_work=1, out=out)
+
+    def compact(self) -> bytes:
+        """The marker as put under a remote output: one line, fields in order."""
+        return json.dumps(self.to_json()).encode("utf-8")
+
+
+def work_marker_of(data: object, path: Path | str) -> WorkMarker | None:
+    """The work marker ``data`` (parsed JSON of ``path``) holds, or None when it is damaged,
+    foreign or of another version: such a folder is not packcli's."""
+    marker = parse_record(WorkMarker, data, path)
+    return marker if marker is not None and marker.packcli_work == 1 else None
+
+
 def check_remote_output(url: str, overwrite: bool, owned: frozenset[str] = frozenset()) -> None:
     """Refuse a remote prefix that holds files and no packcli marks (its ``packcli.json``, or
     the marker a started upload leaves), as a local ``--out`` is refused; and, ``--overwrite``
@@ -72,7 +101,8 @@ def check_remote_output(url: str, overwrite: bool, owned: frozenset[str] = froze
             return
         meta = _remote_json(fs, prefix, MARKER) if MARKER in files else {}
         work_mark = _remote_json(fs, prefix, REMOTE_MARKER) if REMOTE_MARKER in files else {}
-        claimed = bool(meta.get("run")) or bool(work_mark.get("packcli_work"))
+        started = work_marker_of(work_mark, REMOTE_MARKER) is not None
+        claimed = bool(meta.get("run")) or started
     except PackcliError:
         raise
     except Exception as exc:
@@ -179,7 +209,7 @@ def check_writable(url: str, what: str) -> None:
     import uuid
 
     fs, prefix = locate(url)
-    probe = _join(prefix, f".packcli/probe-{uuid.uuid4().hex}")
+    probe = _join(prefix, f"{WORK_DIR}/probe-{uuid.uuid4().hex}")
     try:
         fs.pipe_file(probe, b"")
         fs.rm_file(probe)
@@ -398,10 +428,7 @@ def _begin_changes(
         with contextlib.suppress(FileNotFoundError):  # another task's upload removed it
             fs.rm_file(_join(prefix, MARKER))
     if REMOTE_MARKER not in there:
-        fs.pipe_file(
-            _join(prefix, REMOTE_MARKER),
-            json.dumps({"packcli_work": 1, "out": shown}).encode("utf-8"),
-        )
+        fs.pipe_file(_join(prefix, REMOTE_MARKER), WorkMarker.naming(shown).compact())
 
 
 def _log_upload(

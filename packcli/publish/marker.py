@@ -2,9 +2,10 @@
 
 Three strengths, for three kinds of caller:
 
-* ``read_marker``: for what computes with the contents (verify, stats, inspect, push through
-  verify). Every field those read is checked, so a damaged, truncated or foreign file fails
-  with one line naming it (``VerifyError``) instead of a traceback halfway.
+* ``read_marker``: the typed ``Marker``, for what computes with the contents (verify, stats,
+  inspect, export, push through verify). Every field those read is checked, so a damaged,
+  truncated or foreign file fails with one line naming it (``VerifyError``) instead of a
+  traceback halfway.
 * ``load_marker``: the parsed file, unchecked, for callers that check the part they use and
   word their own error (``upload_files``), or read a marker packcli has just written or
   verified (``refresh_card``, ``output_files``).
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Self, cast
+from typing import Any, ClassVar, Self
 
 from packcli.errors import VerifyError
 from packcli.names import CONFIG_NAMES, MARKER, WORK_DIR
@@ -194,9 +195,9 @@ class Marker(Record):
         return ReportShape.from_json(self.report, MARKER, prefix="report.")
 
 
-def read_marker(out: Path) -> dict[str, Any]:
-    """``packcli.json`` of ``out`` after checking every field verify reads (``Marker``), so a
-    damaged, truncated or foreign file fails with one line naming it, not with a traceback."""
+def read_marker(out: Path) -> Marker:
+    """``packcli.json`` of ``out``, every field verify reads checked, so a damaged, truncated
+    or foreign file fails with one line naming it, not with a traceback."""
     marker = out / MARKER
     if not marker.is_file():
         raise VerifyError(f"{out}: no packcli.json, so the output is missing or incomplete")
@@ -206,21 +207,20 @@ def read_marker(out: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise VerifyError(f"{marker}: unreadable or not JSON ({exc}); {fix}") from exc
     try:
-        Marker.from_json(meta, marker)
+        return Marker.from_json(meta, marker)
     except RecordError as exc:
         reason = str(exc).removeprefix(f"{marker}: ").split("; rerun")[0]
         bad = f"{marker}: damaged or not written by packcli ({reason})"
         raise VerifyError(f"{bad}; {fix}") from None
-    return cast(dict[str, Any], meta)  # an object: Marker looked inside it
 
 
-def work_folder(out: Path, meta: dict[str, Any]) -> Path:
+def work_folder(out: Path, marker: Marker) -> Path:
     """The local work folder a marker records: ``run.work_dir`` (relative to ``out`` unless
     absolute), else the default inside ``out``."""
-    recorded = Path(recorded_work_dir(meta))
+    recorded = Path(recorded_work_dir(marker))
     return recorded if recorded.is_absolute() else out / recorded
 
 
-def recorded_work_dir(meta: dict[str, Any]) -> str:
+def recorded_work_dir(marker: Marker) -> str:
     """``run.work_dir`` as the marker records it (a path or a URL), else the default."""
-    return str(meta["run"].get("work_dir") or WORK_DIR)
+    return str(marker.run.get("work_dir") or WORK_DIR)

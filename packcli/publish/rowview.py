@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from packcli.errors import ConfigError, PackcliError, require_one_of
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX, PREVIEW_CHARS, TOKENS_DIR
-from packcli.publish.marker import work_folder
+from packcli.publish.marker import read_marker, work_folder
 from packcli.publish.stats import capacities, read_meta, require_extra
 
 if TYPE_CHECKING:
@@ -289,8 +289,7 @@ def locate_doc(out: Path, doc_id: int) -> dict[str, Any]:
     tokenized shards' ``file_index``/``line`` columns (only those columns of one shard)."""
     from packcli.tokenize.shards import TokenShards
 
-    meta = read_meta(out)
-    tokens = work_folder(out, meta) / TOKENS_DIR
+    tokens = work_folder(out, read_marker(out)) / TOKENS_DIR
     try:
         shards = TokenShards(tokens)
     except FileNotFoundError as exc:

@@ -80,7 +80,7 @@ def read_meta(out: Path) -> dict[str, Any]:
     from packcli.publish.marker import read_marker
 
     # Fails here, not halfway, on a foreign or damaged packcli.json (one line naming it).
-    return read_marker(out)
+    return read_marker(out).to_json()
 
 
 def capacities(meta: dict[str, Any]) -> dict[str, int]:

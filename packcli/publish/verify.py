@@ -112,7 +112,7 @@ def verify_copy(
     every path in the summary, names the URL and the work folder's URL, never the copies."""
     from packcli.fs import is_url, staging_root
 
-    meta = read_marker(local)
+    meta = read_marker(local).to_json()
     names: dict[Path, str] = {local: url}
     recorded = meta["run"].get("work_dir")
     copied = all((local / rel).is_file() for rel in _listed(meta))
@@ -167,8 +167,9 @@ def verify_output(
     ``work``: a work folder to look for the tokenized shards in, used only when they are
     this run's; ``executor`` (``stages.executors.Executor``, local when None) and
     ``num_tasks``: where the part checks run, and as how many tasks."""
-    meta = read_marker(out)
-    tokens_dir = work_folder(out, meta) / TOKENS_DIR
+    marker = read_marker(out)
+    meta = marker.to_json()
+    tokens_dir = work_folder(out, marker) / TOKENS_DIR
     shards = _shards_at(meta, tokens_dir, None, use_shards)
     if work is not None and use_shards:
         there = _shards_at(meta, work / TOKENS_DIR, None, use_shards, strict=False)

@@ -6,18 +6,24 @@ its "Output layout" and docs/scale.md say what each stage leaves on disk and how
 The work folder (``OUT/.packcli/``, ``--work-dir`` moves it)::
 
     tokens/stage.json               tokenize settings, input files, tokenizer
-    tokens/files/<key>/             one unit's shards + _SUCCESS.json
+    tokens/backend.json             the encoding backend chosen, and why
+    tokens/files/<key>/             one unit's shards, their manifests, fingerprint.json
+                                    and _SUCCESS.json
     tokens/_SUCCESS.json            index of all shards (global doc ids)
     plan/group-<g>.{npz,tail.npz,json}  a group's plan, the pieces it released, its record
     plan/tail.npz, plan.json        the tail's plan; the parts and their files' rows
     write/<config>-<i>.json         one record per finished Parquet file
     write/tail-group-<g>.{arrow,json}  a group's released pieces' tokens (for the tail)
     write/config.json               the write settings, as run
+    owned/<hash>.json               data files an earlier packcli.json listed
     packcli-work.json               marks the folder as packcli's (and names its output)
+    lock, locks/                    the locks, a line per holder
 
-The stage, unit, index, plan, group, write and tail records are frozen dataclasses with one
-reader and one writer (``packcli.records``; ``tokenize/records.py``, ``plan_records.py``,
-``write_records.py``): one of another ``version`` is redone, never read field by field.
+Every one of these records is a frozen dataclass with one reader and one writer
+(``packcli.records``; ``tokenize/records.py``, ``plan_records.py``, ``write_records.py``,
+``work.py``'s ``OwnedFiles``, ``lock.py``'s ``LockHolder``, ``packcli.fs``'s ``WorkMarker``):
+one of another ``version`` is redone, never read field by field; one without a version field
+(its bytes a contract) is redone, or taken for not packcli's, when it does not read as one.
 
 The files, in the order data flows through them:
 

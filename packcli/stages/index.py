@@ -17,14 +17,16 @@ from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.names import TOKENS_DIR
 from packcli.read import shift_reject_lines
-from packcli.records import OldRecordError, read_record
+from packcli.records import OldRecordError, RecordError, read_record
 from packcli.stages.units import unit_paths
-from packcli.stages.work import REJECTED, read_json, uncomplete
+from packcli.stages.work import REJECTED, uncomplete
 from packcli.stages.workstore import work_store
 from packcli.tokenize.encode import StageTimes
 from packcli.tokenize.records import (
+    BACKEND,
     STAGE,
     SUCCESS,
+    BackendChoice,
     ShardIndex,
     SourceCount,
     StageRecord,
@@ -135,7 +137,7 @@ def index_tokens(cfg: RunConfig) -> TokenShards:
         times={k: round(v, 3) for k, v in dataclasses.asdict(totals.times).items()},
         tokens=sum(m["num_tokens"] for m in shards),
         tokenizer=stage.tokenizer,
-        backend=read_json(folder / "backend.json"),
+        backend=_backend(folder / BACKEND).to_json(),
         sources=_sources_index(stage, source_docs, next_doc),
     )
     atomic_write_json(index_path, record.to_json())
@@ -156,6 +158,19 @@ def _stage_record(path: Path, shown: str) -> StageRecord:
         return StageRecord.from_json(data, path)
     except OldRecordError as exc:
         raise PackcliError(f"{exc} (run `packcli tokenize` first)") from None
+
+
+def _backend(path: Path) -> BackendChoice:
+    """The backend the tokenize stage chose, for the index: an error naming the file when it
+    is missing or damaged (the tokenize stage then chooses again)."""
+    try:
+        return BackendChoice.from_json(json.loads(path.read_bytes()), path)
+    except (OSError, ValueError, RecordError) as exc:
+        reason = str(exc).removeprefix(f"{path}: ").split("; rerun")[0]
+        raise PackcliError(
+            f"{path}: the tokenizer backend's record is missing or damaged ({reason}); rerun "
+            "the same packcli pack or tokenize command to choose it again"
+        ) from None
 
 
 def _sources_index(

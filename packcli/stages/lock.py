@@ -27,11 +27,13 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from packcli.errors import PackcliError
 from packcli.names import OUT_LOCK, TASK_LOCKS, WORK_LOCK
+from packcli.records import Record, parse_record
 
 log = logging.getLogger(__name__)
 
@@ -43,26 +45,41 @@ class LockedError(PackcliError):
     """Another packcli process holds the output or work folder."""
 
 
+@dataclass(frozen=True)
+class LockHolder(Record):
+    """One line of a lock file: who holds it (for the refusal's message only; the lock is the
+    kernel's). No version field: a line that does not read as one is a holder that did not
+    say who it is."""
+
+    VERSION: ClassVar[int | None] = None
+
+    pid: int
+    host: str
+    command: str
+    started: str
+    mode: str  # "shared" or "exclusive"
+
+
 def _holder_line(mode: str) -> bytes:
-    info = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "command": "packcli " + " ".join(sys.argv[1:]),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "mode": mode,
-    }
-    return (json.dumps(info) + "\n").encode("utf-8")
+    holder = LockHolder(
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        command="packcli " + " ".join(sys.argv[1:]),
+        started=time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        mode=mode,
+    )
+    return (json.dumps(holder.to_json()) + "\n").encode("utf-8")
 
 
-def _alive(holder: dict[str, Any]) -> bool:
+def _alive(holder: LockHolder) -> bool:
     """Whether a recorded holder may still run (only a same-host pid can be checked)."""
-    if holder.get("host") != socket.gethostname():
+    if holder.host != socket.gethostname():
         return True
     try:
-        os.kill(int(holder["pid"]), 0)
+        os.kill(holder.pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, KeyError, TypeError, ValueError):
+    except (PermissionError, OverflowError, ValueError):
         return True
     return True
 
@@ -75,17 +92,14 @@ def _holders(path: Path) -> str:
         lines = []
     for line in lines:
         with contextlib.suppress(ValueError):
-            holder = json.loads(line)
-            if isinstance(holder, dict) and _alive(holder):
+            holder = parse_record(LockHolder, json.loads(line), path)
+            if holder is not None and _alive(holder):
                 holders.append(holder)
     if not holders:
         return "a process that did not say who it is"
     h = holders[-1]
     more = f" (and {len(holders) - 1} more)" if len(holders) > 1 else ""
-    return (
-        f"pid {h.get('pid')} on {h.get('host')} running `{h.get('command')}` since "
-        f"{h.get('started')}{more}"
-    )
+    return f"pid {h.pid} on {h.host} running `{h.command}` since {h.started}{more}"
 
 
 @contextlib.contextmanager

@@ -47,7 +47,6 @@ from packcli.stages.work import (
     REJECTED,
     claim_output,
     fingerprint,
-    read_json,
     recorded_read,
     require_out,
     uncomplete,
@@ -55,12 +54,17 @@ from packcli.stages.work import (
 from packcli.stages.workstore import LocalWork, in_mirror, work_store
 from packcli.tokenize.encode import StageTimes, prefetch, tokenize_batches
 from packcli.tokenize.records import (
+    BACKEND,
     STAGE,
     SUCCESS,
+    UNIT_STAMP,
+    BackendChoice,
     ShardIndex,
+    ShardManifest,
     SourceSpec,
     StageRecord,
     UnitRecord,
+    UnitStamp,
 )
 from packcli.tokenize.shards import (
     CHAT_SHARD_SCHEMA,
@@ -129,7 +133,7 @@ def tokenize_task(
     folder = cfg.work_path / TOKENS_DIR
     _write_stage_record(cfg, tok, stage_fp, files, units)
     store.push(f"{TOKENS_DIR}/{STAGE}")
-    store.pull(f"{TOKENS_DIR}/{SUCCESS}", f"{TOKENS_DIR}/backend.json")
+    store.pull(f"{TOKENS_DIR}/{SUCCESS}", f"{TOKENS_DIR}/{BACKEND}")
     task_of = assign_by_size([u["size"] for u in units], num_tasks)
     mine = [k for k in range(len(units)) if task_of[k] == task_index]
     done = store.done_units(units[k] for k in mine)
@@ -150,11 +154,12 @@ def tokenize_task(
     with renderers or contextlib.nullcontext():
         if renderers is not None:  # the workers start while the fast backend is built
             _read_ahead(cfg, [units[k] for k in mine if k in pending], renderers)
-        if pending or not (folder / "backend.json").is_file():
+        if pending or read_record(BackendChoice, folder / BACKEND) is None:
             # Building and checking the fast path costs seconds; skip it when nothing is left.
             encoder, backend = choose_backend(cfg, tok, units, prepared.early)
-            atomic_write_json(folder / "backend.json", backend)
-            store.push(f"{TOKENS_DIR}/backend.json")
+            # Every key as a field (a new one fails here, not silently dropped from the file).
+            atomic_write_json(folder / BACKEND, BackendChoice(**backend).to_json())
+            store.push(f"{TOKENS_DIR}/{BACKEND}")
         with progress_bar(quiet, total=total, unit="B", unit_scale=True, desc="tokenize") as bar:
             progress = _TokenizeProgress(bar)
             for k in mine:
@@ -459,20 +464,24 @@ def _unit_record(
 def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
     """Completed shards of an interrupted run with the same fingerprint; clears the rest.
 
-    A shard counts as complete when its manifest exists: the shard is renamed into place
-    first, its manifest second, both atomically. Anything else (temp files, a shard without a
-    manifest, shards of another fingerprint, a damaged shard and all after it) is removed.
+    A shard counts as complete when its manifest reads as one (``ShardManifest``): the shard
+    is renamed into place first, its manifest second, both atomically. Anything else (temp
+    files, a shard without a manifest, shards of another fingerprint, a damaged shard or
+    manifest and all after it) is removed.
     """
-    stamp = folder / "fingerprint.json"
-    if read_json(stamp).get("fingerprint") != fingerprint:
+    stamp = folder / UNIT_STAMP
+    if read_record(UnitStamp, stamp) != UnitStamp(fingerprint):
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        atomic_write_json(stamp, {"fingerprint": fingerprint})
+        atomic_write_json(stamp, UnitStamp(fingerprint).to_json())
         return []
     manifests: list[dict[str, Any]] = []
-    while (m := read_json(folder / manifest_name(len(manifests)))) and shard_intact(folder, m):
-        manifests.append(m)
+    while True:
+        shard = read_record(ShardManifest, folder / manifest_name(len(manifests)))
+        if shard is None or not shard_intact(folder, shard.to_json()):
+            break
+        manifests.append(shard.to_json())
     keep = {stamp.name} | {m["file"] for m in manifests}
     keep |= {manifest_name(i) for i in range(len(manifests))}
     for f in folder.iterdir():

@@ -12,23 +12,27 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from packcli.atomic import atomic_write_json
 from packcli.config import ReadConfig, RunConfig
 from packcli.errors import ConfigError
 from packcli.fs import (
+    WorkMarker,
     check_remote_output,
     check_writable,
     foreign_files,
     marker_files,
     redact,
     refuse_foreign,
+    work_marker_of,
     writes_at,
 )
 from packcli.names import CONFIG_NAMES, MARKER, OUT_LOCK, TOKENS_DIR, WORK_DIR, WORK_MARKER
 from packcli.publish.marker import peek_marker, read_json_object
+from packcli.records import Record, read_record
 from packcli.stages.workstore import check_remote_work, work_store
 from packcli.stages.write_records import FileClaim
 
@@ -54,9 +58,9 @@ def _is_work_folder(work: Path, out: Path | None) -> bool:
     """Whether ``work`` holds packcli's marker (naming ``out``, when given: a work folder
     elsewhere claims only the output it was made for). A work folder of a packcli without
     markers is recognised by its tokenize stage record."""
-    marker = read_json(work / WORK_MARKER)
-    if marker.get("packcli_work") == 1:
-        return out is None or marker.get("out") == str(out.resolve())
+    marker = read_work_marker(work)
+    if marker is not None:
+        return out is None or marker.out == str(out.resolve())
     from packcli.tokenize.records import STAGE, StageRecord
 
     return out is None and StageRecord.recognised(read_json(work / TOKENS_DIR / STAGE))
@@ -164,6 +168,30 @@ when the output was claimed (the marker goes as soon as a file it vouches for ch
 packcli may still have to delete those files), one file per list, named by its content."""
 
 
+@dataclass(frozen=True)
+class OwnedFiles(Record):
+    """``owned/<hash>.json``: data files an earlier output's ``packcli.json`` listed, sorted
+    (relative to the output). No version field: the file is named by its bytes."""
+
+    VERSION: ClassVar[int | None] = None
+
+    files: list[str]
+
+    def name(self) -> str:
+        """Its file name in ``OWNED_DIR``: the content's fingerprint, so the same list is
+        kept once."""
+        return f"{fingerprint(self.to_json())[:16]}.json"
+
+
+def read_owned(path: Path) -> OwnedFiles | None:
+    """A kept list, or None (logged) when it is damaged: the files it named are then not
+    known to be packcli's, so they are refused as another's, never deleted."""
+    owned = read_record(OwnedFiles, path)
+    if owned is None:
+        log.warning("%s: damaged list of files packcli wrote, ignored", path)
+    return owned
+
+
 def owned_outputs(cfg: RunConfig) -> set[str]:
     """The output's data files packcli's own records say it wrote, by relative path: the
     write records (a record names its file before the file is written), the lists kept from
@@ -179,9 +207,8 @@ def owned_outputs(cfg: RunConfig) -> set[str]:
         if name in CONFIG_NAMES and file is not None:
             owned.add(f"data/{name}/{file}")
     for path in (work / OWNED_DIR).glob("*.json"):
-        files = read_json(path).get("files")
-        if isinstance(files, list):
-            owned.update(f for f in files if isinstance(f, str))
+        kept = read_owned(path)
+        owned.update(kept.files if kept is not None else ())
     if _is_output(cfg.out_path):
         owned |= marker_files(peek_marker(cfg.out_path))
     return owned | store.uploaded()
@@ -195,12 +222,12 @@ def _keep_owned(cfg: RunConfig) -> None:
     files |= store.published_files()
     if not files:
         return
-    body = {"files": sorted(files)}
-    rel = f"{OWNED_DIR}/{fingerprint(body)[:16]}.json"
-    if (cfg.work_path / rel).is_file():
+    kept = OwnedFiles(sorted(files))
+    rel = f"{OWNED_DIR}/{kept.name()}"
+    if read_record(OwnedFiles, cfg.work_path / rel) == kept:  # a damaged copy is rewritten
         return
     (cfg.work_path / OWNED_DIR).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(cfg.work_path / rel, body)
+    atomic_write_json(cfg.work_path / rel, kept.to_json())
     store.push(rel)
 
 
@@ -225,17 +252,24 @@ def claim_output(cfg: RunConfig) -> None:
     work = cfg.work_path
     work.mkdir(parents=True, exist_ok=True)
     marker = work_marker(cfg)
-    if read_json(work / WORK_MARKER) != marker:
-        atomic_write_json(work / WORK_MARKER, marker)
+    if read_work_marker(work) != marker:
+        atomic_write_json(work / WORK_MARKER, marker.to_json())
     work_store(cfg).claim(marker, WORK_MARKER)
     _keep_owned(cfg)
 
 
-def work_marker(cfg: RunConfig) -> dict[str, Any]:
+def work_marker(cfg: RunConfig) -> WorkMarker:
     """The work folder's marker: it names the output it was made for (a URL work folder's,
     the output's redacted URL)."""
     out = redact(cfg.out) if cfg.remote_work else str(cfg.out_path.resolve())
-    return {"packcli_work": 1, "out": out}
+    return WorkMarker.naming(out)
+
+
+def read_work_marker(work: Path) -> WorkMarker | None:
+    """The marker of the local work folder ``work``; None when it has none, or one that is
+    damaged or foreign (then the folder is not packcli's)."""
+    path = work / WORK_MARKER
+    return work_marker_of(read_json(path), path)
 
 
 def uncomplete(cfg: RunConfig) -> None:

@@ -43,12 +43,15 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Self, TypeVar, cast
 
 from packcli.names import CONFIG_NAMES, OUT_LOCK, TASK_LOCKS, TOKENS_DIR, WORK_LOCK
+from packcli.records import Record, parse_record
 
 if TYPE_CHECKING:
+    from packcli.fs import WorkMarker
     from packcli.stages.write_records import FileRecord
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,25 @@ STORED = "_STORED.json"
 """In a unit folder on the store: the store's version (ETag, generation) of each file put,
 taken right after the puts; resume trusts a shard only while the store still has it."""
 
+
+@dataclass(frozen=True)
+class StoredVersions(Record):
+    """``STORED``: each file put of a unit (by name in its folder) -> the version the store
+    gave it. The file is the mapping itself, so this record reads and writes its one field
+    as the whole object; no version field (its bytes stay those every packcli wrote)."""
+
+    VERSION: ClassVar[int | None] = None
+
+    versions: dict[str, dict[str, str]]
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.versions)
+
+    @classmethod
+    def from_json(cls, data: object, path: Path | str, prefix: str = "") -> Self:
+        return super().from_json({"versions": data}, path, prefix)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
@@ -69,10 +91,10 @@ T = TypeVar("T")
 def _is_record(rel: str) -> bool:
     """Files a stage reads back: everything but the shards and their per-shard manifests
     (the unit's ``_SUCCESS.json`` lists those manifests)."""
+    from packcli.tokenize.records import UNIT_STAMP
+
     name = rel.rsplit("/", 1)[-1]
-    return not (
-        name.endswith(".arrow") or _SHARD_MANIFEST.match(name) or name == "fingerprint.json"
-    )
+    return not (name.endswith(".arrow") or _SHARD_MANIFEST.match(name) or name == UNIT_STAMP)
 
 
 class LocalWork:
@@ -101,7 +123,7 @@ class LocalWork:
     def remove(self, *rels: str) -> None:
         pass
 
-    def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
+    def claim(self, marker: WorkMarker, marker_rel: str) -> None:
         pass
 
     def fresh(self) -> None:
@@ -394,7 +416,7 @@ class WorkStore(StagingWork):
             for path in base.rglob("*"):
                 rel = path.relative_to(self.local).as_posix()
                 stale = path.is_file() and _is_record(rel) and rel not in remote
-                if stale and path.name not in _KEEP and not rel.startswith("locks/"):
+                if stale and path.name not in _KEEP and not rel.startswith(f"{TASK_LOCKS}/"):
                     path.unlink()
         with ThreadPoolExecutor(_PUT_THREADS) as pool:
             list(pool.map(self._get, sorted(remote)))
@@ -460,7 +482,9 @@ class WorkStore(StagingWork):
         there = self.infos(rel)
         self.remove(*sorted(set(there) - set(body) - {record, stored}))
         versions = {f[len(rel) + 1 :]: content_version(there.get(f, {})) for f in body}
-        body_json = json.dumps(versions, indent=1, sort_keys=True).encode("utf-8")
+        body_json = json.dumps(StoredVersions(versions).to_json(), indent=1, sort_keys=True).encode(
+            "utf-8"
+        )
         where = self._remote(stored)
         self._call(f"write {stored}", lambda: self.fs.pipe_file(where, body_json))
         self.push(record)
@@ -481,7 +505,6 @@ class WorkStore(StagingWork):
         and every shard it lists there at its recorded size and as the store had it when put
         (``STORED``; one listing for all units)."""
         from packcli.fs import same_version
-        from packcli.records import parse_record
         from packcli.tokenize.records import SUCCESS, UnitRecord
 
         found = self.infos(UNITS)
@@ -496,17 +519,21 @@ class WorkStore(StagingWork):
             if record is None or record.fingerprint != unit["fingerprint"]:
                 continue
             # The store's version of each shard as it was put: a shard replaced since (the
-            # same size, other tokens) is not the one the record vouches for.
-            stored = self.read_json(f"{rel}/{STORED}")
+            # same size, other tokens) is not the one the record vouches for. A damaged
+            # list vouches for none: the unit is tokenized again.
+            listed = parse_record(
+                StoredVersions, self.read_json(f"{rel}/{STORED}"), f"{rel}/{STORED}"
+            )
+            stored = {} if listed is None else listed.versions
 
             def intact(
-                name: Any, size: Any, rel: str = rel, stored: dict[str, Any] = stored
+                name: Any, size: Any, rel: str = rel, stored: dict[str, dict[str, str]] = stored
             ) -> bool:
                 there = found.get(f"{rel}/{name}")
                 return (
                     there is not None
                     and int(there.get("size") or 0) == size
-                    and isinstance(stored.get(name), dict)
+                    and name in stored
                     and same_version(stored[name], there)
                 )
 
@@ -576,13 +603,19 @@ class WorkStore(StagingWork):
         every data file."""
         return set()
 
-    def claim(self, marker: dict[str, Any], marker_rel: str) -> None:
+    def claim(self, marker: WorkMarker, marker_rel: str) -> None:
         """Mark the work folder as packcli's, naming its output (the output prefix is marked
         when its first file goes there: ``fs.begin_changes``)."""
-        if self.read_json(marker_rel) != marker:
-            body = json.dumps(marker, indent=2, sort_keys=True).encode("utf-8")
+        if self.work_marker(marker_rel) != marker:
+            body = json.dumps(marker.to_json(), indent=2, sort_keys=True).encode("utf-8")
             where = self._remote(marker_rel)
             self._call("write its marker", lambda: self.fs.pipe_file(where, body))
+
+    def work_marker(self, marker_rel: str) -> WorkMarker | None:
+        """The work folder's marker on the store (None: none, damaged or foreign)."""
+        from packcli.fs import work_marker_of
+
+        return work_marker_of(self.read_json(marker_rel), self.shown(marker_rel))
 
     # ------------------------------------------------------------------ the mirror
 
@@ -652,17 +685,17 @@ def in_mirror(fn: F) -> F:
     return cast(F, run)
 
 
-def check_remote_work(url: str, marker: dict[str, Any], marker_rel: str, overwrite: bool) -> None:
+def check_remote_work(url: str, marker: WorkMarker, marker_rel: str, overwrite: bool) -> None:
     """Refuse a work folder URL that holds files but not packcli's marker naming this output
     (the rule a local ``--work-dir`` follows): packcli would delete files there."""
     from packcli.errors import ConfigError
     from packcli.fs import redact
 
-    store = WorkStore(url, Path(), marker["out"], Path())
+    store = WorkStore(url, Path(), marker.out, Path())
     files = store.listing()
-    if not files or overwrite or store.read_json(marker_rel) == marker:
+    if not files or overwrite or store.work_marker(marker_rel) == marker:
         return
     raise ConfigError(
         f"work folder {redact(url)} is not empty and is not packcli's work folder for "
-        f"{marker['out']}; choose another --work-dir or pass --overwrite"
+        f"{marker.out}; choose another --work-dir or pass --overwrite"
     )

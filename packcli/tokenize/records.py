@@ -1,20 +1,25 @@
 """The tokenize stage's records in the work folder, as typed values with one writer and one
-reader each: the stage record (``tokens/stage.json``), each unit's completion record
-(``tokens/files/<key>/_SUCCESS.json``) and the shard index (``tokens/_SUCCESS.json``).
+reader each: the stage record (``tokens/stage.json``), the backend chosen
+(``tokens/backend.json``), each unit's fingerprint stamp, shard manifests and completion record
+(``tokens/files/<key>/fingerprint.json``, ``shard-NNNNN.json``, ``_SUCCESS.json``) and the
+shard index (``tokens/_SUCCESS.json``).
 
 Why here, beside ``shards.py``: ``TokenShards`` reads the index, and the stages (which import
 this package) write all three; this module imports nothing of packcli but its errors and the
 records' base (``packcli.records``), so every reader can import it without a cycle. The
-nested parts (shard manifests, read counts, the tokenizer's description) stay JSON objects:
-their schema belongs to the code that counts them. A record of another version is redone (a
-unit tokenized again, the index rebuilt), never read field by field.
+nested parts of the unit record and the index (their shards' manifests, read counts, the
+tokenizer's description) stay JSON objects: their schema belongs to the code that counts them
+(the index's manifests carry more than a shard's file). A record of another version is redone
+(a unit tokenized again, the index rebuilt), never read field by field; the records without a
+version field (``VERSION = None``: their bytes are those every packcli wrote) are redone when
+they do not read as one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from packcli.errors import PackcliError
 from packcli.records import Fields, Record
@@ -23,6 +28,10 @@ STAGE = "stage.json"
 """The stage record's file name, in ``tokens/``."""
 SUCCESS = "_SUCCESS.json"
 """A unit's completion record (in its folder) and the stage's index (in ``tokens/``)."""
+BACKEND = "backend.json"
+"""The tokenizer backend chosen (``BackendChoice``), in ``tokens/``."""
+UNIT_STAMP = "fingerprint.json"
+"""In a unit's folder, from its first shard on: the fingerprint its shards are for."""
 
 
 class ShardError(PackcliError):
@@ -77,6 +86,50 @@ class StageRecord(Record):
         """Whether ``data`` is a stage record of any version (a work folder of a packcli
         without work markers is recognised by it)."""
         return "settings" in data and "units" in data
+
+
+@dataclass(frozen=True)
+class BackendChoice(Record):
+    """``tokens/backend.json``: the backend asked for, the one used and why (a fast one after
+    it reproduced HF's ids on a sample: ``check``, its ``version``); the index and
+    ``packcli.json`` carry it as the run's ``tokenizer_backend``. Damaged: chosen again."""
+
+    VERSION: ClassVar[int | None] = None
+
+    requested: str
+    backend: str
+    fallback_reason: str | None
+    version: str | None = field(default=None, metadata={"omit": True})
+    check: dict[str, Any] | None = field(default=None, metadata={"omit": True})
+    passed_over: dict[str, str] | None = field(default=None, metadata={"omit": True})
+    chat_offsets: dict[str, Any] | None = field(default=None, metadata={"omit": True})
+
+
+@dataclass(frozen=True)
+class UnitStamp(Record):
+    """A unit folder's ``fingerprint.json``: the fingerprint its shards (finished or not)
+    are for, so a killed unit resumes only its own shards. Damaged: the unit starts over."""
+
+    VERSION: ClassVar[int | None] = None
+
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class ShardManifest(Record):
+    """A shard's ``shard-NNNNN.json``, written after the shard: its documents (their
+    ``doc_index`` range in the unit), tokens, size and sha256. A shard whose manifest does
+    not read as one is not complete: it is written again."""
+
+    VERSION: ClassVar[int | None] = None
+
+    file: str
+    num_docs: int
+    num_tokens: int
+    first_doc_index: int
+    last_doc_index: int
+    sha256: str
+    bytes: int
 
 
 @dataclass(frozen=True)

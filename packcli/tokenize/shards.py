@@ -31,7 +31,7 @@ import pyarrow as pa
 from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.atomic import atomic_path, atomic_write_json
 from packcli.records import RecordError
-from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex, damaged
+from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex, ShardManifest, damaged
 
 SHARD_SCHEMA = pa.schema(
     [
@@ -216,15 +216,15 @@ class ShardWriter:
             ):
                 writer.write_batch(batch)
         doc_index = self._columns[self.schema.get_field_index("doc_index")].values.view()
-        manifest = {
-            "file": final.name,
-            "num_docs": batch.num_rows,
-            "num_tokens": self._pending_tokens,
-            "first_doc_index": int(doc_index[0]),
-            "last_doc_index": int(doc_index[-1]),
-            "sha256": hashing.digest.hexdigest(),
-            "bytes": final.stat().st_size,  # a cheap check that the shard is still whole
-        }
+        manifest = ShardManifest(
+            file=final.name,
+            num_docs=batch.num_rows,
+            num_tokens=self._pending_tokens,
+            first_doc_index=int(doc_index[0]),
+            last_doc_index=int(doc_index[-1]),
+            sha256=hashing.digest.hexdigest(),
+            bytes=final.stat().st_size,  # a cheap check that the shard is still whole
+        ).to_json()
         atomic_write_json(self.folder / manifest_name(index), manifest)
         self.manifests.append(manifest)
         del batch
