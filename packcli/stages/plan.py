@@ -710,12 +710,34 @@ def _tail_arrays(tail: Pieces, ballast: Ballast | None) -> dict[str, np.ndarray]
     corpus's files are as before)."""
     arrays = {"tail_doc": tail.doc, "tail_start": tail.start, "tail_len": tail.length}
     if ballast is not None:
-        for name in CONFIG_NAMES:
-            layout: RowLayout = getattr(ballast, name)
-            arrays[f"ballast_{name}_row_offsets"] = layout.row_offsets
-            arrays[f"ballast_{name}_row_pieces"] = layout.row_pieces
-            arrays[f"ballast_{name}_row_tokens"] = layout.row_tokens
+        arrays.update(_layout_arrays(ballast, "ballast_"))
     return arrays
+
+
+def _layout_arrays(owner: Plan | Ballast, prefix: str = "") -> dict[str, np.ndarray]:
+    """Each config's row layout of a plan (or of rows given whole) as named arrays."""
+    arrays = {}
+    for name in CONFIG_NAMES:
+        layout: RowLayout = getattr(owner, name)
+        arrays[f"{prefix}{name}_row_offsets"] = layout.row_offsets
+        arrays[f"{prefix}{name}_row_pieces"] = layout.row_pieces
+        arrays[f"{prefix}{name}_row_tokens"] = layout.row_tokens
+    return arrays
+
+
+def _layouts(
+    arrays: dict[str, np.ndarray], cfg: PlanConfig, prefix: str = ""
+) -> dict[str, RowLayout]:
+    """The row layouts ``_layout_arrays`` saved, each config at its row capacity."""
+    return {
+        name: RowLayout(
+            cfg.short_len if name == "short" else cfg.long_len,
+            arrays[f"{prefix}{name}_row_offsets"],
+            arrays[f"{prefix}{name}_row_pieces"],
+            arrays[f"{prefix}{name}_row_tokens"],
+        )
+        for name in CONFIG_NAMES
+    }
 
 
 def _read_tail(path: Path, cfg: PlanConfig) -> tuple[Pieces, Ballast | None, dict[str, np.ndarray]]:
@@ -726,17 +748,7 @@ def _read_tail(path: Path, cfg: PlanConfig) -> tuple[Pieces, Ballast | None, dic
     tail = Pieces(arrays["tail_doc"], arrays["tail_start"], arrays["tail_len"])
     ballast = None
     if "ballast_long_row_offsets" in arrays:
-        ballast = Ballast(
-            *(
-                RowLayout(
-                    cfg.short_len if name == "short" else cfg.long_len,
-                    arrays[f"ballast_{name}_row_offsets"],
-                    arrays[f"ballast_{name}_row_pieces"],
-                    arrays[f"ballast_{name}_row_tokens"],
-                )
-                for name in ("short", "long")
-            )
-        )
+        ballast = Ballast(**_layouts(arrays, cfg, "ballast_"))
         if ballast.long.row_pieces.size and int(ballast.long.row_pieces.max()) >= tail.size:
             raise ValueError("its rows given whole hold pieces it does not give")
     return tail, ballast, arrays
@@ -798,11 +810,7 @@ def _plan_arrays(plan: Plan) -> dict[str, np.ndarray]:
     arrays["piece_len"] = plan.piece_len
     if plan.piece_source is not None:
         arrays["piece_source"] = plan.piece_source
-    for name in CONFIG_NAMES:
-        layout: RowLayout = getattr(plan, name)
-        arrays[f"{name}_row_offsets"] = layout.row_offsets
-        arrays[f"{name}_row_pieces"] = layout.row_pieces
-        arrays[f"{name}_row_tokens"] = layout.row_tokens
+    arrays.update(_layout_arrays(plan))
     return arrays
 
 
@@ -940,15 +948,7 @@ def _load_part(work: Path, cfg: PlanConfig, part: PlanPart) -> tuple[Plan, Piece
     try:
         with np.load(path) as z:  # each array read once (z[k] reads it anew every time)
             arrays = {k: z[k] for k in z.files}
-        layouts = {
-            name: RowLayout(
-                cfg.short_len if name == "short" else cfg.long_len,
-                arrays[f"{name}_row_offsets"],
-                arrays[f"{name}_row_pieces"],
-                arrays[f"{name}_row_tokens"],
-            )
-            for name in CONFIG_NAMES
-        }
+        layouts = _layouts(arrays, cfg)
         plan = Plan(
             arrays["piece_doc"],
             arrays["piece_start"],
