@@ -35,7 +35,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -248,7 +248,9 @@ def derive(
         for i, scanned in enumerate(scan.files):
             for k, v in scanned.listing.to_json().items():
                 got[f"files.{name}[{i}].{k}"] = v
-        for k, v in {**scan.totals.summary(), "segments": scan.segments}.items():
+        # The segments as stored: a preference pair is two (the plan's units count it once).
+        tier = replace(scan.totals.summary(), segments=scan.segments)
+        for k, v in tier.to_json().items():
             got[f"report.tiers.{name}.{k}"] = v
         training = report.get("training") or {}
         stated = training.get(name)
