@@ -263,8 +263,8 @@ def test_fast_offsets_check_records_what_it_compared(shapes: dict[str, Tokenizer
     assert table is not None
     texts = _texts()
     record = check_offsets(FastOffsets(FastokensEncoder(tok), table), tok, texts)
-    assert record["mismatch"] is None
-    assert record["derived"] == len(texts) and record["tokens"] > len(texts)
+    assert record.mismatch is None
+    assert record.derived == len(texts) and record.tokens > len(texts)
 
 
 @pytest.mark.parametrize("mode", ["python", "numba"])

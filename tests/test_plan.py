@@ -291,7 +291,7 @@ def test_row_totals_of_any_split_of_the_rows_add_up_to_the_whole(
     plan = plan_two_tier(np.array(lengths), PlanConfig(short_len=16, long_len=64))
     for layout in (plan.short, plan.long):
         whole = RowTotals.of(layout, plan.piece_len)
-        assert whole.summary() == tier_summary(layout)
+        assert whole.summary().to_json() == tier_summary(layout)
         unit_len = plan.piece_len[layout.row_pieces]
         unit_row = np.repeat(np.arange(layout.num_rows), np.diff(layout.row_offsets))
         k = cut % (layout.num_rows + 1)  # rows 0..k-1, then the rest

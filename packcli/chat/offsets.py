@@ -27,6 +27,7 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from packcli import jit
+from packcli.records import Fields
 
 # Unicode White_Space (Rust's char::is_whitespace, what HF's trimming tests), which differs
 # from Python's str.isspace on U+001C..U+001F.
@@ -310,7 +311,19 @@ class FlatTokens:
         ]
 
 
-def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class OffsetsCheck(Fields):
+    """``run.tokenizer_backend.chat_offsets`` in ``packcli.json``: the texts compared, those
+    whose offsets were derived (and their tokens), and the first mismatch, None when there
+    was none (the fast backend's offsets are then used)."""
+
+    texts: int
+    derived: int
+    tokens: int
+    mismatch: str | None
+
+
+def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str]) -> OffsetsCheck:
     """Compare ``fast``'s ids and offsets with HF's ``encode_batch`` on ``texts``: the
     record for the report, with ``mismatch`` set on the first text where they differ (a
     text the tokens do not spell is not a mismatch: HF encodes it at run time too)."""
@@ -319,8 +332,8 @@ def check_offsets(fast: FastOffsets, tokenizer: Tokenizer, texts: Sequence[str])
     want = tokenizer.encode_batch(texts, add_special_tokens=False)
     derived = tokens = 0
 
-    def record(mismatch: str | None) -> dict[str, Any]:
-        return {"texts": len(texts), "derived": derived, "tokens": tokens, "mismatch": mismatch}
+    def record(mismatch: str | None) -> OffsetsCheck:
+        return OffsetsCheck(len(texts), derived, tokens, mismatch)
 
     for text, g, w in zip(texts, got, want, strict=True):
         if g is None:

@@ -67,6 +67,7 @@ def verify_command(
     The checks run part by part of the plan (a group of shards, or the tail) as tasks, each
     reading only its files and shards; an output on object storage is read file by file."""
     from packcli.fs import is_url, local_path, redact
+    from packcli.publish.marker import TierCounts
     from packcli.publish.verify import verify_folder, verify_remote
     from packcli.stages.executors import Executor
 
@@ -84,9 +85,9 @@ def verify_command(
         typer.echo(json.dumps(summary, indent=2))
         return
     for name, s in summary["configs"].items():
+        c = TierCounts.from_json(s, "packcli verify", prefix=f"configs.{name}.")
         typer.echo(
-            f"{name:<6} {s['rows']:>10,} rows {s['tokens']:>15,} tokens "
-            f"{s['segments']:>12,} segments"
+            f"{name:<6} {c.rows:>10,} rows {c.tokens:>15,} tokens {c.segments:>12,} segments"
         )
     shards_state = summary["shards"]
     if summary["checked_against_shards"]:

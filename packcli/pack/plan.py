@@ -55,6 +55,7 @@ from packcli.pack.binpack import (
 )
 from packcli.pack.padding import padded_sizes
 from packcli.pack.plan_config import PlanConfig
+from packcli.records import Fields
 
 
 @dataclass(frozen=True)
@@ -444,6 +445,21 @@ def _long_layout(
 
 
 @dataclass(frozen=True)
+class TierFigures(Fields):
+    """A config's entry in the report's ``tiers`` (``RowTotals.summary``): its rows against
+    the lower bound ``ceil(tokens / capacity)``, in the order ``packcli.json`` lists them."""
+
+    capacity: int
+    rows: int
+    tokens: int
+    segments: int
+    efficiency: float
+    lower_bound_rows: int
+    rows_over_bound: float
+    max_row_tokens: int
+
+
+@dataclass(frozen=True)
 class RowTotals:
     """What the report says of one config's rows, summed so that parts (and files) add up
     without keeping a value per row: rows, units (pieces; a preference pair is one), tokens,
@@ -511,27 +527,31 @@ class RowTotals:
         """max / mean over rows of their attention cost (1.0 = perfectly balanced)."""
         return self.max_cost * self.rows / self.cost if self.cost else 1.0
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> TierFigures:
         """Rows, tokens, efficiency and distance from the lower bound ceil(tokens / capacity)."""
         bound = -(-self.tokens // self.capacity)
-        return {
-            "capacity": self.capacity,
-            "rows": self.rows,
-            "tokens": self.tokens,
-            "segments": self.units,
-            "efficiency": self.tokens / (self.rows * self.capacity) if self.rows else 1.0,
-            "lower_bound_rows": bound,
-            "rows_over_bound": self.rows / bound if bound else 1.0,
-            "max_row_tokens": self.max_row_tokens,
-        }
+        return TierFigures(
+            capacity=self.capacity,
+            rows=self.rows,
+            tokens=self.tokens,
+            segments=self.units,
+            efficiency=self.tokens / (self.rows * self.capacity) if self.rows else 1.0,
+            lower_bound_rows=bound,
+            rows_over_bound=self.rows / bound if bound else 1.0,
+            max_row_tokens=self.max_row_tokens,
+        )
 
 
 def tier_summary(layout: RowLayout) -> dict[str, Any]:
     """Rows, tokens, efficiency and distance from the lower bound ceil(tokens / capacity)."""
-    return RowTotals(
-        capacity=layout.capacity,
-        rows=layout.num_rows,
-        units=int(layout.row_offsets[-1]),  # = row_pieces.size (CSR)
-        tokens=int(layout.row_tokens.sum()),
-        max_row_tokens=int(layout.row_tokens.max()) if layout.num_rows else 0,
-    ).summary()
+    return (
+        RowTotals(
+            capacity=layout.capacity,
+            rows=layout.num_rows,
+            units=int(layout.row_offsets[-1]),  # = row_pieces.size (CSR)
+            tokens=int(layout.row_tokens.sum()),
+            max_row_tokens=int(layout.row_tokens.max()) if layout.num_rows else 0,
+        )
+        .summary()
+        .to_json()
+    )

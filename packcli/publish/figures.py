@@ -35,7 +35,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from packcli.names import CONFIG_NAMES, MARKER
 from packcli.pack.mixture import StepSums
 from packcli.pack.plan import RowTotals
 from packcli.publish.report import cp_padding_report, encoder_policy, larger, step_totals
+from packcli.stages.write_records import Listing
 from packcli.tokenize.records import ShardIndex
 
 # Figures of packcli.json no data determines (glob patterns over the dotted keys).
@@ -74,6 +75,15 @@ NEEDS_SHARDS = (
 )
 
 
+@dataclass(frozen=True)
+class ScannedFile:
+    """One output file as verify read it: its place in ``packcli.json``'s list (parts are
+    scanned apart and sorted back by it) and what the data says of it, as a listing."""
+
+    index: int
+    listing: Listing
+
+
 @dataclass
 class ConfigScan:
     """What verify read of one config, summed file by file (and part by part): each file's
@@ -82,7 +92,7 @@ class ConfigScan:
     or per segment of the whole config."""
 
     totals: RowTotals
-    files: list[dict[str, Any]] = field(default_factory=list)  # each with its ``index``
+    files: list[ScannedFile] = field(default_factory=list)
     segments: int = 0
     pad_tokens: int = 0  # context-parallel padding (not in ``totals``, which are real tokens)
     # A mixture: tokens per source in the step windows, of each batch of rows read
@@ -92,7 +102,7 @@ class ConfigScan:
     def __add__(self, other: ConfigScan) -> ConfigScan:
         return ConfigScan(
             self.totals + other.totals,
-            sorted([*self.files, *other.files], key=lambda f: f["index"]),
+            sorted([*self.files, *other.files], key=lambda f: f.index),
             self.segments + other.segments,
             self.pad_tokens + other.pad_tokens,
             self.steps + other.steps,
@@ -235,11 +245,12 @@ def derive(
     got: dict[str, Any] = {}
     for name in CONFIG_NAMES:
         scan = scans[name]
-        for i, entry in enumerate(scan.files):
-            for k, v in entry.items():
-                if k != "index":
-                    got[f"files.{name}[{i}].{k}"] = v
-        for k, v in {**scan.totals.summary(), "segments": scan.segments}.items():
+        for i, scanned in enumerate(scan.files):
+            for k, v in scanned.listing.to_json().items():
+                got[f"files.{name}[{i}].{k}"] = v
+        # The segments as stored: a preference pair is two (the plan's units count it once).
+        tier = replace(scan.totals.summary(), segments=scan.segments)
+        for k, v in tier.to_json().items():
             got[f"report.tiers.{name}.{k}"] = v
         training = report.get("training") or {}
         stated = training.get(name)

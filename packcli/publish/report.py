@@ -19,8 +19,16 @@ from typing import Any
 import numpy as np
 
 from packcli.config import TOKENS_PER_STEP
+from packcli.names import MARKER
 from packcli.pack.mixture import WindowSpread
-from packcli.pack.plan import RowTotals
+from packcli.pack.plan import RowTotals, TierFigures
+from packcli.publish.report_records import (
+    InputFiles,
+    InputReport,
+    LargestDocument,
+    Provenance,
+    SourceShare,
+)
 from packcli.publish.steps import plan_totals
 from packcli.tokenize.records import SourceCount
 
@@ -112,8 +120,8 @@ def build_report(
     stats: dict[str, Any],
     lengths: LengthStats,
     *,
-    input_stats: dict[str, Any],
-    largest_provenance: dict[str, Any] | None,
+    input_stats: InputFiles,
+    largest_provenance: Provenance | None,
     chat: dict[str, Any] | None = None,
     tokenizer: dict[str, Any] | None = None,
     preference: dict[str, Any] | None = None,
@@ -124,15 +132,15 @@ def build_report(
     ``preference`` section only then, so other reports keep their bytes. ``cp_padding``
     (``cp_padding_report``): likewise, only for rows padded for context parallelism.
     ``tokens_per_step``: the target of the ``training`` section's step plan. ``tiers``:
-    each config's rows summed (``RowTotals``); ``stats``: the plan's counts."""
+    each config's rows summed (``RowTotals``); ``stats``: the plan's counts; ``input_stats``:
+    what reading gave; ``largest_provenance``: where the largest document was read."""
     encoded = encoder_policy(preference if preference is not None else chat)
     report = {
-        "input": {
-            **input_stats,
-            "documents": lengths.documents,
-            # As encoded, before any length limit: what the encoders removed counts here too.
-            "tokens": lengths.tokens + encoded["truncated_tokens"] + encoded["dropped_tokens"],
-        },
+        "input": InputReport.of(
+            input_stats,
+            documents=lengths.documents,
+            tokens=lengths.tokens + encoded["truncated_tokens"] + encoded["dropped_tokens"],
+        ).to_json(),
         "documents_by_length": {
             "short": lengths.short,
             "long": lengths.long,
@@ -153,18 +161,16 @@ def build_report(
             )
         },
         "tiers": {
-            "short": tiers["short"].summary(),
+            "short": tiers["short"].summary().to_json(),
             # Attention cost balance: max/mean over rows of sum(segment length^2).
             "long": {
-                **tiers["long"].summary(),
+                **tiers["long"].summary().to_json(),
                 "attention_balance": stats.get("long_attention_balance"),
             },
         },
-        "largest_document": {
-            "doc_id": lengths.largest,
-            "tokens": lengths.largest_tokens,
-            **(largest_provenance or {}),
-        },
+        "largest_document": LargestDocument.at(
+            lengths.largest, lengths.largest_tokens, largest_provenance
+        ).to_json(),
         # Chat: what was removed while tokenizing (dialogues kept as empty documents, so
         # `documents_by_length.empty` counts them too). None for text.
         "chat": chat,
@@ -222,42 +228,44 @@ def _n(x: int) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     """A compact human-readable report for the terminal."""
+    inp = InputReport.from_json(report["input"], MARKER, prefix="report.input.")
     lines = [
-        *_corpus_lines(report),
-        *_input_problem_lines(report["input"]),
+        *_corpus_lines(report, inp),
+        *_input_problem_lines(inp),
         *_dialogue_lines(report),
         *_tokenizer_lines(report.get("tokenizer") or {}),
     ]
-    big = report["largest_document"]
-    if big["doc_id"] >= 0:
-        where = f" at {big['file']}:{big['line']}" if "line" in big else ""
-        if "row" in big:  # a Parquet/Arrow file: rows count from 0
-            where = f" at {big['file']} row {big['row']}"
-        lines.append(f"largest   doc {big['doc_id']}: {_n(big['tokens'])} tokens{where}")
+    big = LargestDocument.from_json(
+        report["largest_document"], MARKER, prefix="report.largest_document."
+    )
+    if big.doc_id >= 0:
+        where = f" at {big.file}:{big.line}" if big.line is not None else ""
+        if big.row is not None:  # a Parquet/Arrow file: rows count from 0
+            where = f" at {big.file} row {big.row}"
+        lines.append(f"largest   doc {big.doc_id}: {_n(big.tokens)} tokens{where}")
     if (mix := report.get("mixture")) is not None:
         lines += ["", format_mixture(mix)]
     return "\n".join(lines)
 
 
-def _corpus_lines(report: dict[str, Any]) -> list[str]:
+def _corpus_lines(report: dict[str, Any], inp: InputReport) -> list[str]:
     """Documents in, rows out per tier, what the overlong policy did, the step plan."""
-    inp = report["input"]
     pol = report["policy"]
     by_len = report["documents_by_length"]
     lines = [
-        f"input     {_n(inp['documents'])} documents, {_n(inp['tokens'])} tokens "
-        f"from {inp.get('files', '?')} file(s)",
+        f"input     {_n(inp.documents)} documents, {_n(inp.tokens)} tokens "
+        f"from {inp.files} file(s)",
         f"          by length: {_n(by_len['short'])} short, {_n(by_len['long'])} long, "
         f"{_n(by_len['overlong'])} overlong, {_n(by_len['empty'])} empty",
         "",
         f"{'tier':<6}{'capacity':>10}{'rows':>12}{'tokens':>16}{'efficiency':>12}"
         f"{'bound':>10}{'rows/bound':>12}",
     ]
-    for name, t in report["tiers"].items():
+    for name, tier in report["tiers"].items():
+        t = TierFigures.from_json(tier, MARKER, prefix=f"report.tiers.{name}.")
         lines.append(
-            f"{name:<6}{_n(t['capacity']):>10}{_n(t['rows']):>12}{_n(t['tokens']):>16}"
-            f"{t['efficiency']:>11.4%} {_n(t['lower_bound_rows']):>10}"
-            f"{t['rows_over_bound']:>12.5f}"
+            f"{name:<6}{_n(t.capacity):>10}{_n(t.rows):>12}{_n(t.tokens):>16}"
+            f"{t.efficiency:>11.4%} {_n(t.lower_bound_rows):>10}{t.rows_over_bound:>12.5f}"
         )
     lines += [
         "",
@@ -289,14 +297,13 @@ def _corpus_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _input_problem_lines(inp: dict[str, Any]) -> list[str]:
+def _input_problem_lines(inp: InputFiles) -> list[str]:
     """Lines quarantined by ``--on-bad-line skip`` and compressed files cut short."""
     lines = []
-    rejected = inp.get("rejected") or {}
-    if rejected:
-        reasons = ", ".join(f"{k} {v:,}" for k, v in rejected.items())
-        lines.append(f"rejected  {_n(inp['rejected_lines'])} lines ({reasons}): rejected.jsonl")
-    corrupt = inp.get("corrupt_streams") or []
+    if inp.rejected:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in inp.rejected.items())
+        lines.append(f"rejected  {_n(inp.rejected_lines)} lines ({reasons}): rejected.jsonl")
+    corrupt = inp.corrupt_streams or []
     for entry in corrupt[:_CORRUPT_SHOWN]:
         if "rows" in entry:  # a Parquet/Arrow file: a range of rows, later ones kept
             first, end = entry["rows"]
@@ -386,7 +393,6 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
         name: WindowSpread.from_json(w, "plan.json", f"stats.mixture_windows.{name}.")
         for name, w in stats.get("mixture_windows", {}).items()
     }
-    out_tokens = {name: sum(w.tokens) for name, w in windows.items()}
     held = stats.get("mixture_groups")  # a grouped plan: how many groups hold each source
     rows = []
     for k, name in enumerate(spec["names"]):
@@ -402,16 +408,7 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
             **{key: int(c.get(key, 0)) for key in sorted(c)},
         }
         for tier, w in windows.items():
-            total = out_tokens[tier]
-            row[tier] = {
-                "tokens": int(w.tokens[k]),
-                "share": round(w.tokens[k] / total, 6) if total else 0.0,
-                "window_max_deviation": w.max_deviation[k],
-                "window_p99_deviation": w.p99_deviation[k],
-                "shuffled_window_max_deviation": w.shuffled_max_deviation[k],
-            }
-            if w.straddling_max_deviation is not None:  # grouped: steps across groups too
-                row[tier]["straddling_window_max_deviation"] = w.straddling_max_deviation[k]
+            row[tier] = SourceShare.of(w, k).to_json()
         if held is not None:
             row["groups"] = int(held["holding"][k])
         rows.append(row)
@@ -445,12 +442,14 @@ def mixture_warnings(mix: dict[str, Any]) -> list[str]:
     groups = mix.get("groups")
     for s in mix["sources"]:
         for tier in ("long", "short"):
-            t = s.get(tier)
-            if not t or t["share"] < WARN_SHARE or t["window_max_deviation"] <= WARN_DEVIATION:
+            if not s.get(tier):
+                continue
+            t = SourceShare.from_json(s[tier], MARKER, prefix=f"report.mixture.sources.{tier}.")
+            if t.share < WARN_SHARE or t.window_max_deviation <= WARN_DEVIATION:
                 continue
             line = (
-                f"warning: source {s['name']} is up to {t['window_max_deviation'] * 100:.2f} "
-                f"points off its {t['share'] * 100:.2f}% share in some step of the {tier} "
+                f"warning: source {s['name']} is up to {t.window_max_deviation * 100:.2f} "
+                f"points off its {t.share * 100:.2f}% share in some step of the {tier} "
                 f"config (goal: {WARN_DEVIATION * 100:.1f})"
             )
             if groups is not None and s.get("groups", groups) < groups:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from packcli.publish.card import (
 # The card text about plots and training lives in card.py; these names stay importable here.
 from packcli.publish.card import render_plots_section as render_plots_section
 from packcli.publish.card import training_snippet as training_snippet
+from packcli.records import Fields
 
 if TYPE_CHECKING:
     import numpy as np
@@ -205,7 +206,30 @@ def distribution(values: np.ndarray) -> dict[str, float | int | None]:
     return out
 
 
-def tier_numbers(tier: TierData) -> dict[str, Any]:
+# The counts of a config's line in the Configs table (``TierNumbers`` fields, in order).
+TIER_COUNTS = ("capacity", "rows", "tokens", "segments")
+
+
+@dataclass(frozen=True)
+class TierNumbers(Fields):
+    """A config's figures in ``packcli stats`` (``--json``'s ``tiers``): its rows, tokens and
+    fill, documents per row, attention cost, the data-parallel schedule's idle time and,
+    where the rows have a cost column, its distribution. Printed, not written: a type so
+    the tables read what ``tier_numbers`` wrote by name."""
+
+    capacity: int
+    rows: int
+    tokens: int
+    segments: int
+    efficiency: float
+    fill: dict[str, Any]
+    segments_per_row: dict[str, Any]
+    attention_cost: dict[str, Any]
+    schedule: dict[str, Any]
+    row_cost: dict[str, Any] | None = field(default=None, metadata={"omit": True})
+
+
+def tier_numbers(tier: TierData) -> TierNumbers:
     import numpy as np
 
     rows = int(tier.num_tokens.size)
@@ -213,15 +237,15 @@ def tier_numbers(tier: TierData) -> dict[str, Any]:
     cost_mean = float(tier.cost.mean()) if rows else 0.0
     cost_max = int(tier.cost.max()) if rows else 0
     unmasked = float((tier.num_tokens.astype(np.float64) ** 2).sum())
-    return {
-        "capacity": tier.capacity,
-        "rows": rows,
-        "tokens": tokens,
-        "segments": int(tier.segments.sum()),
-        "efficiency": tokens / (rows * tier.capacity) if rows else 1.0,
-        "fill": distribution(tier.num_tokens / tier.capacity),
-        "segments_per_row": distribution(tier.segments),
-        "attention_cost": {
+    return TierNumbers(
+        capacity=tier.capacity,
+        rows=rows,
+        tokens=tokens,
+        segments=int(tier.segments.sum()),
+        efficiency=tokens / (rows * tier.capacity) if rows else 1.0,
+        fill=distribution(tier.num_tokens / tier.capacity),
+        segments_per_row=distribution(tier.segments),
+        attention_cost={
             "mean": cost_mean,
             "p50": distribution(tier.cost)["p50"],
             "max": cost_max,
@@ -230,9 +254,9 @@ def tier_numbers(tier: TierData) -> dict[str, Any]:
             # Masked cost relative to full causal attention over whole rows (lower = saved).
             "vs_unmasked": float(tier.cost.sum()) / unmasked if unmasked else 1.0,
         },
-        "schedule": schedule_numbers(tier),
-        **({"row_cost": row_cost_numbers(tier)} if tier.row_cost is not None else {}),
-    }
+        schedule=schedule_numbers(tier),
+        row_cost=row_cost_numbers(tier) if tier.row_cost is not None else None,
+    )
 
 
 def row_cost_numbers(tier: TierData) -> dict[str, Any]:
@@ -315,7 +339,7 @@ def compute_stats(out: Path) -> tuple[dict[str, Any], dict[str, TierData]]:
     policy = (meta.get("report") or {}).get("policy") or {}
     split_docs, split_pieces = int(policy.get("split_docs", 0)), int(policy.get("split_pieces", 0))
     numbers = {
-        "tiers": {name: tier_numbers(t) for name, t in tiers.items()},
+        "tiers": {name: tier_numbers(t).to_json() for name, t in tiers.items()},
         # count: segments, a split document once per piece; documents: whole documents.
         "document_lengths": {
             "count": int(long_lengths.size),
@@ -496,18 +520,17 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
     from rich.table import Table
 
     qnames = [k for k, _ in QUANTILES]
-    tiers = numbers["tiers"]
+    tiers = {
+        name: TierNumbers.from_json(n, "packcli stats", prefix=f"tiers.{name}.")
+        for name, n in numbers["tiers"].items()
+    }
     tables = []
 
     t = Table(title="Configs")
-    for col in ("config", "capacity", "rows", "tokens", "segments", "efficiency"):
+    for col in ("config", *TIER_COUNTS, "efficiency"):
         t.add_column(col, justify="left" if col == "config" else "right")
     for name, n in tiers.items():
-        t.add_row(
-            name,
-            *(_fmt(n[k]) for k in ("capacity", "rows", "tokens", "segments")),
-            _fmt(n["efficiency"], "pct"),
-        )
+        t.add_row(name, *(_fmt(getattr(n, k)) for k in TIER_COUNTS), _fmt(n.efficiency, "pct"))
     tables.append(t)
 
     docs = numbers["document_lengths"]
@@ -526,7 +549,7 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
         for col in (*qnames, "mean"):
             t.add_column(col, justify="right")
         for name, n in tiers.items():
-            d = n[key]
+            d = getattr(n, key)
             mean_kind = "pct" if kind == "pct" else "float"
             t.add_row(name, *(_fmt(d[k], kind) for k in qnames), _fmt(d["mean"], mean_kind))
         tables.append(t)
@@ -536,7 +559,7 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
     for col in ("mean", "p50", "max", "balance (max/mean)", "vs unmasked"):
         t.add_column(col, justify="right")
     for name, n in tiers.items():
-        a = n["attention_cost"]
+        a = n.attention_cost
         t.add_row(
             name,
             _fmt(a["mean"], "sci"),
@@ -547,19 +570,19 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
         )
     tables.append(t)
 
-    if all("row_cost" in n for n in tiers.values()):
-        model = next(iter(tiers.values()))["row_cost"]["model"]
+    costs = {name: n.row_cost for name, n in tiers.items() if n.row_cost is not None}
+    if len(costs) == len(tiers):
+        model = next(iter(costs.values()))["model"]
         t = Table(title=f"Row cost (the cost column, {model} cost model)")
         t.add_column("config")
         for col in ("mean", "p50", "max", "balance (max/mean)"):
             t.add_column(col, justify="right")
-        for name, n in tiers.items():
-            c = n["row_cost"]
+        for name, c in costs.items():
             figures = (_fmt(c[k], "sci") for k in ("mean", "p50", "max"))
             t.add_row(name, *figures, f"{c['balance_ratio']:.2f}")
         tables.append(t)
 
-    model = next(iter(tiers.values()))["schedule"]["model"] if tiers else SCHEDULE_MODEL
+    model = next(iter(tiers.values())).schedule["model"] if tiers else SCHEDULE_MODEL
     t = Table(
         title=f"Idle GPU time, data-parallel ({model} costs; one row a rank a step): "
         "rows in the output's order / by PackedDistributedSampler"
@@ -568,7 +591,7 @@ def render_tables(numbers: dict[str, Any]) -> list[Any]:
     for dp in SCHEDULE_RANKS:
         t.add_column(f"DP={dp}", justify="right")
     for name, n in tiers.items():
-        idle = n["schedule"]["idle_share"]
+        idle = n.schedule["idle_share"]
         cells = [
             f"{_fmt(idle[str(dp)]['shuffled'], 'pct')} / {_fmt(idle[str(dp)]['scheduled'], 'pct')}"
             if str(dp) in idle

@@ -62,7 +62,13 @@ from packcli.publish.figures import (
     derive,
     rejected_counts,
 )
-from packcli.publish.marker import ReportShape, read_json_object, read_marker, work_folder
+from packcli.publish.marker import (
+    ReportShape,
+    TierCounts,
+    read_json_object,
+    read_marker,
+    work_folder,
+)
 from packcli.publish.verify_part import (
     PartResult,
     VerifyJob,
@@ -294,7 +300,7 @@ def _verify(
     scans = {name: sum((r.scans[name] for r in rest), first.scans[name]) for name in CONFIG_NAMES}
     summary: dict[str, Any] = {
         "configs": {
-            name: {"rows": s.totals.rows, "tokens": s.totals.tokens, "segments": s.totals.units}
+            name: TierCounts(s.totals.rows, s.totals.tokens, s.totals.units).to_json()
             for name, s in scans.items()
         },
         "parts": len(parts),

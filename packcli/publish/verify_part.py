@@ -43,8 +43,9 @@ from packcli.pack.padding import padded_sizes
 from packcli.pack.plan import RowTotals
 from packcli.pack.schedule import CostModel
 from packcli.publish.expected import expected_pieces, segment_hashes
-from packcli.publish.figures import ConfigScan, DocFigures, ShardFigures
+from packcli.publish.figures import ConfigScan, DocFigures, ScannedFile, ShardFigures
 from packcli.publish.verify_rows import Padding, Segments, check_rows, concat, fail, piece_tags
+from packcli.stages.write_records import Listing
 from packcli.tokenize.records import ShardError
 from packcli.tokenize.shards import TokenShards, sha256_file
 
@@ -398,14 +399,7 @@ def _scan_files(
                 rel, f"{file_rows} rows, packcli.json's files.{name}[{i}].rows says {entry['rows']}"
             )
         scan.files.append(
-            {
-                "index": i,
-                "file": entry["file"],
-                "rows": file_rows,
-                "tokens": file_tokens,
-                "bytes": size,
-                "sha256": digest,
-            }
+            ScannedFile(i, Listing(entry["file"], file_rows, file_tokens, size, digest))
         )
     if steps:  # one array for the part: what goes back to the verify driver
         scan.steps = (StepSums.combined(steps),)

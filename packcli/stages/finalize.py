@@ -26,6 +26,7 @@ from packcli.publish.report import (
     cp_padding_report,
     mixture_report,
 )
+from packcli.publish.report_records import InputFiles, Provenance
 from packcli.records import read_record
 from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.plan import PlanSet, load_part, load_plan, stored_config
@@ -222,26 +223,22 @@ def _report(
         rows.tiers,
         rows.stats,
         lengths,
-        input_stats={
-            "files": len(shards.success.files),
-            "blank_lines": read_stats["blank_lines"],
-            "bytes": sum(f["size"] for f in shards.success.files),
-            "rejected_lines": sum(read_stats.get("rejected", {}).values()),
-            "rejected": read_stats.get("rejected", {}),
-            # Only when a file failed, so other reports (and their bytes) stay as they were.
-            **(
-                {"corrupt_streams": corrupt}
-                if (corrupt := read_stats.get("corrupt_streams"))
-                else {}
-            ),
-        },
+        input_stats=InputFiles(
+            files=len(shards.success.files),
+            blank_lines=read_stats["blank_lines"],
+            bytes=sum(f["size"] for f in shards.success.files),
+            rejected_lines=sum(read_stats.get("rejected", {}).values()),
+            rejected=read_stats.get("rejected", {}),
+            corrupt_streams=read_stats.get("corrupt_streams") or None,
+        ),
         chat=shards.success.chat,
         tokenizer=tokenizer_report(shards.success),
-        largest_provenance={
-            "file": entry["path"],
+        largest_provenance=(
             # A row (0-based) of a Parquet/Arrow file, a line (1-based) of a jsonl file.
-            ("row" if "format" in entry else "line"): shards.value("line", largest),
-        },
+            Provenance(entry["path"], row=shards.value("line", largest))
+            if "format" in entry
+            else Provenance(entry["path"], line=shards.value("line", largest))
+        ),
         preference=shards.success.preference,
         tokens_per_step=tokens_per_step,
         cp_padding=cp_padding_report(

@@ -331,13 +331,13 @@ def _chat_offsets(
     adversarial texts, else on HF (``auto``) or a ``ConfigError`` (a named backend)."""
     assert tok.chat is not None
     check = check_offsets(fast, tok.loaded.tokenizer, [*bounded_sample(sample), *ADVERSARIAL])
-    record["chat_offsets"] = check
-    if check["mismatch"] is None:
+    record["chat_offsets"] = check.to_json()
+    if check.mismatch is None:
         return tok.chat.using(fast), record
     if cfg.tokenize.backend != "auto":
         raise ConfigError(
-            f"tokenizer backend {fast.name}: {check['mismatch']}; use backend auto or hf"
+            f"tokenizer backend {fast.name}: {check.mismatch}; use backend auto or hf"
         )
-    log.warning("chat on HF tokenizers, not %s: %s", fast.name, check["mismatch"])
-    record.update(backend="hf", fallback_reason=f"{fast.name}: {check['mismatch']}")
+    log.warning("chat on HF tokenizers, not %s: %s", fast.name, check.mismatch)
+    record.update(backend="hf", fallback_reason=f"{fast.name}: {check.mismatch}")
     return tok.chat, record
