@@ -158,6 +158,8 @@ class Fields:
         hints = _hints(cls)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
+            if not f.init:  # derived from the others when built
+                continue
             name = f"{prefix}{f.name}"
             if f.name not in data:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

@@ -115,8 +115,8 @@ def main() -> None:
     print(
         f"order_plan {order_s:.2f} s (row order alone: short {row_s['short']:.2f} s, long "
         f"{row_s['long']:.2f} s); long: {plan.long.num_rows:,} rows, exchange windows of "
-        f"{spread['long'].get('exchange_window_rows')} rows, "
-        f"{spread['long'].get('exchange_moves')} moves"
+        f"{spread['long'].exchange_window_rows} rows, "
+        f"{spread['long'].exchange_moves} moves"
     )
     print(
         "config  step tokens  rows/bound before after  source      share  bound  shuffled"
@@ -222,7 +222,7 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
     bounds = [tier_summary(p.long)["rows_over_bound"] for p, _ in rows]
     last = len(rows) - 1
 
-    def packcli_pass(k: int, p: Plan, s: dict) -> Plan:
+    def packcli_pass(k: int, p: Plan, s: mx.WindowSpread) -> Plan:
         return mx.exchange_plan(
             p, first, s, spec.seed, int(offsets[k]), k < last, tail_rows if k == last - 1 else None
         )[0]

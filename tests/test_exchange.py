@@ -248,7 +248,7 @@ def test_one_group_exchange_is_as_before() -> None:
         digest = hashlib.sha256()
         for a in (out.long.row_offsets, out.long.row_pieces, out.long.row_tokens):
             digest.update(np.ascontiguousarray(a, np.int64).tobytes())
-        assert spread["long"]["exchange_moves"] == 218
+        assert spread["long"].exchange_moves == 218
         assert digest.hexdigest() == (
             "d3fc9b21cd25dddeea03a69a9ab73bba54491f7fff597982b31e102064165962"
         )
@@ -721,8 +721,8 @@ def test_step_sums_of_parts_are_the_whole_outputs(seed: int) -> None:
     assert got.start == whole.start == 0 and np.array_equal(got.sums, whole.sums)
     want = mx.window_deviation(m, w)
     dev = got.deviation(rows)
-    assert dev["max_deviation"] == pytest.approx(want["max"].tolist(), abs=1e-6)
-    assert dev["p99_deviation"] == pytest.approx(want["p99"].tolist(), abs=1e-6)
+    assert dev.max_deviation == pytest.approx(want["max"].tolist(), abs=1e-6)
+    assert dev.p99_deviation == pytest.approx(want["p99"].tolist(), abs=1e-6)
 
 
 FRACTIONAL = """sources:

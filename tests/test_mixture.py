@@ -73,10 +73,8 @@ def test_expand_keys_round_trip_and_conserve_tokens(lengths: list[int], seed: in
     n = mx.copies(docs - first[src], src, spec)
     n[(lens == 0) | ((src == 1) & (lens > 1000))] = 0
     assert Counter(mx.key_doc(ex.keys).tolist()) == Counter(np.repeat(docs, n).tolist())
-    kept = lens.sum() - sum(
-        s["truncated_tokens"] + s["policy_dropped_tokens"] for s in ex.stats.values()
-    )
-    added = sum(s["repeat_tokens"] - s["subsampled_tokens"] for s in ex.stats.values())
+    kept = lens.sum() - sum(s.truncated_tokens + s.policy_dropped_tokens for s in ex.stats.values())
+    added = sum(s.repeat_tokens - s.subsampled_tokens for s in ex.stats.values())
     assert int(ex.lengths.sum()) == kept + added
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +31,7 @@ from packcli.arrow_np import list_array
 from packcli.atomic import atomic_path
 from packcli.export.source import RowBatch, iter_rows
 from packcli.names import IGNORE_INDEX
+from packcli.records import Fields
 
 BRIDGE_SCHEMA = pa.schema(
     [
@@ -90,22 +90,28 @@ class BridgeStats:
 
     @classmethod
     def of_record(cls, stats: dict[str, int]) -> BridgeStats:
-        """From a part record's ``stats`` (``as_dict``: this class's fields but ``extra``)."""
-        values: dict[str, Any] = {
-            f.name: int(stats[f.name]) for f in fields(cls) if f.name != "extra"
-        }
-        return cls(**values)
+        """From a part record's ``stats`` (``as_dict``)."""
+        counts = BridgeCounts.from_json(stats, "an export part record", "stats.")
+        return cls(**{f.name: getattr(counts, f.name) for f in fields(BridgeCounts)})
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "rows": self.rows,
-            "tokens": self.tokens,
-            "segments": self.segments,
-            "trained": self.trained,
-            "max_segments": self.max_segments,
-            "max_seqlen": self.max_seqlen,
-            "min_packed": max(self.min_packed, 0),
-        }
+        """As a part record's ``stats`` holds them (``BridgeCounts``)."""
+        values = {f.name: getattr(self, f.name) for f in fields(BridgeCounts)}
+        return BridgeCounts(**{**values, "min_packed": max(self.min_packed, 0)}).to_json()
+
+
+@dataclass(frozen=True)
+class BridgeCounts(Fields):
+    """A Bridge file's sums, as its part record's ``stats`` holds them (a file of no rows:
+    ``min_packed`` 0)."""
+
+    rows: int
+    tokens: int
+    segments: int
+    trained: int
+    max_segments: int
+    max_seqlen: int
+    min_packed: int
 
 
 def write_bridge_file(src: Path, final: Path) -> BridgeStats:

@@ -148,12 +148,13 @@ class ExportMarker(Record):
     settings: dict[str, Any]
     parts: tuple[PartRecord, ...]
     extra_files: tuple[ExportedFile, ...]  # files of the whole export (metadata, lists)
+    # The parts' sums, written for readers of the marker; derived, so never read back.
+    documents: int = field(init=False)
+    tokens: int = field(init=False)
 
-    def to_json(self) -> dict[str, Any]:
-        data = super().to_json()
-        data["documents"] = sum(p.documents for p in self.parts)
-        data["tokens"] = sum(p.tokens for p in self.parts)
-        return data
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "documents", sum(p.documents for p in self.parts))
+        object.__setattr__(self, "tokens", sum(p.tokens for p in self.parts))
 
     def write(self, dest: Path) -> None:
         atomic_write_json(dest / EXPORT_MARKER, self.to_json())

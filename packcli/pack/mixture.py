@@ -72,6 +72,18 @@ class WindowSpread(Fields):
     # share; ``max_deviation`` is then the output's, over its windows from row 0.
     group_max_deviation: list[float] | None = field(default=None, metadata={"omit": True})
 
+    def over_output(self, figures: StepFigures) -> WindowSpread:
+        """A grouped mixture's spread with the output's step figures (``figures``, against
+        the output's share) in place of the groups' own, kept as ``group_max_deviation``."""
+        return dataclasses.replace(
+            self,
+            group_max_deviation=self.max_deviation,
+            max_deviation=figures.max_deviation,
+            p99_deviation=figures.p99_deviation,
+            windows=figures.windows,
+            tokens=figures.tokens,
+        )
+
     def merged(self, other: WindowSpread) -> WindowSpread:
         """This group's and ``other``'s (the next group's rows, consecutive in the output):
         tokens and windows summed, per source the larger deviation and bound; what only one
@@ -194,13 +206,47 @@ def source_of(doc: np.ndarray, first_doc: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class SourceCounts(Fields):
+    """What a mixture's weight and overlong policy did to one source's documents (the plan's
+    ``stats.mixture.NAME``). The policy's counts are per document, whatever its copies, as
+    without sources; ``repeat_tokens`` and ``subsampled_tokens`` are what the weight added
+    and removed, so tokens are accounted for:
+    output = input - truncated - dropped + repeat_tokens - subsampled_tokens."""
+
+    documents: int
+    tokens: int
+    copies: int
+    copy_tokens: int
+    repeats: int  # copies beyond each document's first
+    weight_dropped_docs: int
+    policy_dropped_docs: int
+    policy_dropped_tokens: int
+    split_docs: int
+    split_pieces: int
+    split_tokens: int
+    truncated_docs: int
+    truncated_tokens: int
+    repeat_tokens: int
+    subsampled_tokens: int
+
+    def __add__(self, other: SourceCounts) -> SourceCounts:
+        """Two groups' counts of the source, summed."""
+        return SourceCounts(
+            **{
+                f.name: getattr(self, f.name) + getattr(other, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+
+@dataclass(frozen=True)
 class Expanded:
     """A group's documents as the planner sees them under a mixture: one entry per copy
     (``lengths``, ``keys``), in doc order, and what the weights and policies did per source."""
 
     lengths: np.ndarray
     keys: np.ndarray
-    stats: dict[str, dict[str, int]]
+    stats: dict[str, SourceCounts]
 
 
 def expand(
@@ -227,44 +273,37 @@ def expand(
     split = over & (policy == "split")
     planned = np.where(truncated, long_len, lengths)
     n = np.where(dropped | (lengths == 0), 0, n)
-    stats: dict[str, dict[str, int]] = {}
+    stats: dict[str, SourceCounts] = {}
     for k, name in enumerate(mix.names):
         s = src == k
-        stats[name] = {
-            "documents": int(s.sum()),
-            "tokens": int(lengths[s].sum()),
-            "copies": int(n[s].sum()),
-            "copy_tokens": int((n[s] * planned[s]).sum()),
-            "repeats": int(np.maximum(n[s] - 1, 0).sum()),
-            "weight_dropped_docs": int((s & (n == 0) & ~dropped & (lengths > 0)).sum()),
-            "policy_dropped_docs": int((s & dropped).sum()),
-            "policy_dropped_tokens": int(lengths[s & dropped].sum()),
-            # The policy's counts are per document (whatever its copies), as without sources.
-            "split_docs": int((s & split).sum()),
-            "split_pieces": int((-(-lengths[s & split] // long_len)).sum()),
-            "split_tokens": int(lengths[s & split].sum()),
-            "truncated_docs": int((s & truncated).sum()),
-            "truncated_tokens": int((lengths - planned)[s & truncated].sum()),
-            # What the weight added and removed, so tokens are accounted for: output =
-            # input - truncated - dropped + repeat_tokens - subsampled_tokens.
-            "repeat_tokens": int((np.maximum(n[s] - 1, 0) * planned[s]).sum()),
-            "subsampled_tokens": int(planned[s & (n == 0) & ~dropped].sum()),
-        }
+        stats[name] = SourceCounts(
+            documents=int(s.sum()),
+            tokens=int(lengths[s].sum()),
+            copies=int(n[s].sum()),
+            copy_tokens=int((n[s] * planned[s]).sum()),
+            repeats=int(np.maximum(n[s] - 1, 0).sum()),
+            weight_dropped_docs=int((s & (n == 0) & ~dropped & (lengths > 0)).sum()),
+            policy_dropped_docs=int((s & dropped).sum()),
+            policy_dropped_tokens=int(lengths[s & dropped].sum()),
+            split_docs=int((s & split).sum()),
+            split_pieces=int((-(-lengths[s & split] // long_len)).sum()),
+            split_tokens=int(lengths[s & split].sum()),
+            truncated_docs=int((s & truncated).sum()),
+            truncated_tokens=int((lengths - planned)[s & truncated].sum()),
+            repeat_tokens=int((np.maximum(n[s] - 1, 0) * planned[s]).sum()),
+            subsampled_tokens=int(planned[s & (n == 0) & ~dropped].sum()),
+        )
     first = np.repeat(np.cumsum(n) - n, n)
     repeat = np.arange(int(n.sum()), dtype=np.int64) - first
     keys = copy_key(np.repeat(doc_ids, n), repeat)
     return Expanded(np.repeat(planned, n), keys, stats)
 
 
-def add_stats(
-    a: dict[str, dict[str, int]], b: dict[str, dict[str, int]]
-) -> dict[str, dict[str, int]]:
-    """Per-source counts of two groups, summed."""
-    out = {k: dict(v) for k, v in a.items()}
+def add_stats(a: dict[str, SourceCounts], b: dict[str, SourceCounts]) -> dict[str, SourceCounts]:
+    """Per-source counts of two groups, summed (a source in one of them as it is)."""
+    out = dict(a)
     for name, counts in b.items():
-        mine = out.setdefault(name, {})
-        for key, v in counts.items():
-            mine[key] = mine.get(key, 0) + int(v)
+        out[name] = out[name] + counts if name in out else counts
     return out
 
 
@@ -370,7 +409,19 @@ def _share_deviation(per: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, n
     return dev.max(axis=0), np.percentile(dev, 99, axis=0)
 
 
-def window_edges(matrix: np.ndarray, window_rows: int, offset: int = 0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WindowEdges(Fields):
+    """A part's rows in the output's step windows it shares with its neighbours: tokens per
+    source before the first window cut inside it (``head``) and after the last (``tail``;
+    None when no cut falls inside: the part is within one window), and where the plan
+    stage adds them, the part's long tokens per source (``tokens``)."""
+
+    head: list[int]
+    tail: list[int] | None
+    tokens: list[int] | None = field(default=None, metadata={"omit": True})
+
+
+def window_edges(matrix: np.ndarray, window_rows: int, offset: int = 0) -> WindowEdges:
     """Of a part whose first row is the output's row ``offset``: the tokens per source of
     its rows before the first of the output's window cuts inside it (``head``), and after
     the last (``tail``; None when no cut falls inside: the part is within one window), the
@@ -380,15 +431,15 @@ def window_edges(matrix: np.ndarray, window_rows: int, offset: int = 0) -> dict[
     first = -offset % w
     n = matrix.shape[0]
     if first > n:
-        return {"head": matrix.sum(axis=0).astype(np.int64).tolist(), "tail": None}
+        return WindowEdges(matrix.sum(axis=0).astype(np.int64).tolist(), None)
     last = first + (n - first) // w * w
-    return {
-        "head": matrix[:first].sum(axis=0).astype(np.int64).tolist(),
-        "tail": matrix[last:].sum(axis=0).astype(np.int64).tolist(),
-    }
+    return WindowEdges(
+        matrix[:first].sum(axis=0).astype(np.int64).tolist(),
+        matrix[last:].sum(axis=0).astype(np.int64).tolist(),
+    )
 
 
-def straddling_deviation(edges: list[dict[str, Any]], target: np.ndarray) -> np.ndarray:
+def straddling_deviation(edges: Sequence[WindowEdges], target: np.ndarray) -> np.ndarray:
     """Per source, the largest |share - target| over the output's windows that straddle two
     or more parts, from each part's ``window_edges`` in output order (the output's shorter
     last window is not counted, as in ``window_deviation``)."""
@@ -396,15 +447,15 @@ def straddling_deviation(edges: list[dict[str, Any]], target: np.ndarray) -> np.
     worst = np.zeros(target.size)
     begun: np.ndarray | None = None  # a window some earlier part began
     for e in edges:
-        head = np.asarray(e["head"], np.float64)
+        head = np.asarray(e.head, np.float64)
         if begun is not None:
             head = begun + head
-        if e["tail"] is None:  # the part ends inside the window
+        if e.tail is None:  # the part ends inside the window
             begun = head
             continue
         if begun is not None and head.sum() > 0:
             worst = np.maximum(worst, np.abs(head / head.sum() - target))
-        begun = np.asarray(e["tail"], np.float64)
+        begun = np.asarray(e.tail, np.float64)
     return worst
 
 
@@ -434,7 +485,7 @@ def _rounded(values: np.ndarray) -> list[float]:
 
 def order_plan(
     plan: Any, first_doc: np.ndarray, window_tokens: int, seed: int = 0, exchange: bool = True
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Any, dict[str, WindowSpread]]:
     """The plan with each config's rows in ``mix_order`` (pieces' keys give their source),
     with ``exchange`` the long config's then balanced per window (``exchange_plan``), and
     per config the per-window deviation (``window_deviation``) at ``window_tokens`` tokens
@@ -450,7 +501,8 @@ def order_plan(
     src = source_of(plan.piece_doc, first_doc)
     k = first_doc.size
     sizes = plan.piece_size
-    layouts, spread = {}, {}
+    layouts: dict[str, Any] = {}
+    spread: dict[str, WindowSpread] = {}
     for name in ("short", "long"):
         layout = getattr(plan, name)
         m = row_source_tokens(layout.row_offsets, layout.row_pieces, src, sizes, k)
@@ -458,20 +510,20 @@ def order_plan(
         layouts[name] = permute_rows(layout, order)
         window = max(1, window_tokens // layout.capacity)
         before, after = window_deviation(m, window), window_deviation(m[order], window)
-        spread[name] = {
-            "window_rows": window,
-            "windows": int(after["windows"]),
-            "tokens": m.sum(axis=0).astype(np.int64).tolist(),
-            "max_deviation": _rounded(after["max"]),
-            "p99_deviation": _rounded(after["p99"]),
-            "shuffled_max_deviation": _rounded(before["max"]),
-        }
+        spread[name] = WindowSpread(
+            window_rows=window,
+            windows=int(after["windows"]),
+            tokens=m.sum(axis=0).astype(np.int64).tolist(),
+            max_deviation=_rounded(after["max"]),
+            p99_deviation=_rounded(after["p99"]),
+            shuffled_max_deviation=_rounded(before["max"]),
+        )
         if name == "long" and plan.short is not None and k >= 2:
             units = xc.units_of(layouts[name], _pack_of_piece(plan), src, sizes, k)
             target = m.sum(axis=0) / max(m.sum(), 1)
             max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
             bound = xc.piece_bound(max_piece, target, window * layout.capacity)
-            spread[name]["piece_bound"] = _rounded(bound)
+            spread[name] = dataclasses.replace(spread[name], piece_bound=_rounded(bound))
     ordered = dataclasses.replace(plan, **layouts)
     if exchange:
         ordered, spread["long"] = exchange_plan(ordered, first_doc, spread["long"], seed)
@@ -481,12 +533,12 @@ def order_plan(
 def exchange_plan(
     plan: Any,
     first_doc: np.ndarray,
-    spread: dict[str, Any],
+    spread: WindowSpread,
     seed: int = 0,
     offset: int = 0,
     open_end: bool = False,
     following: np.ndarray | None = None,
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Any, WindowSpread]:
     """The plan with its long config's units exchanged between the output's windows
     (``packcli.pack.exchange``: windows of 4 steps, or more where a piece forbids, then the
     steps inside each), and its long config's ``spread`` (``order_plan``'s) updated.
@@ -501,7 +553,7 @@ def exchange_plan(
     from packcli.pack import exchange as xc
 
     layout = plan.long
-    if "piece_bound" not in spread or layout.num_rows <= 1:
+    if spread.piece_bound is None or layout.num_rows <= 1:
         return plan, spread
     src = source_of(plan.piece_doc, first_doc)
     k = first_doc.size
@@ -511,7 +563,7 @@ def exchange_plan(
     units = xc.units_of(layout, pack_of_piece, src, sizes, k)
     target = m.sum(axis=0) / max(m.sum(), 1)
     max_piece = units.vec.max(axis=0) if units.vec.size else np.zeros(k)
-    window = int(spread["window_rows"])
+    window = spread.window_rows
     w_ex = xc.exchange_window(window, layout.num_rows, layout.capacity, max_piece, target)
 
     def balance(layout: Any, rows: int, group: int = 0) -> tuple[Any, int]:
@@ -527,16 +579,27 @@ def exchange_plan(
     after_m = row_source_tokens(new.row_offsets, new.row_pieces, src, sizes, k)
     after = window_deviation(after_m, window, offset=offset)
     at_ex = window_deviation(after_m, w_ex, offset=offset)
-    spread = {
-        **spread,
-        "windows": int(after["windows"]),
-        "max_deviation": _rounded(after["max"]),
-        "p99_deviation": _rounded(after["p99"]),
-        "exchange_window_rows": int(w_ex),
-        "exchange_moves": moves,
-        "exchange_max_deviation": _rounded(at_ex["max"]),
-    }
+    spread = dataclasses.replace(
+        spread,
+        windows=int(after["windows"]),
+        max_deviation=_rounded(after["max"]),
+        p99_deviation=_rounded(after["p99"]),
+        exchange_window_rows=int(w_ex),
+        exchange_moves=moves,
+        exchange_max_deviation=_rounded(at_ex["max"]),
+    )
     return dataclasses.replace(plan, long=new), spread
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """An output's realised mix over its step windows (``StepSums.deviation``): per source
+    the largest and 99th-percentile share deviation, its tokens, and how many windows."""
+
+    max_deviation: list[float]
+    p99_deviation: list[float]
+    windows: int
+    tokens: list[int]
 
 
 @dataclass(frozen=True)
@@ -582,7 +645,7 @@ class StepSums:
             sums[p.start - start : p.start - start + p.sums.shape[0]] += p.sums
         return cls(w, start, sums)
 
-    def deviation(self, n_rows: int) -> dict[str, Any]:
+    def deviation(self, n_rows: int) -> StepFigures:
         """Per source, the largest and the 99th percentile |share - target| over the full
         windows of an output of ``n_rows`` rows (its shorter last window is not counted,
         unless there is no full one), the target being the source's share of all rows: the
@@ -597,9 +660,9 @@ class StepSums:
         if not per.shape[0]:
             per = np.zeros((1, target.size))
         worst, p99 = _share_deviation(per, target)
-        return {
-            "max_deviation": _rounded(worst),
-            "p99_deviation": _rounded(p99),
-            "windows": int(per.shape[0]),
-            "tokens": [int(x) for x in self.sums.sum(axis=0)],
-        }
+        return StepFigures(
+            max_deviation=_rounded(worst),
+            p99_deviation=_rounded(p99),
+            windows=int(per.shape[0]),
+            tokens=[int(x) for x in self.sums.sum(axis=0)],
+        )

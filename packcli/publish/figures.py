@@ -329,8 +329,8 @@ def _mixture_steps(
             at = f"report.mixture.sources[{k}].{name}"
             got[f"{at}.tokens"] = int(tokens[k])
             got[f"{at}.share"] = round(int(tokens[k]) / total, 6) if total else 0.0
-            got[f"{at}.window_max_deviation"] = dev["max_deviation"][k]
-            got[f"{at}.window_p99_deviation"] = dev["p99_deviation"][k]
+            got[f"{at}.window_max_deviation"] = dev.max_deviation[k]
+            got[f"{at}.window_p99_deviation"] = dev.p99_deviation[k]
     if held is not None:
         groups, holding = held
         got["report.mixture.groups"] = groups

@@ -20,7 +20,7 @@ import numpy as np
 
 from packcli.config import TOKENS_PER_STEP
 from packcli.names import MARKER
-from packcli.pack.mixture import WindowSpread
+from packcli.pack.mixture import SourceCounts, WindowSpread
 from packcli.pack.plan import RowTotals, TierFigures
 from packcli.publish.report_records import (
     InputFiles,
@@ -388,7 +388,10 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
     source (``mixture_warnings`` says why that matters). Token account:
     ``long tokens = input.tokens - truncated - dropped + repeat_tokens - subsampled_tokens``."""
     spec = stats["mixture_spec"]
-    counts = stats["mixture"]
+    counts = {
+        name: SourceCounts.from_json(c, "plan.json", f"stats.mixture.{name}.")
+        for name, c in stats["mixture"].items()
+    }
     windows = {
         name: WindowSpread.from_json(w, "plan.json", f"stats.mixture_windows.{name}.")
         for name, w in stats.get("mixture_windows", {}).items()
@@ -396,7 +399,7 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
     held = stats.get("mixture_groups")  # a grouped plan: how many groups hold each source
     rows = []
     for k, name in enumerate(spec["names"]):
-        c = counts.get(name, {})
+        c = counts[name].to_json() if name in counts else {}
         row: dict[str, Any] = {
             "name": name,
             "source_id": k,
@@ -405,7 +408,7 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
             "eos_id": sources[k].eos,
             "bos_id": sources[k].bos,
             "first_doc": int(spec["first_doc"][k]),
-            **{key: int(c.get(key, 0)) for key in sorted(c)},
+            **{key: int(c[key]) for key in sorted(c)},
         }
         for tier, w in windows.items():
             row[tier] = SourceShare.of(w, k).to_json()
@@ -419,8 +422,8 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
         "seed": int(spec["seed"]),
         "window_tokens": TOKENS_PER_STEP,
         "window_rows": {tier: w.window_rows for tier, w in windows.items()},
-        "repeat_tokens": sum(int(c.get("repeat_tokens", 0)) for c in counts.values()),
-        "subsampled_tokens": sum(int(c.get("subsampled_tokens", 0)) for c in counts.values()),
+        "repeat_tokens": sum(c.repeat_tokens for c in counts.values()),
+        "subsampled_tokens": sum(c.subsampled_tokens for c in counts.values()),
         "sources": rows,
     }
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -206,10 +206,6 @@ def distribution(values: np.ndarray) -> dict[str, float | int | None]:
     return out
 
 
-# The counts of a config's line in the Configs table (``TierNumbers`` fields, in order).
-TIER_COUNTS = ("capacity", "rows", "tokens", "segments")
-
-
 @dataclass(frozen=True)
 class TierNumbers(Fields):
     """A config's figures in ``packcli stats`` (``--json``'s ``tiers``): its rows, tokens and
@@ -227,6 +223,10 @@ class TierNumbers(Fields):
     attention_cost: dict[str, Any]
     schedule: dict[str, Any]
     row_cost: dict[str, Any] | None = field(default=None, metadata={"omit": True})
+
+
+# The counts of a config's line in the Configs table: ``TierNumbers``' first fields.
+TIER_COUNTS = tuple(f.name for f in fields(TierNumbers)[:4])
 
 
 def tier_numbers(tier: TierData) -> TierNumbers:

@@ -48,7 +48,10 @@ from packcli.pack.groups import (
 )
 from packcli.pack.mixture import (
     MixSpec,
+    SourceCounts,
+    StepFigures,
     StepSums,
+    WindowEdges,
     WindowSpread,
     add_stats,
     copies,
@@ -72,6 +75,7 @@ from packcli.stages.plan_records import (
     TAIL,
     GroupRecord,
     GroupsRecord,
+    PlanInputs,
     PlanPart,
     PlanRecord,
     StepRows,
@@ -91,15 +95,12 @@ log = logging.getLogger(__name__)
 def plan_fingerprint(
     plan_cfg: PlanConfig, tokens_fingerprint: str, mix: MixSpec | None = None
 ) -> str:
-    values: dict[str, Any] = {
-        "tokens": tokens_fingerprint,
-        "plan": dataclasses.asdict(plan_cfg),
-        "v": __version__,
-        "release": RELEASE_RULE,
-    }
-    if mix is not None:  # a mixture's weights and policies change the plan: never mixed
-        values["mixture"] = {**mix.as_record(), "order": MIX_ORDER_RULE}
-    return fingerprint(values)
+    # A mixture's weights and policies change the plan: never mixed.
+    mixture = None if mix is None else {**mix.as_record(), "order": MIX_ORDER_RULE}
+    inputs = PlanInputs(
+        tokens_fingerprint, dataclasses.asdict(plan_cfg), __version__, RELEASE_RULE, mixture
+    )
+    return fingerprint(inputs.to_json())
 
 
 # The row order's rule for a mixture, as a version (part of the plan's fingerprint).
@@ -399,26 +400,28 @@ def plan_stage(
             _exchange_groups(cfg, shards, at, range(len(groups)), bar.update)
             steps = [_steps_record(cfg, g) for g in range(len(groups))]
             parts[:-1] = [x.part for x in steps]
+            stepped = [_json(x.mixture_windows) for x in steps]
             records = [
-                dataclasses.replace(r, stats={**r.stats, "mixture_windows": x.mixture_windows})
-                for r, x in zip(records, steps, strict=True)
+                dataclasses.replace(r, stats={**r.stats, "mixture_windows": w})
+                for r, w in zip(records, stepped, strict=True)
             ]
         if len(groups) > 1 and mix is not None:
-            stats.update(_mixture_stats(records))
-        if second and mix is not None:  # the long config's steps across parts
-            long = stats["mixture_windows"]["long"]
-            tokens = np.array(long["tokens"], np.float64) + tail_edges["tokens"]
+            # The long config's steps across parts (a grouped mixture had its second pass).
+            counts, spreads = _mixture_stats(records)
+            assert tail_edges.tokens is not None  # ``_long_edges`` counts them
+            tokens = np.array(spreads["long"].tokens, np.float64) + tail_edges.tokens
             edges = [*(x.edges for x in steps), tail_edges]
             worst = straddling_deviation(edges, tokens / max(tokens.sum(), 1.0))
-            long["straddling_max_deviation"] = [round(float(x), 6) for x in worst]
+            spreads["long"] = dataclasses.replace(
+                spreads["long"], straddling_max_deviation=[round(float(x), 6) for x in worst]
+            )
             # What the output's steps hold: its windows, against its share (the figures
             # above are each group's own, against the group's share).
-            windows = {n: int(w["window_rows"]) for n, w in stats["mixture_windows"].items()}
+            windows = {n: w.window_rows for n, w in spreads.items()}
             honest, held = _output_steps(cfg, parts, tail_plan, mix[1], windows)
-            for name, figures in honest.items():
-                w = stats["mixture_windows"][name]
-                w["group_max_deviation"] = w["max_deviation"]
-                w.update(figures)
+            spreads = {n: w.over_output(honest[n]) for n, w in spreads.items()}
+            stats["mixture"] = {n: c.to_json() for n, c in counts.items()}
+            stats["mixture_windows"] = _json(spreads)
             stats["mixture_groups"] = {"groups": len(groups), "holding": held}
     if mix is not None:
         stats["mixture_spec"] = {**mix[0].as_record(), "first_doc": mix[1].tolist()}
@@ -465,15 +468,13 @@ def _long_sources(plan: Plan, first_doc: np.ndarray) -> np.ndarray:
 
 
 def _long_edges(
-    plan: Plan, first_doc: np.ndarray, spread: dict[str, Any], first_row: int
-) -> dict[str, Any]:
+    plan: Plan, first_doc: np.ndarray, spread: WindowSpread, first_row: int
+) -> WindowEdges:
     """A part's long rows at the edges of the output's step windows (``window_edges``), and
     its long tokens per source."""
     m = _long_sources(plan, first_doc)
-    return {
-        **window_edges(m, int(spread["window_rows"]), first_row),
-        "tokens": m.sum(axis=0).astype(np.int64).tolist(),
-    }
+    edges = window_edges(m, spread.window_rows, first_row)
+    return dataclasses.replace(edges, tokens=m.sum(axis=0).astype(np.int64).tolist())
 
 
 def _steps_rel(g: int) -> str:
@@ -506,7 +507,7 @@ def _output_steps(
     tail_plan: Plan,
     first_doc: np.ndarray,
     windows: dict[str, int],
-) -> tuple[dict[str, dict[str, Any]], list[int]]:
+) -> tuple[dict[str, StepFigures], list[int]]:
     """A grouped mixture's per-source step figures over the output's windows (rows in output
     order: groups, then the tail) against the output's share, per config, and how many
     groups hold each source (in their long rows). Read one group's row sums at a time."""
@@ -580,7 +581,7 @@ def _exchange_groups(
         part = record.part
         store.pull(*part.arrays)
         plan, tail, ballast = _load_part(cfg.work_path, cfg.plan, part)
-        windows = dict(record.stats["mixture_windows"])
+        windows = _spreads(record.stats, cfg.work_path / PLAN_DIR / f"{name}.json")
         plan, windows["long"] = exchange_plan(
             plan,
             first_doc,
@@ -661,35 +662,53 @@ def _plan_mixed(
         documents=int(lengths.size),
         input_tokens=int(lengths.sum()),
         empty_docs=int((lengths == 0).sum()),
-        split_docs=sum(s["split_docs"] for s in per),
-        split_pieces=sum(s["split_pieces"] for s in per),
-        split_tokens=sum(s["split_tokens"] for s in per),
-        truncated_docs=sum(s["truncated_docs"] for s in per),
-        truncated_tokens=sum(s["truncated_tokens"] for s in per),
-        dropped_docs=sum(s["policy_dropped_docs"] for s in per),
-        dropped_tokens=sum(s["policy_dropped_tokens"] for s in per),
-        mixture=ex.stats,
-        mixture_windows=spread,
+        split_docs=sum(s.split_docs for s in per),
+        split_pieces=sum(s.split_pieces for s in per),
+        split_tokens=sum(s.split_tokens for s in per),
+        truncated_docs=sum(s.truncated_docs for s in per),
+        truncated_tokens=sum(s.truncated_tokens for s in per),
+        dropped_docs=sum(s.policy_dropped_docs for s in per),
+        dropped_tokens=sum(s.policy_dropped_tokens for s in per),
+        mixture={n: c.to_json() for n, c in ex.stats.items()},
+        mixture_windows=_json(spread),
     )
     tail = tail if tail is not None else Pieces.concat([])
     return dataclasses.replace(plan, stats=stats), tail, ballast
 
 
-def _mixture_stats(records: list[GroupRecord]) -> dict[str, Any]:
+def _mixture_stats(
+    records: list[GroupRecord],
+) -> tuple[dict[str, SourceCounts], dict[str, WindowSpread]]:
     """The groups' per-source counts summed, and per config the largest window deviation (and
     piece bound) of any group: the long config's over the output's windows within it (the
     second pass's), the short config's from the group's first row (its rows are ordered,
     not exchanged); windows straddling two groups are not counted (docs/benchmarks.md
     measures them)."""
-    counts: dict[str, dict[str, int]] = {}
+    counts: dict[str, SourceCounts] = {}
     windows: dict[str, WindowSpread] = {}
     for g, r in enumerate(records):
-        counts = add_stats(counts, r.stats["mixture"])
-        for name, w in r.stats["mixture_windows"].items():
-            where = f"stats.mixture_windows.{name}."
-            spread = WindowSpread.from_json(w, f"{PLAN_DIR}/{_group_name(g)}.json", where)
+        path = f"{PLAN_DIR}/{_group_name(g)}.json"
+        mine = {
+            n: SourceCounts.from_json(c, path, f"stats.mixture.{n}.")
+            for n, c in r.stats["mixture"].items()
+        }
+        counts = add_stats(counts, mine)
+        for name, spread in _spreads(r.stats, path).items():
             windows[name] = windows[name].merged(spread) if name in windows else spread
-    return {"mixture": counts, "mixture_windows": {k: w.to_json() for k, w in windows.items()}}
+    return counts, windows
+
+
+def _spreads(stats: dict[str, Any], path: Path | str) -> dict[str, WindowSpread]:
+    """A group record's ``stats.mixture_windows`` (the file at ``path``), read."""
+    return {
+        name: WindowSpread.from_json(w, path, f"stats.mixture_windows.{name}.")
+        for name, w in stats["mixture_windows"].items()
+    }
+
+
+def _json(spreads: dict[str, WindowSpread]) -> dict[str, Any]:
+    """Per config its spread as the plan's stats hold it."""
+    return {name: w.to_json() for name, w in spreads.items()}
 
 
 def _reusable(

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from packcli.pack.mixture import WindowEdges, WindowSpread
 from packcli.records import Fields, Record
 
 PLAN_DIR = "plan"  # the parts' arrays and records: plan/group-NNNNN.npz, plan/tail.npz
@@ -24,6 +25,19 @@ PLAN = "plan.json"  # in the work folder: the saved plan, written last by the pl
 TAIL = "tail"
 GROUPS = "plan/groups.json"  # in the work folder: a grouped mixture's groups (GroupsRecord)
 STEPS = "steps"  # a grouped mixture's second pass: plan/steps.json, plan/steps/group-NNNNN.*
+
+
+@dataclass(frozen=True)
+class PlanInputs(Fields):
+    """What a plan is made from, hashed into its fingerprint (``plan_fingerprint``): the
+    token shards' fingerprint, the plan settings, packcli's version, the tail's release
+    rule and, for a mixture, its spec and row-order rule. Never written as a file."""
+
+    tokens: str
+    plan: dict[str, Any]
+    v: str
+    release: int
+    mixture: dict[str, Any] | None = field(default=None, metadata={"omit": True})
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,6 @@ class StepsRecord(Record):
 
     fingerprint: str
     part: PlanPart
-    mixture_windows: dict[str, Any]
-    edges: dict[str, Any]
+    mixture_windows: dict[str, WindowSpread]
+    edges: WindowEdges
     files: dict[str, tuple[int, str]]

@@ -42,6 +42,7 @@ from tokenizers import Tokenizer
 
 from packcli.errors import ConfigError, require_one_of
 from packcli.names import BACKEND_ALIASES, BACKENDS
+from packcli.records import Fields
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ def _show(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class CheckResult(Fields):
     ok: bool
     texts: int
     tokens: int
@@ -209,12 +210,9 @@ class CheckResult:
         return f"ids differ on {self.mismatch}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "texts": self.texts,
-            "tokens": self.tokens,
-            "mismatch": self.mismatch,
-        }
+        """As the tokenize stage's record holds it: every field but ``details`` (the
+        report's, kept in memory)."""
+        return {k: v for k, v in self.to_json().items() if k != "details"}
 
 
 def adversarial_texts(tokenizer: Tokenizer | None = None) -> list[str]:
