@@ -81,8 +81,7 @@ def test_files_wanted() -> None:
 def test_pack_min_files_cuts_each_config_and_keeps_every_row(
     tmp_path: Path, toy_tokenizer_path: Path
 ) -> None:
-    corpus = tmp_path / "c.jsonl"
-    mixed_corpus(corpus, 300, 3)
+    corpus = mixed_corpus(tmp_path / "c.jsonl", 300, 3)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("plan:\n  short_len: 64\n  long_len: 1024\n")
     one, five = tmp_path / "one", tmp_path / "five"

@@ -39,8 +39,7 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
     root = tmp_path_factory.mktemp("publish")
-    corpus = root / "corpus.jsonl"
-    mixed_corpus(corpus, 250, 3)
+    corpus = mixed_corpus(root / "corpus.jsonl", 250, 3)
     (root / "cfg.yaml").write_text(CONFIG)
     out = root / "out"
     args = ["pack", str(corpus), "-t", str(toy_tokenizer_path), "-o", str(out)]

@@ -49,8 +49,7 @@ def _need_torchtitan() -> None:
 def cp_pack(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
     """Text packed with --cp-size 2: segments padded to multiples of 4 (seq_pad, labels)."""
     folder = tmp_path_factory.mktemp("cp")
-    corpus = folder / "corpus.jsonl"
-    mixed_corpus(corpus, 80, 9)
+    corpus = mixed_corpus(folder / "corpus.jsonl", 80, 9)
     out = folder / "out"
     invoke_ok(
         "pack", corpus, "-t", toy_tokenizer_path, "-o", out, "--short-len", "64",

@@ -476,8 +476,7 @@ def test_byte_spans_of_a_remote_file_fetch_about_their_bytes(
     spans' bytes per span (the span, its last line and one read-ahead block), not a store's
     whole read-ahead (s3fs: 50 MiB, from each span to the end: ~6x this file's bytes); at
     the default 1 GiB spans that overshoot is ~0.5%. Every document is read once."""
-    corpus = tmp_path / "big.jsonl"
-    mixed_corpus(corpus, 36000, 4)
+    corpus = mixed_corpus(tmp_path / "big.jsonl", 36000, 4)
     size = corpus.stat().st_size
     assert size > 10 << 20
     upload(tmp_path, f"s3://{bucket}/in", "big.jsonl")
