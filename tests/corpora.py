@@ -72,6 +72,22 @@ def mixed_lengths(n: int, seed: int = 0) -> list[int]:
     return counts
 
 
+def mixed_corpus(path: Path, n: int, seed: int) -> Path:
+    """``path``: ``n`` documents of ``mixed_lengths``, their words drawn with the same seed
+    (so each seed is one corpus, whichever test writes it)."""
+    write_corpus(path, mixed_lengths(n, seed=seed), seed=seed)
+    return path
+
+
+def pack_inputs(root: Path, n: int, seed: int, config: str) -> tuple[Path, Path]:
+    """``root/corpus.jsonl`` (``mixed_corpus``) and ``root/cfg.yaml`` holding ``config``:
+    what a ``pack`` run as a process (``clirun.run_pack``) is given."""
+    corpus = mixed_corpus(root / "corpus.jsonl", n, seed)
+    cfg = root / "cfg.yaml"
+    cfg.write_text(config)
+    return corpus, cfg
+
+
 CHAT_WORDS = ["the", "of", "answer", "question", "tool", "packing", "token", "東京", "🙂", "naïve"]
 CHAT_WORDS += ["weather", "is", "sunny"]
 IM_END = "<|im_end|>"

@@ -127,6 +127,16 @@ def upload(local: Path, url: str, pattern: str = "*") -> None:
     fs.invalidate_cache()
 
 
+def remote_pack(corpus: Path, bucket: str, tok: Path, work: object) -> tuple[str, list[object]]:
+    """The module's corpus put on the store (``s3://BUCKET/in``) and the ``pack`` of it into
+    ``s3://BUCKET/out`` with its work folder at ``work`` (a path or a URL): the output's URL
+    and the command's arguments."""
+    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
+    out = f"s3://{bucket}/out"
+    args: list[object] = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", tok, "-o", out]
+    return out, [*args, "--work-dir", work, *cfg(corpus)]
+
+
 def remote_files(url: str) -> set[str]:
     fs, prefix = packfs.locate(url)
     fs.invalidate_cache()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -26,10 +27,15 @@ def bin_loads(assignment: np.ndarray, lengths: np.ndarray, n_bins: int | None = 
     return np.bincount(a, weights=np.asarray(lengths, dtype=np.int64), minlength=n).astype(np.int64)
 
 
-def naive_bfd(lengths: list[int], capacity: int, open_rem: list[int] | None = None) -> list[int]:
-    """O(N*B) textbook best-fit decreasing with the same tie rules as the fast version:
-    stable decreasing order; among bins with equal remaining room the most recently
-    changed one wins; bins numbered in opening order."""
+def naive_best_fit(
+    lengths: list[int],
+    capacity: int,
+    rank: Callable[[int, int, int], tuple[int, ...]],
+    open_rem: list[int] | None = None,
+) -> tuple[list[int], list[int]]:
+    """O(N*B) textbook best fit, decreasing (stable order): each item to the bin with the
+    least ``rank(room, size, last touched)`` among those it fits, a new bin only when none
+    does; bins numbered in opening order. The bins and each bin's room left."""
     rem = list(open_rem or [])
     touched = [i - len(rem) for i in range(len(rem))]  # later initial bins count as newer
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -38,7 +44,7 @@ def naive_bfd(lengths: list[int], capacity: int, open_rem: list[int] | None = No
         s = lengths[i]
         cands = [b for b in range(len(rem)) if rem[b] >= s]
         if cands:
-            b = min(cands, key=lambda b: (rem[b], -touched[b]))
+            b = min(cands, key=lambda b: rank(rem[b], s, touched[b]))
         else:
             rem.append(capacity)
             touched.append(step)
@@ -46,7 +52,13 @@ def naive_bfd(lengths: list[int], capacity: int, open_rem: list[int] | None = No
         rem[b] -= s
         touched[b] = step
         out[i] = b
-    return out
+    return out, rem
+
+
+def naive_bfd(lengths: list[int], capacity: int, open_rem: list[int] | None = None) -> list[int]:
+    """Best-fit decreasing with the same tie rules as the fast version: among bins with
+    equal remaining room the most recently changed one wins."""
+    return naive_best_fit(lengths, capacity, lambda room, s, t: (room, -t), open_rem)[0]
 
 
 def naive_ffd(lengths: list[int], capacity: int) -> list[int]:
@@ -179,22 +191,7 @@ def naive_granular(lengths: list[int], capacity: int, granule: int) -> tuple[lis
     """Reference for pack_granular: each item (decreasing, stable) goes to the bin whose
     room after placing it is closest to a multiple of ``granule`` (ties: least room, then
     most recently touched); a new bin only when nothing fits."""
-    rem: list[int] = []
-    touched: list[int] = []
-    out = [0] * len(lengths)
-    for step, i in enumerate(sorted(range(len(lengths)), key=lambda i: -lengths[i])):
-        s = lengths[i]
-        cands = [b for b in range(len(rem)) if rem[b] >= s]
-        if cands:
-            b = min(cands, key=lambda b: ((rem[b] - s) % granule, rem[b], -touched[b]))
-        else:
-            rem.append(capacity)
-            touched.append(step)
-            b = len(rem) - 1
-        rem[b] -= s
-        touched[b] = step
-        out[i] = b
-    return out, rem
+    return naive_best_fit(lengths, capacity, lambda room, s, t: ((room - s) % granule, room, -t))
 
 
 @settings(max_examples=150, deadline=None)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
-from corpora import mixed_lengths, write_corpus
+from corpora import mixed_corpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,7 +130,7 @@ def test_groups_and_tail_keep_the_padding() -> None:
 @pytest.fixture(scope="module")
 def cp_out(toy_tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("cp")
-    write_corpus(folder / "c.jsonl", mixed_lengths(300, seed=2), seed=2)
+    mixed_corpus(folder / "c.jsonl", 300, 2)
     out = folder / "out"
     invoke_ok(
         "pack", folder / "c.jsonl", "-t", toy_tokenizer_path, "-o", out,
@@ -191,8 +191,7 @@ def test_pack_prints_the_schedule_when_dp_size_is_given(
 
     meta = json.loads((cp_out / "packcli.json").read_text())
     assert "schedule" not in meta["report"]
-    corpus = tmp_path / "c.jsonl"
-    write_corpus(corpus, mixed_lengths(300, seed=2), seed=2)
+    corpus = mixed_corpus(tmp_path / "c.jsonl", 300, 2)
     out = tmp_path / "again"
     args = ["pack", corpus, "-t", toy_tokenizer_path, "-o", out, "--short-len", "128"]
     args += ["--long-len", "1024", "--cp-size", "4", "--dp-size", "8", "-q"]
@@ -338,8 +337,7 @@ def test_grouped_pack_with_a_tail_pads_and_verifies(
 ) -> None:
     """Planned by groups of shards, the tail's rows (written from the groups' tail shards,
     which hold real tokens) are padded like the groups' own."""
-    corpus = tmp_path / "c.jsonl"
-    write_corpus(corpus, mixed_lengths(400, seed=5), seed=5)
+    corpus = mixed_corpus(tmp_path / "c.jsonl", 400, 5)
     config = tmp_path / "grouped.yaml"
     config.write_text(
         "read:\n  batch_size: 16\ntokenize:\n  shard_tokens: 1024\n"

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clirun import invoke, invoke_ok
+from clirun import data_hashes, invoke, invoke_ok, run_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_resume import data_hashes
 
 from packcli import jit
 from packcli.pack import exchange as xc
@@ -610,9 +609,7 @@ def test_killed_grouped_mixture_resumes_to_identical_bytes(
 ) -> None:
     """Killed in the second pass (after group 1's record) or after it: the rerun keeps what
     was saved, exchanges the rest, and gives the bytes of an uninterrupted run."""
-    import os
     import subprocess
-    import sys
 
     cfg = _mix_config(tmp_path, mix_files, GROUPED)
     # Steps of two long rows in the packcli processes too.
@@ -622,12 +619,8 @@ def test_killed_grouped_mixture_resumes_to_identical_bytes(
     )
 
     def pack(out: Path, crash: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != "PACKCLI_CRASH_AT"}
-        env.update({"PACKCLI_CRASH_AT": crash} if crash else {})
-        args = ["pack", "-t", str(toy_tokenizer_path), "-o", str(out), "-c", str(cfg), "-q"]
-        return subprocess.run(
-            [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
-        )
+        args = ["pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q"]
+        return run_process(args, crash=crash, entry=code)
 
     ref, out = tmp_path / "ref", tmp_path / "out"
     assert pack(ref).returncode == 0

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from clirun import invoke, invoke_ok
+from clirun import invoke, invoke_ok, run_process
 from export_cases import chat_pack
 from hypothesis import given
 from hypothesis import strategies as st
@@ -260,14 +260,6 @@ def test_a_pack_on_the_store_exports_beside_itself(
 # --------------------------------------------------------------------------- resume
 
 
-def _killed(args: list[str], crash: str, cache: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PACKCLI_CRASH_AT": crash}
-    if cache:
-        env["PACKCLI_CACHE_DIR"] = cache
-    cmd = [sys.executable, "-m", "packcli", *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.parametrize("to", ["megatron", "megatron-bridge"])
 def test_an_export_killed_mid_upload_resumes_putting_each_file_once(
     to: str,
@@ -283,7 +275,7 @@ def test_an_export_killed_mid_upload_resumes_putting_each_file_once(
     url = f"s3://{store}/{prefix}"
     args = ["export", packs["local"], "--to", to, "--dest", url, "-q"]
     s3_log.take()
-    killed = _killed(args, "export-put:3")
+    killed = run_process(args, crash="export-put:3")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     there = {r for r in _count(s3_log.take(), "PUT", f"{prefix}/")}
     assert f"{prefix}/packcli-export.json" not in there  # nothing vouches for it yet
@@ -325,7 +317,9 @@ def test_an_export_resumed_on_another_machine_knows_its_files(
     them as the export's, so they are replaced, never refused as another's."""
     url = f"s3://{store}/moved-{uuid.uuid4().hex[:6]}"
     args = ["export", packs["local"], "--to", "olmo", "--dest", url, "-q"]
-    killed = _killed(args, "export-put:1", cache=str(tmp_path / "machine-a"))
+    killed = run_process(
+        args, env={"PACKCLI_CACHE_DIR": str(tmp_path / "machine-a")}, crash="export-put:1"
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     env = {**os.environ, "PACKCLI_CACHE_DIR": str(tmp_path / "machine-b")}
     done = subprocess.run(

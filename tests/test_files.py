@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 from clirun import invoke_ok as invoke
-from corpora import mixed_lengths, write_corpus
+from corpora import mixed_corpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,8 +81,7 @@ def test_files_wanted() -> None:
 def test_pack_min_files_cuts_each_config_and_keeps_every_row(
     tmp_path: Path, toy_tokenizer_path: Path
 ) -> None:
-    corpus = tmp_path / "c.jsonl"
-    write_corpus(corpus, mixed_lengths(300, seed=3), seed=3)
+    corpus = mixed_corpus(tmp_path / "c.jsonl", 300, 3)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("plan:\n  short_len: 64\n  long_len: 1024\n")
     one, five = tmp_path / "one", tmp_path / "five"

@@ -4,9 +4,7 @@ the S3 HTTP API, driven by the real s3fs / botocore clients), started once for t
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,9 +14,18 @@ import pyarrow.parquet as pq
 import pytest
 import s3fs
 import zstandard
-from clirun import invoke, invoke_ok
-from corpora import mixed_lengths, write_corpus
-from s3local import ARGS, CONFIG, cfg, local_hashes, remote_files, remote_hashes, upload
+from clirun import invoke, invoke_ok, run_process
+from corpora import mixed_corpus, write_corpus
+from s3local import (
+    ARGS,
+    CONFIG,
+    cfg,
+    local_hashes,
+    remote_files,
+    remote_hashes,
+    remote_pack,
+    upload,
+)
 
 from packcli import fs as packfs
 from packcli.errors import ConfigError
@@ -29,13 +36,9 @@ from packcli.errors import ConfigError
 def test_pack_from_s3_to_s3_verifies_and_matches_local_bytes(
     corpus: Path, reference: dict[str, str], toy_tokenizer_path: Path, bucket: str, tmp_path: Path
 ) -> None:
-    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
-    out = f"s3://{bucket}/out"
     work = tmp_path / "stage"
-    output = invoke_ok(
-        "pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out,
-        "--work-dir", work, *cfg(corpus),
-    )  # fmt: skip
+    out, args = remote_pack(corpus, bucket, toy_tokenizer_path, work)
+    output = invoke_ok(*args)
     assert f"wrote     {out}" in output
     assert remote_hashes(out) == reference
     files = remote_files(out)
@@ -56,10 +59,7 @@ def test_pack_from_s3_to_s3_verifies_and_matches_local_bytes(
     # A rerun uploads nothing: every file is in the upload log and still there.
     log = work / ".packcli" / packfs.UPLOAD_LOG
     before = log.read_text()
-    invoke_ok(
-        "pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out,
-        "--work-dir", work, *cfg(corpus),
-    )  # fmt: skip
+    invoke_ok(*args)
     assert log.read_text() == before
 
 
@@ -143,7 +143,7 @@ def test_byte_spans_and_damaged_streams_read_remotely_as_locally(
     monkeypatch.setattr(packcli.config, "MIN_SPLIT_BYTES", 1)
     local = tmp_path / "in"
     local.mkdir()
-    write_corpus(local / "big.jsonl", mixed_lengths(150, seed=4), seed=4)
+    mixed_corpus(local / "big.jsonl", 150, 4)
     damaged = bytearray((corpus / "part-1.jsonl.zst").read_bytes())
     damaged[-40] ^= 0xFF  # inside the second frame: its checksum fails
     (local / "bad.jsonl.zst").write_bytes(bytes(damaged))
@@ -163,15 +163,6 @@ def test_byte_spans_and_damaged_streams_read_remotely_as_locally(
 # --------------------------------------------------------------------------- kills
 
 
-def _run(args: list[str], env: dict[str, str], crash: str | None = None) -> Any:
-    env = {**os.environ, **env}
-    env.pop("PACKCLI_CRASH_AT", None)
-    if crash:
-        env["PACKCLI_CRASH_AT"] = crash
-    cmd = [sys.executable, "-m", "packcli", "-v", *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.parametrize("point", ["write:long:0", "write:long:1", "upload:1"])
 def test_killed_remote_run_resumes_to_identical_bytes(
     s3: dict[str, str],
@@ -182,11 +173,8 @@ def test_killed_remote_run_resumes_to_identical_bytes(
     tmp_path: Path,
     point: str,
 ) -> None:
-    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
-    out = f"s3://{bucket}/out"
-    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", str(toy_tokenizer_path), "-o", out]
-    args += ["--work-dir", str(tmp_path / "stage"), *cfg(corpus)]
-    killed = _run(args, s3, crash=point)
+    out, args = remote_pack(corpus, bucket, toy_tokenizer_path, tmp_path / "stage")
+    killed = run_process(["-v", *args], env=s3, crash=point)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "packcli.json" not in remote_files(out)  # nothing vouches for a partial output
     log = tmp_path / "stage" / ".packcli" / packfs.UPLOAD_LOG
@@ -201,7 +189,7 @@ def test_killed_remote_run_resumes_to_identical_bytes(
         assert names[-1] == "README.md" and all(n.endswith(".parquet") for n in names[:-1])
     there = _sizes(out)
     assert all(there[p["file"]] == p["size"] for p in put_before)
-    rerun = _run(args, s3)
+    rerun = run_process(["-v", *args], env=s3)
     assert rerun.returncode == 0, rerun.stderr
     assert remote_hashes(out) == reference
     put = [json.loads(line)["file"] for line in log.read_text().splitlines()]
@@ -216,11 +204,8 @@ def test_a_parquet_file_up_before_its_record_is_not_put_again(
     """A write task killed after it uploaded a file and before it wrote the file's record:
     the rerun writes the same bytes again, finds them logged and on the store, and does
     not put them a second time."""
-    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
-    out = f"s3://{bucket}/out"
     work = tmp_path / "stage"
-    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
-    args += ["--work-dir", work, *cfg(corpus)]
+    out, args = remote_pack(corpus, bucket, toy_tokenizer_path, work)
     invoke_ok(*args)
     log = work / ".packcli" / packfs.UPLOAD_LOG
     (work / ".packcli" / "write" / "long-00001.json").unlink()  # as if killed before it
@@ -350,14 +335,14 @@ def test_changed_output_replaces_the_remote_one_marker_first(
     out = f"s3://{bucket}/out"
     base = ["pack", f"s3://{bucket}/in/", "-t", str(toy_tokenizer_path), "-o", out]
     base += ["--work-dir", str(tmp_path / "stage"), *ARGS]
-    assert _run([*base, "-c", str(corpus / "cfg.yaml")], s3).returncode == 0
+    assert run_process(["-v", *base, "-c", str(corpus / "cfg.yaml")], env=s3).returncode == 0
     first = remote_hashes(out)
     bigger = tmp_path / "bigger.yaml"
     bigger.write_text(CONFIG.replace("shard_tokens: 8192", "shard_tokens: 30000"))
-    killed = _run([*base, "-c", str(bigger)], s3, crash="upload:1")
+    killed = run_process(["-v", *base, "-c", str(bigger)], env=s3, crash="upload:1")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "packcli.json" not in remote_files(out)
-    assert _run([*base, "-c", str(bigger)], s3).returncode == 0
+    assert run_process(["-v", *base, "-c", str(bigger)], env=s3).returncode == 0
     ref = tmp_path / "ref"
     invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", ref, "-c", bigger, *ARGS)
     assert remote_hashes(out) == local_hashes(ref)
@@ -451,10 +436,7 @@ def test_a_remote_file_replaced_at_the_same_size_is_uploaded_again(
     """The upload log and the store's size agree, but the bytes are not packcli's: the rerun
     compares the store's version (ETag) with the one it got at upload time, puts the file
     again, and the remote files are those packcli.json's hashes describe."""
-    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
-    out = f"s3://{bucket}/out"
-    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
-    args += ["--work-dir", tmp_path / "stage", *cfg(corpus)]
+    out, args = remote_pack(corpus, bucket, toy_tokenizer_path, tmp_path / "stage")
     invoke_ok(*args)
     victim = sorted(remote_hashes(out))[0]
     _same_size_other_bytes(out, victim)

@@ -12,9 +12,8 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
-from clirun import invoke_ok
-from corpora import mixed_lengths, write_corpus
-from test_resume import data_hashes, run_pack
+from clirun import data_hashes, invoke_ok, run_pack
+from corpora import pack_inputs
 
 from packcli.tokenize.shards import TokenShards
 
@@ -37,10 +36,7 @@ write:
 @pytest.fixture(scope="module")
 def grouped(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path):
     root = tmp_path_factory.mktemp("grouped")
-    corpus = root / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(400, seed=5), seed=5)
-    cfg = root / "cfg.yaml"
-    cfg.write_text(GROUPED)
+    corpus, cfg = pack_inputs(root, 400, 5, GROUPED)
     ref = root / "ref"
     invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", ref, "-c", cfg, "-q")
     return corpus, cfg, ref, data_hashes(ref)

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
-from corpora import mixed_lengths, write_corpus
+from corpora import mixed_corpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,7 +83,7 @@ def split_out(toy_tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory
     """Planned in groups of shards with a tail, so pieces are written both from the groups'
     shards and from the tail shards."""
     folder = tmp_path_factory.mktemp("pieces")
-    write_corpus(folder / "c.jsonl", mixed_lengths(400, seed=5), seed=5)
+    mixed_corpus(folder / "c.jsonl", 400, 5)
     config = folder / "grouped.yaml"
     config.write_text(
         "read:\n  batch_size: 16\ntokenize:\n  shard_tokens: 1024\n"

@@ -5,12 +5,11 @@ one refused naming file and field, and a work folder of an older packcli (record
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from corpora import mixed_lengths, write_corpus
+from clirun import run_pack
+from corpora import pack_inputs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -89,12 +88,6 @@ plan:
 """
 
 
-def _pack(corpus: Path, tok: Path, out: Path, cfg: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "packcli", "pack", str(corpus), "-t", str(tok)]
-    cmd += ["-o", str(out), "-c", str(cfg), "-q"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
 def _as_older(path: Path, edit: str, by: int) -> None:
     """``path`` as an older packcli wrote it (no version), with a count that would change
     the output if it were read."""
@@ -109,12 +102,9 @@ def _as_older(path: Path, edit: str, by: int) -> None:
 
 
 def test_an_older_plan_is_planned_again(tmp_path: Path, toy_tokenizer_path: Path) -> None:
-    corpus = tmp_path / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(400, seed=7), seed=7)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CONFIG)
+    corpus, cfg = pack_inputs(tmp_path, 400, 7, CONFIG)
     out = tmp_path / "out"
-    first = _pack(corpus, toy_tokenizer_path, out, cfg)
+    first = run_pack(corpus, toy_tokenizer_path, out, cfg)
     assert first.returncode == 0, first.stderr
     work = out / ".packcli"
     expected = {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")}
@@ -132,7 +122,7 @@ def test_an_older_plan_is_planned_again(tmp_path: Path, toy_tokenizer_path: Path
     with pytest.raises(PackcliError, match="of another packcli"):
         load_plan(work, TokenShards(work / "tokens"))
     (out / "packcli.json").unlink()  # the output is remade from the records
-    again = _pack(corpus, toy_tokenizer_path, out, cfg)
+    again = run_pack(corpus, toy_tokenizer_path, out, cfg)
     assert again.returncode == 0, again.stderr
     for path, record in truth.items():
         assert GroupRecord.from_json(json.loads(path.read_text()), path) == record

@@ -283,20 +283,25 @@ def test_verify_refuses_a_broken_pair(
     assert code == 1 and message in output, output
 
 
-def test_overlong_pairs_are_dropped_or_truncated_and_counted(
-    tok_dir: Path, tok: Tokenizer, tmp_path: Path
-) -> None:
-    rng = random.Random(1)
+def overlong_pairs(rng: random.Random) -> list[dict[str, Any]]:
+    """One pair of each kind the length limit sees: one that fits, one whose rejected answer
+    is too long, one whose prompt alone is, one whose two answers are."""
     prompt = [_msg("user", "What is packing?")]
     short_answer = [_msg("assistant", "the answer")]
     long_answer = [_msg("assistant", " ".join(rng.choice(WORDS) for _ in range(700)))]
     huge_prompt = [_msg("user", " ".join(rng.choice(WORDS) for _ in range(400)))]
-    records = [
+    return [
         make_pair(rng, "messages"),
         {"prompt": prompt, "chosen": short_answer, "rejected": long_answer},
         {"prompt": huge_prompt, "chosen": short_answer, "rejected": short_answer},
         {"prompt": prompt, "chosen": long_answer, "rejected": long_answer},
     ]
+
+
+def test_overlong_pairs_are_dropped_or_truncated_and_counted(
+    tok_dir: Path, tok: Tokenizer, tmp_path: Path
+) -> None:
+    records = overlong_pairs(random.Random(1))
     path = tmp_path / "long.jsonl"
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
@@ -321,7 +326,7 @@ def test_overlong_pairs_are_dropped_or_truncated_and_counted(
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END)
     full_prompt = len(
         fast.apply_chat_template(
-            prompt,
+            records[1]["prompt"],
             tokenize=True,
             return_dict=True,
             add_generation_prompt=True,
@@ -611,17 +616,7 @@ def test_overlong_pairs_have_one_account_in_policy_and_preference(
     from transformers import PreTrainedTokenizerFast
 
     rng = random.Random(3)
-    ask = [_msg("user", "What is packing?")]
-    short = [_msg("assistant", "the answer")]
-    long = [_msg("assistant", " ".join(rng.choice(WORDS) for _ in range(700)))]
-    huge = [_msg("user", " ".join(rng.choice(WORDS) for _ in range(400)))]
-    records = [
-        make_pair(rng, "messages"),
-        {"prompt": ask, "chosen": short, "rejected": long},
-        {"prompt": huge, "chosen": short, "rejected": short},
-        {"prompt": ask, "chosen": long, "rejected": long},
-        make_pair(rng, "messages"),
-    ]
+    records = [*overlong_pairs(rng), make_pair(rng, "messages")]
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out"

@@ -13,7 +13,7 @@ from typing import Any
 import huggingface_hub
 import pytest
 import typer
-from corpora import mixed_lengths, write_corpus
+from corpora import mixed_corpus
 from huggingface_hub.utils import filter_repo_objects
 from typer.testing import CliRunner
 
@@ -39,8 +39,7 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
     root = tmp_path_factory.mktemp("publish")
-    corpus = root / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(250, seed=3), seed=3)
+    corpus = mixed_corpus(root / "corpus.jsonl", 250, 3)
     (root / "cfg.yaml").write_text(CONFIG)
     out = root / "out"
     args = ["pack", str(corpus), "-t", str(toy_tokenizer_path), "-o", str(out)]

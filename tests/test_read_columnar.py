@@ -10,14 +10,13 @@ import random
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from clirun import invoke, invoke_ok
+from clirun import data_hashes, invoke, invoke_ok, run_process
 from corpora import hub_cache, mixed_lengths, random_text
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -32,13 +31,8 @@ from packcli.read import (
     parse_hub_spec,
     resolve_inputs,
 )
-from packcli.tokenize.shards import sha256_file
 
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"
-
-
-def data_hashes(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
 
 
 def documents(n: int, seed: int) -> list[dict[str, Any]]:
@@ -440,12 +434,8 @@ def test_killed_run_over_row_group_units_resumes_to_identical_output(
     )
 
     def run(out: Path, crash: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != "PACKCLI_CRASH_AT"}
-        if crash:
-            env["PACKCLI_CRASH_AT"] = crash
-        cmd = [sys.executable, "-c", TINY_UNITS, "-v", "pack", str(parquet)]
-        cmd += ["-t", str(toy_tokenizer_path), "-o", str(out), "-c", str(cfg), "-q"]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        args = ["-v", "pack", parquet, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q"]
+        return run_process(args, crash=crash, entry=TINY_UNITS)
 
     assert run(tmp_path / "ref").returncode == 0
     out = tmp_path / "out"

@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from clirun import invoke
-from test_read_columnar import _chat_tokenizer, data_hashes, tiny_units  # noqa: F401
+from clirun import data_hashes, invoke
+from test_read_columnar import _chat_tokenizer, tiny_units  # noqa: F401
 
 from packcli.errors import InputError
 from packcli.read import BadLineError, ReadOptions, ReadStats, RejectSink, iter_columnar

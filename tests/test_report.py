@@ -4,13 +4,16 @@ the terminal's lines read back from them."""
 from __future__ import annotations
 
 import json
+from dataclasses import MISSING, fields
 from typing import Any
 
 import numpy as np
 
 from packcli.pack.mixture import WindowSpread
 from packcli.pack.plan import RowTotals
+from packcli.publish.marker import PolicyCounts
 from packcli.publish.report import (
+    POLICY_KEYS,
     LengthStats,
     build_report,
     format_report,
@@ -18,19 +21,10 @@ from packcli.publish.report import (
 )
 from packcli.publish.report_records import InputFiles, Provenance, SourceShare
 
-POLICY = (
-    "split_docs",
-    "split_pieces",
-    "split_tokens",
-    "truncated_docs",
-    "truncated_tokens",
-    "dropped_docs",
-    "dropped_tokens",
-    "empty_docs",
-)
 
-
-def _report(input_stats: InputFiles, where: Provenance | None) -> dict[str, Any]:
+def _report(
+    input_stats: InputFiles, where: Provenance | None, stats: dict[str, int] | None = None
+) -> dict[str, Any]:
     lengths = LengthStats.of(np.array([3, 9, 0, 5]), short_len=4, long_len=16, first_doc=10)
     tiers = {
         "short": RowTotals(capacity=4, rows=1, units=1, tokens=3),
@@ -38,7 +32,7 @@ def _report(input_stats: InputFiles, where: Provenance | None) -> dict[str, Any]
     }
     return build_report(
         tiers,
-        dict.fromkeys(POLICY, 0),
+        stats if stats is not None else dict.fromkeys(POLICY_KEYS, 0),
         lengths,
         input_stats=input_stats,
         largest_provenance=where,
@@ -67,6 +61,22 @@ def test_report_input_and_largest_document_in_packcli_json_order() -> None:
         "max_row_tokens",
         "attention_balance",
     ]
+
+
+def test_report_policy_is_what_the_marker_reads_in_its_field_order() -> None:
+    """Each plan count under its own name, in the order of ``PolicyCounts`` (the reader's
+    record, not the writer's list, is the oracle: ``packcli.json``'s bytes follow it)."""
+    counts = {name: 10 * (i + 1) for i, name in enumerate(reversed(POLICY_KEYS))}
+    files = InputFiles(files=1, blank_lines=0, bytes=10, rejected_lines=0, rejected={})
+    policy = _report(files, None, counts)["policy"]
+    required = [f.name for f in fields(PolicyCounts) if f.default is MISSING]
+    assert list(policy) == required
+    assert policy == counts
+    assert PolicyCounts.from_json(policy, "packcli.json").to_json() == {
+        **counts,
+        "repeat_tokens": 0,
+        "subsampled_tokens": 0,
+    }
 
 
 def test_terminal_report_names_rejects_corrupt_files_and_the_largest_row() -> None:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from corpora import mixed_lengths, write_corpus
-
-from packcli.tokenize.shards import sha256_file
+from clirun import data_hashes, run_pack
+from corpora import pack_inputs
 
 CONFIG = """
 read:
@@ -27,36 +25,10 @@ write:
 """
 
 
-# ``python -m packcli`` with spans of any size allowed (real runs refuse spans under 1 MiB).
-TINY_SPANS = (
-    "import sys, packcli.config as c; c.MIN_SPLIT_BYTES = 1; from packcli.cli import main; main()"
-)
-
-
-def run_pack(
-    corpus: Path, tok: Path, out: Path, cfg: Path, crash: str | None = None, spans: bool = False
-):
-    env = dict(os.environ)
-    env.pop("PACKCLI_CRASH_AT", None)
-    if crash:
-        env["PACKCLI_CRASH_AT"] = crash
-    entry = ["-c", TINY_SPANS] if spans else ["-m", "packcli"]
-    cmd = [sys.executable, *entry, "-v", "pack", str(corpus), "-t", str(tok)]
-    cmd += ["-o", str(out), "-c", str(cfg), "-q"]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def data_hashes(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path):
     root = tmp_path_factory.mktemp("resume")
-    corpus = root / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(400, seed=5), seed=5)
-    cfg = root / "cfg.yaml"
-    cfg.write_text(CONFIG)
+    corpus, cfg = pack_inputs(root, 400, 5, CONFIG)
     ref = root / "ref"
     result = run_pack(corpus, toy_tokenizer_path, ref, cfg)
     assert result.returncode == 0, result.stderr

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
-from corpora import mixed_lengths, write_corpus
+from corpora import mixed_corpus
 
 from packcli.config import WriteConfig
 from packcli.errors import ConfigError
@@ -31,9 +31,7 @@ def _by_hand(seq_lengths: list[int], per_token: float, per_square: float) -> flo
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("cost") / "c.jsonl"
-    write_corpus(path, mixed_lengths(300, seed=3), seed=3)
-    return path
+    return mixed_corpus(tmp_path_factory.mktemp("cost") / "c.jsonl", 300, 3)
 
 
 @pytest.fixture(scope="module")

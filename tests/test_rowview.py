@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import typer
-from corpora import mixed_lengths, packed_string_pairs, write_corpus
+from corpora import mixed_corpus, packed_string_pairs, write_corpus
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
@@ -35,7 +35,7 @@ CONFIG = "write:\n  shard_tokens: 1500\n  row_group_tokens: 300\n"
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
     root = tmp_path_factory.mktemp("rowview")
-    write_corpus(root / "corpus.jsonl", mixed_lengths(200, seed=11), seed=11)
+    mixed_corpus(root / "corpus.jsonl", 200, 11)
     (root / "cfg.yaml").write_text(CONFIG)
     out = root / "out"
     args = ["pack", str(root / "corpus.jsonl"), "-t", str(toy_tokenizer_path), "-o", str(out)]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpora import mixed_lengths, write_corpus
+from clirun import data_hashes, run_process
+from corpora import mixed_corpus, write_corpus
 from typer.testing import CliRunner
 
 from packcli.cli import app
@@ -25,7 +26,6 @@ from packcli.publish.expected import segment_hashes
 from packcli.publish.push import PushError, upload_files
 from packcli.stages import lock, plan
 from packcli.stages import units as unit_files
-from packcli.tokenize.shards import sha256_file
 
 runner = CliRunner()
 SMALL = ["--short-len", "64", "--long-len", "1024", "-q"]
@@ -51,15 +51,9 @@ def fails(*args: object) -> str:
     return lines[0]
 
 
-def data_hashes(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("safety") / "corpus.jsonl"
-    write_corpus(path, mixed_lengths(150, seed=14), seed=14)
-    return path
+    return mixed_corpus(tmp_path_factory.mktemp("safety") / "corpus.jsonl", 150, 14)
 
 
 @pytest.fixture(scope="module")
@@ -176,10 +170,7 @@ def test_files_of_an_earlier_output_are_packcli_s_after_a_kill_without_a_work_fo
     small_files = out.parent / "small-files.yaml"  # other file names: several files a config
     small_files.write_text("write:\n  shard_tokens: 2048\n")
     args = ["pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", small_files, *SMALL]
-    env = {**os.environ, "PACKCLI_CRASH_AT": "write:long:0"}
-    killed = subprocess.run(
-        [sys.executable, "-m", "packcli", *map(str, args)], env=env, capture_output=True
-    )
+    killed = run_process(args, crash="write:long:0")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (out / "packcli.json").exists()
     ok(*args)

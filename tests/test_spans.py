@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from clirun import data_hashes
 from clirun import invoke_ok as invoke
 from corpora import mixed_lengths, random_text
 from hypothesis import given, settings
@@ -24,7 +25,6 @@ from packcli.read import (
     split_spans,
 )
 from packcli.read.spans import line_spans
-from packcli.tokenize.shards import sha256_file
 
 runner = CliRunner()
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"
@@ -170,10 +170,6 @@ def test_span_needs_one_uncompressed_file(tmp_path: Path) -> None:
     path.write_bytes(b"")
     with pytest.raises(ValueError, match="uncompressed"):
         list(iter_batches([path], span=(0, 1)))
-
-
-def data_hashes(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
 
 
 @pytest.fixture

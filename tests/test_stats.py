@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import typer
-from corpora import mixed_lengths, write_corpus
+from corpora import mixed_corpus, write_corpus
 from typer.testing import CliRunner
 
 from packcli.cli import app as main_app
@@ -48,7 +48,7 @@ def pack(corpus: Path, tok: Path, out: Path) -> None:
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
     root = tmp_path_factory.mktemp("stats")
-    write_corpus(root / "corpus.jsonl", mixed_lengths(300, seed=7), seed=7)
+    mixed_corpus(root / "corpus.jsonl", 300, 7)
     pack(root / "corpus.jsonl", toy_tokenizer_path, root / "out")
     return root / "out"
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from clirun import data_hashes
 from clirun import invoke_ok as invoke
 from corpora import mixed_lengths, write_corpus
 from typer.testing import CliRunner
@@ -13,14 +14,9 @@ from typer.testing import CliRunner
 from packcli.cli import app
 from packcli.errors import ConfigError
 from packcli.stages.tasks import assign_by_size, resolve_task
-from packcli.tokenize.shards import sha256_file
 
 runner = CliRunner()
 CFG = "plan:\n  short_len: 64\n  long_len: 1024\nwrite:\n  shard_tokens: 6000\n"
-
-
-def data_hashes(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*.parquet"))}
 
 
 def three_files(tmp_path: Path, seed: int) -> tuple[Path, Path]:

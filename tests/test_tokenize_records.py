@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from corpora import mixed_lengths, write_corpus
+from clirun import run_pack
+from corpora import pack_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -218,15 +217,6 @@ plan:
 read:
   split_bytes: 40000
 """
-TINY_SPANS = (
-    "import sys, packcli.config as c; c.MIN_SPLIT_BYTES = 1; from packcli.cli import main; main()"
-)
-
-
-def _pack(corpus: Path, tok: Path, out: Path, cfg: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-c", TINY_SPANS, "-v", "pack", str(corpus), "-t", str(tok)]
-    cmd += ["-o", str(out), "-c", str(cfg), "-q"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def test_an_older_work_folder_is_tokenized_again_not_misread(
@@ -235,12 +225,9 @@ def test_an_older_work_folder_is_tokenized_again_not_misread(
     """Every record of the tokenize stage without its ``version`` (as an older packcli wrote
     them) and with counts that would change the output if read: the rerun tokenizes every
     unit again, rewrites the records, and its output is the first run's."""
-    corpus = tmp_path / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(300, seed=3), seed=3)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CONFIG)
+    corpus, cfg = pack_inputs(tmp_path, 300, 3, CONFIG)
     out = tmp_path / "out"
-    first = _pack(corpus, toy_tokenizer_path, out, cfg)
+    first = run_pack(corpus, toy_tokenizer_path, out, cfg, spans=True)
     assert first.returncode == 0, first.stderr
     expected = {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")}
     report = json.loads((out / "packcli.json").read_text())["report"]
@@ -255,7 +242,7 @@ def test_an_older_work_folder_is_tokenized_again_not_misread(
             true_docs[path] = raw["num_docs"]
             raw["num_docs"] += 7
         path.write_text(json.dumps(raw))
-    again = _pack(corpus, toy_tokenizer_path, out, cfg)
+    again = run_pack(corpus, toy_tokenizer_path, out, cfg, spans=True)
     assert again.returncode == 0, again.stderr
     assert "reusing tokenized shards" not in again.stderr
     for path, docs in true_docs.items():
@@ -273,12 +260,9 @@ def test_damaged_records_without_a_version_are_redone_not_misread(
     another's first shard manifest each with one (their completion records gone, as after a
     kill): the rerun chooses the backend again and tokenizes both units from their start, to
     the first run's bytes. The index refuses a damaged ``backend.json``, naming it."""
-    corpus = tmp_path / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(300, seed=3), seed=3)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CONFIG)
+    corpus, cfg = pack_inputs(tmp_path, 300, 3, CONFIG)
     out = tmp_path / "out"
-    assert _pack(corpus, toy_tokenizer_path, out, cfg).returncode == 0
+    assert run_pack(corpus, toy_tokenizer_path, out, cfg, spans=True).returncode == 0
     expected = {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")}
     tokens = out / ".packcli" / "tokens"
     backend = tokens / BACKEND
@@ -291,7 +275,7 @@ def test_damaged_records_without_a_version_are_redone_not_misread(
     for unit in (first, second):
         (unit / SUCCESS).unlink()
     (tokens / SUCCESS).unlink()
-    again = _pack(corpus, toy_tokenizer_path, out, cfg)
+    again = run_pack(corpus, toy_tokenizer_path, out, cfg, spans=True)
     assert again.returncode == 0, again.stderr
     assert json.loads(backend.read_text()) == chosen
     assert UnitStamp.from_json(json.loads((first / UNIT_STAMP).read_text()), first)

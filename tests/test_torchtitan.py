@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from clirun import invoke_ok
-from corpora import mixed_lengths, packed_string_pairs, write_corpus
+from corpora import mixed_corpus, packed_string_pairs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -49,8 +49,7 @@ def _need_torchtitan() -> None:
 def cp_pack(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
     """Text packed with --cp-size 2: segments padded to multiples of 4 (seq_pad, labels)."""
     folder = tmp_path_factory.mktemp("cp")
-    corpus = folder / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(80, seed=9), seed=9)
+    corpus = mixed_corpus(folder / "corpus.jsonl", 80, 9)
     out = folder / "out"
     invoke_ok(
         "pack", corpus, "-t", toy_tokenizer_path, "-o", out, "--short-len", "64",

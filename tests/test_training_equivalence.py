@@ -152,6 +152,21 @@ def token_weighted_loss(reference: dict[Segment, tuple[torch.Tensor, torch.Tenso
     return total / sum(weights.values())
 
 
+def assert_as_separate(
+    model: LlamaForCausalLM,
+    batch: dict[str, torch.Tensor],
+    batch_rows: list[dict[str, Any]],
+    mode: str,
+    reference: dict[Segment, tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """The packed ``batch`` through ``model``: each document's logits within ``TOL`` of its
+    own run alone (``reference``), the batch's loss the documents' token-weighted mean."""
+    with torch.no_grad():
+        result = model(**batch, use_cache=False)
+    assert max_segment_diff(result.logits, batch_rows, mode, reference) <= TOL
+    assert abs(result.loss.item() - token_weighted_loss(reference)) <= LOSS_TOL
+
+
 # --- logits and loss -----------------------------------------------------------------------
 
 
@@ -163,11 +178,7 @@ def test_packed_logits_and_loss_equal_separate(
 ) -> None:
     batch_rows = rows[config]
     batch = PackedCollator(mode=mode, pad_token_id=0)(batch_rows)
-    with torch.no_grad():
-        result = models[impl](**batch, use_cache=False)
-    reference = separate[(impl, config)]
-    assert max_segment_diff(result.logits, batch_rows, mode, reference) <= TOL
-    assert abs(result.loss.item() - token_weighted_loss(reference)) <= LOSS_TOL
+    assert_as_separate(models[impl], batch, batch_rows, mode, separate[(impl, config)])
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -462,11 +473,7 @@ def test_cp_padded_logits_and_loss_equal_separate(
     and the loss over the batch (padding at label -100) is the separate documents' mean."""
     batch_rows = cp_rows[config]
     batch = PackedCollator(mode=mode, pad_token_id=0, pad_to_multiple_of=2 * CP_SIZE)(batch_rows)
-    with torch.no_grad():
-        result = models[impl](**batch, use_cache=False)
-    reference = cp_separate[(impl, config)]
-    assert max_segment_diff(result.logits, batch_rows, mode, reference) <= TOL
-    assert abs(result.loss.item() - token_weighted_loss(reference)) <= LOSS_TOL
+    assert_as_separate(models[impl], batch, batch_rows, mode, cp_separate[(impl, config)])
 
 
 def test_cp_padding_trained_would_change_the_loss(models: dict, cp_rows: dict) -> None:

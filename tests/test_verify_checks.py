@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
-from corpora import mixed_lengths, write_corpus
+from corpora import mixed_corpus, write_corpus
 from s3local import cfg, local_hashes, upload
 
 from packcli import fs as packfs
@@ -30,9 +30,7 @@ def pack_args(corpus: Path, tok: Path, out: Path | str, *more: str) -> list[Any]
 
 @pytest.fixture(scope="module")
 def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "c.jsonl"
-    write_corpus(path, mixed_lengths(250, seed=3), seed=3)
-    return path
+    return mixed_corpus(tmp_path_factory.mktemp("corpus") / "c.jsonl", 250, 3)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import invoke, invoke_ok
-from corpora import mixed_lengths, write_corpus
+from corpora import pack_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_grouped_stages import GROUPED  # several groups and a tail
@@ -29,10 +29,7 @@ SHORT_LEN = 64
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory, toy_tokenizer_path: Path) -> Path:
     root = tmp_path_factory.mktemp("verify-tasks")
-    corpus = root / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(400, seed=5), seed=5)
-    cfg = root / "cfg.yaml"
-    cfg.write_text(GROUPED)
+    corpus, cfg = pack_inputs(root, 400, 5, GROUPED)
     out = root / "out"
     invoke_ok("pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q")
     return out

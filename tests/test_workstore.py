@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clirun import invoke, invoke_ok
-from corpora import mixed_lengths, write_corpus
+from clirun import invoke, invoke_ok, run_process
+from corpora import mixed_corpus
 from s3count import RequestLog
-from s3local import cfg, local_hashes, remote_files, remote_hashes, upload
+from s3local import cfg, local_hashes, remote_files, remote_hashes, remote_pack, upload
 
 from packcli import fs as packfs
 from packcli.read import iter_batches
@@ -36,16 +36,8 @@ def _env(s3: dict[str, str], cache: Path, **more: str) -> dict[str, str]:
     return env
 
 
-def _cli(args: list[Any], env: dict[str, str], crash: str | None = None) -> Any:
-    """``packcli ARGS`` as its own process (a machine of its own: its own cache folder)."""
-    if crash:
-        env = {**env, "PACKCLI_CRASH_AT": crash}
-    cmd = [sys.executable, "-m", "packcli", *map(str, args)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-
-
 def _ok(args: list[Any], env: dict[str, str]) -> str:
-    done = _cli(args, env)
+    done = run_process(args, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -89,10 +81,7 @@ def job(
     toy_tokenizer_path: Path,
     bucket: str,
 ) -> Job:
-    upload(corpus, f"s3://{bucket}/in", "*.jsonl.zst")
-    out = f"s3://{bucket}/out"
-    args = ["pack", f"s3://{bucket}/in/*.jsonl.zst", "-t", toy_tokenizer_path, "-o", out]
-    args += ["--work-dir", f"s3://{bucket}/work", *cfg(corpus)]
+    out, args = remote_pack(corpus, bucket, toy_tokenizer_path, f"s3://{bucket}/work")
     return Job(s3, bucket, reference, out, args)
 
 
@@ -216,7 +205,7 @@ def test_foreign_parquet_under_the_output_is_refused_with_the_work_folder_on_the
     any work, ``--overwrite`` or not, and left there (issue 29 item 6)."""
     fs, _ = packfs.locate(job.out)
     fs.pipe_file(f"{job.bucket}/out/data/long/mine.parquet", b"their data")
-    done = _cli([*job.args, "--overwrite"], job.env(tmp_path / "cache"))
+    done = run_process([*job.args, "--overwrite"], env=job.env(tmp_path / "cache"))
     assert done.returncode == 1, done.stderr
     assert "data/long/mine.parquet" in done.stderr and "packcli did not write" in done.stderr
     assert remote_files(job.out) == {"data/long/mine.parquet"}
@@ -228,7 +217,7 @@ def test_killed_run_with_the_work_folder_on_the_store_resumes_to_identical_bytes
     job: Job, tmp_path: Path, point: str
 ) -> None:
     out, args = job.out, job.args
-    killed = _cli(args, job.env(tmp_path / "first"), crash=point)
+    killed = run_process(args, env=job.env(tmp_path / "first"), crash=point)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "packcli.json" not in remote_files(out)
     # The rerun is another machine: all it finds is on the store.
@@ -487,8 +476,7 @@ def test_byte_spans_of_a_remote_file_fetch_about_their_bytes(
     spans' bytes per span (the span, its last line and one read-ahead block), not a store's
     whole read-ahead (s3fs: 50 MiB, from each span to the end: ~6x this file's bytes); at
     the default 1 GiB spans that overshoot is ~0.5%. Every document is read once."""
-    corpus = tmp_path / "big.jsonl"
-    write_corpus(corpus, mixed_lengths(36000, seed=4), seed=4)
+    corpus = mixed_corpus(tmp_path / "big.jsonl", 36000, 4)
     size = corpus.stat().st_size
     assert size > 10 << 20
     upload(tmp_path, f"s3://{bucket}/in", "big.jsonl")

@@ -5,12 +5,11 @@ not taken for a finished file: the file is written again."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from corpora import mixed_lengths, write_corpus
+from clirun import run_pack
+from corpora import pack_inputs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -113,21 +112,12 @@ write:
 """
 
 
-def _pack(corpus: Path, tok: Path, out: Path, cfg: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "packcli", "-v", "pack", str(corpus), "-t", str(tok)]
-    cmd += ["-o", str(out), "-c", str(cfg), "-q"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
 def test_older_write_records_are_written_again(tmp_path: Path, toy_tokenizer_path: Path) -> None:
     """Write records without ``version`` whose sizes would fail the output if read: the rerun
     writes every file again (fresh records) and the output is the first run's."""
-    corpus = tmp_path / "corpus.jsonl"
-    write_corpus(corpus, mixed_lengths(300, seed=4), seed=4)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CONFIG)
+    corpus, cfg = pack_inputs(tmp_path, 300, 4, CONFIG)
     out = tmp_path / "out"
-    first = _pack(corpus, toy_tokenizer_path, out, cfg)
+    first = run_pack(corpus, toy_tokenizer_path, out, cfg)
     assert first.returncode == 0, first.stderr
     expected = {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")}
     marker = (out / "packcli.json").read_bytes()
@@ -141,7 +131,7 @@ def test_older_write_records_are_written_again(tmp_path: Path, toy_tokenizer_pat
         raw["rows"] += 5
         path.write_text(json.dumps(raw))
     (out / "packcli.json").unlink()  # the output is remade from the records
-    again = _pack(corpus, toy_tokenizer_path, out, cfg)
+    again = run_pack(corpus, toy_tokenizer_path, out, cfg)
     assert again.returncode == 0, again.stderr
     for path, record in truth.items():
         assert FileRecord.from_json(json.loads(path.read_text()), path) == record

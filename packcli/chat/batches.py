@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.chat.encoder import ChatEncoder, Counts
+from packcli.chat.encoder import ChatEncoder, Counts, EncodedRecords
 from packcli.errors import PackcliError
 from packcli.read import DocBatch, ReadStats
 from packcli.read.rejects import Quarantine
@@ -28,6 +28,27 @@ from packcli.tokenize.encode import StageTimes
 if TYPE_CHECKING:
     from packcli.chat.preference import PreferenceEncoder
     from packcli.chat.render_pool import ReadSpan, RenderPool, SpanBatch, SpanRead
+
+
+def _shard_rows(
+    batch: DocBatch,
+    encoded: EncodedRecords,
+    t0: float,
+    on_failure: Callable[[DocBatch, int, str], None],
+    stats: Counts,
+    times: StageTimes,
+) -> tuple[DocBatch, pa.RecordBatch]:
+    """An encoded batch handed on, the same way whichever path encoded it (rendered here or
+    on a worker): the template's refusals through the bad-line policy, its counts added,
+    its shard rows built; ``encode`` timed from ``t0``, the Arrow arrays as ``write``."""
+    t1 = time.perf_counter()
+    for index, reason in encoded.failures:
+        on_failure(batch, index, reason)
+    stats.add(encoded.stats)
+    record_batch = encoded.record_batch(batch)
+    times.encode += t1 - t0
+    times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
+    return batch, record_batch
 
 
 def tokenize_chat_batches(
@@ -84,14 +105,7 @@ def tokenize_chat_batches(
         rendered, failures = rendering
         tokens = tokens.result() if tokens is not None else encoder.tokens(rendered)
         encoded = encoder.finish(batch.texts, rendered, tokens, failures)
-        t1 = time.perf_counter()
-        for index, reason in encoded.failures:
-            on_failure(batch, index, reason)
-        stats.add(encoded.stats)
-        record_batch = encoded.record_batch(batch)
-        times.encode += t1 - t0
-        times.write += time.perf_counter() - t1  # Arrow arrays for the shard writer
-        return batch, record_batch
+        return _shard_rows(batch, encoded, t0, on_failure, stats, times)
 
     try:
         for batch in batches:
@@ -133,14 +147,7 @@ def tokenize_chat_spans(
         encoded = encoder.finish_columns(
             len(batch.position), rendered.columns, flat, rendered.ends_with_answer
         )
-        t1 = time.perf_counter()
-        for index, reason in encoded.failures:
-            on_failure(batch, index, reason)
-        stats.add(encoded.stats)
-        record_batch = encoded.record_batch(batch)
-        times.encode += t1 - t0
-        times.write += time.perf_counter() - t1
-        return batch, record_batch
+        return _shard_rows(batch, encoded, t0, on_failure, stats, times)
 
     source = reading.batches(path, spans, read, renderers, times)
     try:

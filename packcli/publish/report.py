@@ -32,6 +32,19 @@ from packcli.publish.report_records import (
 from packcli.publish.steps import plan_totals
 from packcli.tokenize.records import SourceCount
 
+# ``report.policy``'s counts, in the order ``packcli.json`` holds them (its bytes depend on
+# it); the plan's counts of each, plus the chat or preference encoder's (``encoder_policy``).
+POLICY_KEYS = (
+    "split_docs",
+    "split_pieces",
+    "split_tokens",
+    "truncated_docs",
+    "truncated_tokens",
+    "dropped_docs",
+    "dropped_tokens",
+    "empty_docs",
+)
+
 
 def training_hints(totals: RowTotals, tokens_per_step: int) -> dict[str, Any] | None:
     """Samples per row and the step plan of one config: what a batch size written for
@@ -147,19 +160,7 @@ def build_report(
             "overlong": lengths.overlong,
             "empty": lengths.empty,
         },
-        "policy": {
-            k: stats[k] + encoded.get(k, 0)
-            for k in (
-                "split_docs",
-                "split_pieces",
-                "split_tokens",
-                "truncated_docs",
-                "truncated_tokens",
-                "dropped_docs",
-                "dropped_tokens",
-                "empty_docs",
-            )
-        },
+        "policy": {k: stats[k] + encoded.get(k, 0) for k in POLICY_KEYS},
         "tiers": {
             "short": tiers["short"].summary().to_json(),
             # Attention cost balance: max/mean over rows of sum(segment length^2).
