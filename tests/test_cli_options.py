@@ -183,3 +183,28 @@ def test_cli_import_loads_neither_numpy_nor_pyarrow() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_text_pack_imports_no_chat_or_push_modules(
+    toy_tokenizer_path: Path, make_corpus: Any, tmp_path: Path
+) -> None:
+    """A text ``packcli pack`` leaves chat's worker pool (multiprocessing), chat's offsets
+    check and the push side unimported: a few ms each of every small run's fixed cost."""
+    corpus = make_corpus([5, 40, 300])
+    args = ["pack", str(corpus), "-t", str(toy_tokenizer_path), "-o", str(tmp_path / "o"), "-q"]
+    unwanted = (
+        "multiprocessing",
+        "packcli.chat.render_pool",
+        "packcli.chat.offsets",
+        "packcli.publish.push",
+        "packcli.publish.remote",
+    )
+    code = (
+        f"import sys; sys.argv = {['packcli', *args]!r}\n"
+        "from packcli.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        f"print(sorted(m for m in {unwanted!r} if m in sys.modules))\n"
+        "print('packcli.stages.run' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-2:] == ["[]", "True"], done.stdout + done.stderr

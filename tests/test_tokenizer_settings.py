@@ -3,6 +3,7 @@ wrong): a ``tokenizer.json`` that truncates and pads, and special-token strings 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections import Counter
@@ -61,6 +62,9 @@ def test_loading_turns_truncation_and_padding_off(wordpiece_path: Path) -> None:
     assert loaded.tokenizer.truncation is None and loaded.tokenizer.padding is None
     assert loaded.disabled == ("truncation (max_length 16)", "padding (to 16)")
     assert loaded.file_fingerprint != loaded.fingerprint
+    note = b"\n# turned off: truncation (max_length 16), padding (to 16)"
+    assert loaded.fingerprint == hashlib.sha256(wordpiece_path.read_bytes() + note).hexdigest()
+    assert loaded.file_fingerprint == hashlib.sha256(wordpiece_path.read_bytes()).hexdigest()
     text = " ".join(["word"] * 40)
     assert len(loaded.tokenizer.encode(text, add_special_tokens=False).ids) > 16
 

@@ -6,15 +6,6 @@ from typing import Annotated
 
 import typer
 
-from packcli.publish.push import (
-    check_repo_id,
-    format_upload_list,
-    load_call,
-    prepare_push,
-    push,
-)
-from packcli.publish.remote import local_output
-
 PUSH_EPILOG = (
     "Examples:\n\n"
     "  packcli push out/ user/my-packed-corpus --dry-run\n\n"
@@ -53,7 +44,17 @@ def push_command(
     ] = False,
 ) -> None:
     """Verify OUT and upload it to a Hugging Face dataset repo; rerun to resume."""
+    # Imported here: every command's module is loaded to build the CLI, and ``pack`` needs
+    # none of the push side.
     from packcli.fs import is_url
+    from packcli.publish.push import (
+        check_repo_id,
+        format_upload_list,
+        load_call,
+        prepare_push,
+        push,
+    )
+    from packcli.publish.remote import local_output
 
     check_repo_id(repo_id)
     url = out if is_url(out) else None

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packcli import __version__
 from packcli.chat.encoder import ChatEncoder
-from packcli.chat.offsets import ADVERSARIAL, ByteOffsets, FastOffsets, check_offsets
 from packcli.config import RunConfig
 from packcli.errors import ConfigError
 from packcli.fs import input_size
@@ -33,6 +32,7 @@ from packcli.tokenize.tokenizer import (
 )
 
 if TYPE_CHECKING:
+    from packcli.chat.offsets import FastOffsets
     from packcli.chat.preference import PreferenceEncoder
     from packcli.tokenize.backends import Encoder
 
@@ -294,6 +294,8 @@ def choose_backend(
 
     table = None
     if tok.chat is not None and cfg.tokenize.backend != "hf":
+        from packcli.chat.offsets import ByteOffsets  # chat only: text packs skip its import
+
         table = ByteOffsets.of(tok.loaded.tokenizer)
         if table is None:
             reason = (
@@ -321,6 +323,8 @@ def choose_backend(
         return encoder, record
     if table is None or encoder.name == "hf":
         return tok.chat, record
+    from packcli.chat.offsets import FastOffsets
+
     return _chat_offsets(cfg, tok, FastOffsets(encoder, table), sample(), record)
 
 
@@ -329,6 +333,8 @@ def _chat_offsets(
 ) -> tuple[UnitEncoder, dict[str, Any]]:
     """The chat encoder on ``fast`` once its offsets equal HF's on the sample and the
     adversarial texts, else on HF (``auto``) or a ``ConfigError`` (a named backend)."""
+    from packcli.chat.offsets import ADVERSARIAL, check_offsets
+
     assert tok.chat is not None
     check = check_offsets(fast, tok.loaded.tokenizer, [*bounded_sample(sample), *ADVERSARIAL])
     record["chat_offsets"] = check.to_json()

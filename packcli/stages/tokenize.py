@@ -342,12 +342,14 @@ def _worker_spans(
     cfg: RunConfig, unit: dict[str, Any], renderers: RenderPool | None, resume_doc: int
 ) -> list[tuple[int, int]] | None:
     """The byte spans the rendering workers read a unit in, or None (this process reads
-    it): only a fresh unit that is one local, plain jsonl file (or a span of one)."""
+    it): only a fresh unit that is one local, plain jsonl file (or a span of one). Without
+    workers nothing is imported: the pool's module brings multiprocessing (~5 ms of a small
+    text pack)."""
+    if renderers is None or resume_doc or unit.get("format", "jsonl") != "jsonl":
+        return None
     from packcli.chat.render_pool import SPAN_BYTES
 
     paths = unit_paths(unit)
-    if renderers is None or resume_doc or unit.get("format", "jsonl") != "jsonl":
-        return None
     if len(paths) != 1 or is_url(paths[0]) or not splittable(paths[0]):
         return None
     size = os.path.getsize(paths[0])
