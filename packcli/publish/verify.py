@@ -281,7 +281,7 @@ def _verify(
                 f"files {found[name]} do not match packcli.json's {named} {sorted(listed)}",
             )
     read = shards.folder is not None and shards.index is not None
-    rows = None if shards.index is None else [int(m["num_docs"]) for m in shards.index.shards]
+    rows = None if shards.index is None else [m.num_docs for m in shards.index.shards]
     parts = parts_of(meta, rows)
     largest = (meta["report"].get("largest_document") or {}).get("doc_id")
     wanted = tuple(range(SAMPLE_DOCS)) + ((int(largest),) if isinstance(largest, int) else ())
