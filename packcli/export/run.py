@@ -298,7 +298,7 @@ def _export_rows(
                 bar.update(entry.tokens)
             merged = _merge([r.stats for r in ours])
             meta_rel = f"{config}/metadata.jsonl"
-            rows = bridge.metadata(merged, pack.capacity(config))
+            rows = [r.to_json() for r in bridge.metadata(merged, pack.capacity(config))]
             atomic_write_bytes(
                 place.folder / meta_rel, (json.dumps(rows, indent=2) + "\n").encode()
             )
