@@ -93,7 +93,7 @@ def test_small_pack_does_not_import_pandas_numba_or_datasets(
         from packcli.tokenize.encode import batch_to_record_batch
         from packcli.read import ReadOptions, iter_batches
         from packcli.atomic import atomic_write_json
-        from packcli.tokenize.records import SUCCESS, ShardIndex
+        from packcli.tokenize.records import SUCCESS, IndexedShard, ShardIndex
         from packcli.tokenize.shards import ShardWriter, TokenShards
         from packcli.pack.plan import plan_two_tier
         from packcli.write import TokenSource, write_config_file
@@ -107,9 +107,12 @@ def test_small_pack_does_not_import_pandas_numba_or_datasets(
                 ids = np.concatenate([np.frombuffer(t.encode(), np.uint8) for t in b.texts])
                 w.add(batch_to_record_batch(b, ids.astype(np.int32), lengths))
         m = w.manifests[0]
+        entry = IndexedShard(
+            **m.to_json(), first_doc_id=0, first_line=0, file_index=0, tokenized_file_index=0
+        )
         index = ShardIndex(
-            fingerprint="", files=[], shards=[{{**m, "first_doc_id": 0}}], read_stats={{}},
-            chat=None, special_strings={{}}, units=[], times={{}}, tokens=m["num_tokens"],
+            fingerprint="", files=[], shards=[entry], read_stats={{}},
+            chat=None, special_strings={{}}, units=[], times={{}}, tokens=m.num_tokens,
             tokenizer={{}}, backend={{}},
         )
         atomic_write_json(folder / SUCCESS, index.to_json())

@@ -122,6 +122,15 @@ def test_bridge_rows_train_what_the_pack_trains(which: str, text, chat, tmp_path
         assert meta[0]["max_samples_per_bin"] == most
         assert meta[0]["dataset_max_seqlen"] == longest
         assert meta[0]["min_packed_seqlen"] == fewest
+        # The keys Bridge's reader reads, in the order every export wrote them.
+        assert list(meta[0]) == [
+            "max_samples_per_bin",
+            "dataset_max_seqlen",
+            "min_packed_seqlen",
+            "pack_size",
+            "packing_factor",
+            "packing_efficiency",
+        ]
 
 
 def test_rerun_skips_complete_parts_and_rewrites_damaged_ones(text, tmp_path: Path) -> None:

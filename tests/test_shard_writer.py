@@ -71,14 +71,14 @@ def test_shards_hold_the_batches_in_order(
     want = pa.Table.from_batches(added, schema=w.schema) if added else None
     tables = []
     for m in w.manifests:
-        path = folder / m["file"]
+        path = folder / m.file
         data = path.read_bytes()
-        assert m["sha256"] == hashlib.sha256(data).hexdigest()
-        assert m["bytes"] == len(data)
+        assert m.sha256 == hashlib.sha256(data).hexdigest()
+        assert m.bytes == len(data)
         assert shard_intact(folder, m)
         table = _read(path)
-        assert m["num_docs"] == table.num_rows
-        assert m["num_tokens"] == sum(table.column("length").to_pylist())
+        assert m.num_docs == table.num_rows
+        assert m.num_tokens == sum(table.column("length").to_pylist())
         tables.append(table)
     if want is None:
         assert w.manifests == []
@@ -87,7 +87,7 @@ def test_shards_hold_the_batches_in_order(
     assert got.to_pydict() == want.to_pydict()
     # Every shard but the last holds at least the budget, and went over it by one batch at most.
     for m in w.manifests[:-1]:
-        assert m["num_tokens"] >= budget
+        assert m.num_tokens >= budget
 
 
 def test_a_batch_larger_than_the_reserved_column_grows_it(tmp_path: Path) -> None:
@@ -98,10 +98,10 @@ def test_a_batch_larger_than_the_reserved_column_grows_it(tmp_path: Path) -> Non
         w.add(small)
         w.add(huge)
     assert len(w.manifests) == 1
-    table = _read(tmp_path / w.manifests[0]["file"])
+    table = _read(tmp_path / w.manifests[0].file)
     want = pa.Table.from_batches([small, huge])
     assert table.column("input_ids").to_pylist() == want.column("input_ids").to_pylist()
-    assert w.manifests[0]["num_tokens"] == 10 + 20 + 5000 + 7000
+    assert w.manifests[0].num_tokens == 10 + 20 + 5000 + 7000
 
 
 def test_a_shard_with_the_old_writers_bytes(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_a_shard_with_the_old_writers_bytes(tmp_path: Path) -> None:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, CHAT_SHARD_SCHEMA) as writer:
         writer.write_table(table)
-    assert (tmp_path / "new" / w.manifests[0]["file"]).read_bytes() == sink.getvalue().to_pybytes()
+    assert (tmp_path / "new" / w.manifests[0].file).read_bytes() == sink.getvalue().to_pybytes()
 
 
 @given(st.lists(st.integers(0, 40), max_size=60))

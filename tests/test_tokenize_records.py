@@ -10,20 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clirun import run_pack
+from clirun import invoke, run_pack
 from corpora import pack_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packcli.config import RunConfig
 from packcli.errors import PackcliError
-from packcli.records import OldRecordError, RecordError, read_record
+from packcli.records import OldRecordError, RecordError, parse_record, read_record
 from packcli.stages.index import index_tokens
 from packcli.tokenize.records import (
     BACKEND,
     SUCCESS,
     UNIT_STAMP,
     BackendChoice,
+    IndexedShard,
     ShardIndex,
     ShardManifest,
     SourceCount,
@@ -53,6 +54,27 @@ source_counts = st.builds(
     tokens=st.integers(0, 2**50),
 )
 
+shard_files = st.text("abcdefghij_-./", min_size=1, max_size=20)
+manifest_fields = {
+    "file": shard_files,
+    "num_docs": st.integers(0, 2**40),
+    "num_tokens": st.integers(0, 2**40),
+    "first_doc_index": st.integers(0, 2**40),
+    "last_doc_index": st.integers(0, 2**40),
+    "sha256": digests,
+    "bytes": st.integers(0, 2**40),
+}
+manifests = st.builds(ShardManifest, **manifest_fields)
+indexed_shards = st.builds(
+    IndexedShard,
+    **manifest_fields,
+    first_doc_id=st.integers(0, 2**40),
+    first_line=st.integers(0, 2**40),
+    file_index=st.integers(0, 2**31),
+    tokenized_file_index=st.integers(0, 2**31),
+    source=st.none() | st.integers(0, 100),
+)
+
 stage_records = st.builds(
     StageRecord,
     fingerprint=digests,
@@ -71,7 +93,7 @@ unit_records = st.builds(
     file_index=st.integers(0, 2**31),
     num_docs=st.integers(0, 2**40),
     num_tokens=st.integers(0, 2**40),
-    shards=object_lists,
+    shards=st.lists(manifests, max_size=3),
     read_stats=objects,
     chat=st.none() | counts,
     special_strings=counts,
@@ -82,7 +104,7 @@ shard_indexes = st.builds(
     ShardIndex,
     fingerprint=digests,
     files=object_lists,
-    shards=object_lists,
+    shards=st.lists(indexed_shards, max_size=3),
     read_stats=objects,
     chat=st.none() | counts,
     special_strings=counts,
@@ -288,10 +310,72 @@ def test_damaged_records_without_a_version_are_redone_not_misread(
         index_tokens(RunConfig(out=str(out)))
 
 
-@pytest.mark.parametrize("cls", [BackendChoice, UnitStamp, ShardManifest])
+@pytest.mark.parametrize("cls", [BackendChoice, UnitStamp, ShardManifest, IndexedShard])
 def test_a_record_without_a_version_names_its_file_and_field(cls: type) -> None:
     raw = {f.name: "x" for f in dataclasses.fields(cls)}
     name = dataclasses.fields(cls)[0].name
     raw[name] = 12 if cls is not ShardManifest else None
     with pytest.raises(RecordError, match=f"^w/tokens/x.json: field {name!r} is "):
         cls.from_json(raw, "w/tokens/x.json")
+
+
+@given(entry=indexed_shards)
+def test_an_index_entry_keeps_the_keys_the_index_wrote(entry: IndexedShard) -> None:
+    """An index entry is its shard's manifest, then where the shard is in the run, in the
+    order the index always wrote them; ``source`` only for a mixture's."""
+    data = entry.to_json()
+    assert list(data) == [f.name for f in dataclasses.fields(ShardManifest)] + [
+        "first_doc_id",
+        "first_line",
+        "file_index",
+        "tokenized_file_index",
+        *(["source"] if entry.source is not None else []),
+    ]
+
+
+@pytest.mark.parametrize("cls", [UnitRecord, ShardIndex])
+@given(data=st.data())
+def test_a_shard_entry_missing_a_field_is_named_and_redone(cls: type, data: st.DataObject) -> None:
+    """A shard's manifest in a unit record, or its entry in the index, without one of its
+    fields: the record is refused naming the file and the entry's field, so the readers
+    that redo work (``read_record``: the unit tokenized again, the index rebuilt) redo it."""
+    record = data.draw(STRATEGY[cls].filter(lambda r: r.shards))
+    entry = IndexedShard if cls is ShardIndex else ShardManifest
+    name = data.draw(st.sampled_from(_required(entry)))
+    raw = record.to_json()
+    k = data.draw(st.integers(0, len(raw["shards"]) - 1))
+    del raw["shards"][k][name]
+    path = "w/tokens/_SUCCESS.json"
+    with pytest.raises(RecordError) as caught:
+        cls.from_json(raw, path)
+    assert str(caught.value).startswith(f"{path}: field 'shards[{k}].{name}' missing")
+    assert parse_record(cls, raw, path) is None
+
+
+def test_a_damaged_index_entry_is_rebuilt_and_refused_by_verify(
+    tmp_path: Path, toy_tokenizer_path: Path
+) -> None:
+    """The index (``tokens/_SUCCESS.json``) with a shard entry missing a field (it read as
+    an index before its entries were typed, and then failed with a KeyError or skipped the
+    shard's sha256 check): ``verify`` refuses it, naming the file and the field, and the
+    same pack rebuilds it from the units' records, to the same bytes and output."""
+    corpus, cfg = pack_inputs(tmp_path, 300, 3, CONFIG)
+    out = tmp_path / "out"
+    assert run_pack(corpus, toy_tokenizer_path, out, cfg, spans=True).returncode == 0
+    expected = {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")}
+    marker = (out / "packcli.json").read_bytes()
+    index = out / ".packcli" / "tokens" / SUCCESS
+    written = index.read_bytes()
+    for name in ("sha256", "first_doc_id"):
+        raw = json.loads(written)
+        assert len(raw["shards"]) >= 2
+        del raw["shards"][1][name]
+        index.write_text(json.dumps(raw))
+        code, output = invoke("verify", out)
+        assert code != 0
+        assert str(index) in output and f"'shards[1].{name}' missing" in output
+        again = run_pack(corpus, toy_tokenizer_path, out, cfg, spans=True)
+        assert again.returncode == 0, again.stderr
+        assert index.read_bytes() == written
+        assert {p.name: p.read_bytes() for p in out.glob("data/*/*.parquet")} == expected
+        assert (out / "packcli.json").read_bytes() == marker

@@ -143,16 +143,28 @@ def write_bridge_file(src: Path, final: Path) -> BridgeStats:
     return stats
 
 
-def metadata(stats: BridgeStats, pack_size: int) -> list[dict[str, float | int]]:
+@dataclass(frozen=True)
+class BridgeMetadata(Fields):
+    """A row of ``metadata.jsonl``: the keys Bridge's reader reads, in the order written."""
+
+    max_samples_per_bin: int
+    dataset_max_seqlen: int
+    min_packed_seqlen: int
+    pack_size: int
+    packing_factor: float
+    packing_efficiency: float
+
+
+def metadata(stats: BridgeStats, pack_size: int) -> list[BridgeMetadata]:
     """Bridge's packing metadata for one config (the list its reader takes max/min over)."""
     rows = max(stats.rows, 1)
     return [
-        {
-            "max_samples_per_bin": stats.max_segments,
-            "dataset_max_seqlen": stats.max_seqlen,
-            "min_packed_seqlen": max(stats.min_packed, 0),
-            "pack_size": pack_size,
-            "packing_factor": round(stats.segments / rows, 2),
-            "packing_efficiency": round(stats.tokens / rows / pack_size * 100, 2),
-        }
+        BridgeMetadata(
+            max_samples_per_bin=stats.max_segments,
+            dataset_max_seqlen=stats.max_seqlen,
+            min_packed_seqlen=max(stats.min_packed, 0),
+            pack_size=pack_size,
+            packing_factor=round(stats.segments / rows, 2),
+            packing_efficiency=round(stats.tokens / rows / pack_size * 100, 2),
+        )
     ]

@@ -140,10 +140,10 @@ def _export_documents(
     place.begin({list_name, *(f for n in names for f in _document_files(to, n, chat))})
     parts: list[PartRecord] = []
     written = reused = 0
-    total = sum(int(m["num_tokens"]) for m in shards.manifests)
+    total = sum(m.num_tokens for m in shards.manifests)
     with tqdm(total=total, unit="tok", unit_scale=True, desc=f"export {to}", disable=quiet) as bar:
         for i, (name, manifest) in enumerate(zip(names, shards.manifests, strict=True)):
-            fp = fingerprint({**settings, "part": name, "source": manifest.get("sha256")})
+            fp = fingerprint({**settings, "part": name, "source": manifest.sha256})
             record = place.done_part(name, fp)
             if record is None:
                 docs = shard_documents(pack, shards, i)
@@ -169,7 +169,7 @@ def _export_documents(
             else:
                 reused += 1
             parts.append(record)
-            bar.update(int(manifest["num_tokens"]))
+            bar.update(manifest.num_tokens)
     extra = [_list_file(place, to, parts)]
     return _finish(pack, place, to, settings, parts, extra, written, reused)
 
@@ -298,7 +298,7 @@ def _export_rows(
                 bar.update(entry.tokens)
             merged = _merge([r.stats for r in ours])
             meta_rel = f"{config}/metadata.jsonl"
-            rows = bridge.metadata(merged, pack.capacity(config))
+            rows = [r.to_json() for r in bridge.metadata(merged, pack.capacity(config))]
             atomic_write_bytes(
                 place.folder / meta_rel, (json.dumps(rows, indent=2) + "\n").encode()
             )

@@ -133,7 +133,7 @@ class Pack:
     def release_shard(self, shards: TokenShards, index: int) -> None:
         """Delete the local copy of a shard fetched from the store (one at a time)."""
         if self.store is not None:
-            (self.tokens_dir / shards.manifests[index]["file"]).unlink(missing_ok=True)
+            (self.tokens_dir / shards.manifests[index].file).unlink(missing_ok=True)
 
     def parquet_files(self, config: str) -> list[Listing]:
         """The config's Parquet files as ``packcli.json`` lists them."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from packcli.errors import ConfigError, PackcliError, require_one_of
 from packcli.names import CONFIG_NAMES, IGNORE_INDEX, PREVIEW_CHARS, TOKENS_DIR
-from packcli.publish.marker import read_marker, work_folder
+from packcli.publish.marker import Marker, read_marker, work_folder
 from packcli.publish.stats import capacities, read_meta, require_extra
 
 if TYPE_CHECKING:
@@ -54,18 +54,18 @@ def escape_controls(text: str) -> str:
     )
 
 
-def locate_row(meta: dict[str, Any], config: str, row: int) -> tuple[str, int]:
+def locate_row(meta: Marker, config: str, row: int) -> tuple[str, int]:
     """(file name, row within the file) of row ``row`` of ``config``."""
     require_one_of("--config", config, CONFIG_NAMES)
-    files = meta["files"][config]
-    total = sum(int(f["rows"]) for f in files)
+    files = meta.files.of(config)
+    total = sum(f.rows for f in files)
     if not 0 <= row < total:
         span = f"0..{total - 1}" if total else "none"
         raise ConfigError(f"row {row} does not exist: config {config} has {total:,} rows ({span})")
     for f in files:
-        if row < int(f["rows"]):
-            return f["file"], row
-        row -= int(f["rows"])
+        if row < f.rows:
+            return f.file, row
+        row -= f.rows
     raise AssertionError("unreachable: row counted above")
 
 
@@ -107,15 +107,15 @@ def masked_spans(labels: np.ndarray, start: int = 0) -> list[tuple[int, int]]:
     return [(start + int(a), start + int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
-def _recorded_source(out: Path, meta: dict[str, Any]) -> str:
+def _recorded_source(out: Path, meta: Marker) -> str:
     """The recorded tokenizer, found also when it was given relative to pack's directory.
 
     ``run.tokenizer.source`` is recorded as given, so a relative path only resolves from the
     directory pack ran in. That directory is recoverable when ``--out`` was relative too:
     it is the resolved output folder minus the ``--out`` path.
     """
-    source: str = meta["run"]["tokenizer"]["source"]
-    given = Path(meta["config"].get("out") or "")
+    source: str = meta.run["tokenizer"]["source"]
+    given = Path(meta.config.get("out") or "")
     if Path(source).exists() or Path(source).is_absolute() or given.is_absolute():
         return source
     parts = [p for p in given.parts if p != "."]
@@ -126,11 +126,11 @@ def _recorded_source(out: Path, meta: dict[str, Any]) -> str:
     return str(candidate) if candidate.exists() else source
 
 
-def load_decoder(out: Path, meta: dict[str, Any], override: str | None) -> tuple[Tokenizer, str]:
+def load_decoder(out: Path, meta: Marker, override: str | None) -> tuple[Tokenizer, str]:
     """The tokenizer to decode with, and where it came from; warns if it is not the recorded one."""
     from packcli.tokenize.tokenizer import load_tokenizer
 
-    recorded = meta["run"]["tokenizer"]
+    recorded = meta.run["tokenizer"]
     spec = override or _recorded_source(out, meta)
     try:
         loaded = load_tokenizer(spec)

@@ -51,6 +51,8 @@ from packcli.records import Fields
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from packcli.publish.marker import Marker
 import numpy.typing as npt
 
 log = logging.getLogger(__name__)
@@ -76,17 +78,18 @@ def require_extra(module: str, purpose: str) -> Any:
         ) from exc
 
 
-def read_meta(out: Path) -> dict[str, Any]:
-    """``packcli.json`` of a complete output, or a ``PackcliError`` saying what is wrong."""
+def read_meta(out: Path) -> Marker:
+    """``packcli.json`` of a complete output (typed), or a ``PackcliError`` saying what is
+    wrong."""
     from packcli.publish.marker import read_marker
 
     # Fails here, not halfway, on a foreign or damaged packcli.json (one line naming it).
-    return read_marker(out).to_json()
+    return read_marker(out)
 
 
-def capacities(meta: dict[str, Any]) -> dict[str, int]:
-    plan = meta["config"]["plan"]
-    return {"short": int(plan["short_len"]), "long": int(plan["long_len"])}
+def capacities(meta: Marker) -> dict[str, int]:
+    plan = meta.plan_shape()
+    return {"short": plan.short_len, "long": plan.long_len}
 
 
 @dataclass
@@ -120,7 +123,7 @@ def _row_group_arrays(table: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return num_tokens, np.diff(offsets), sq[offsets[1:]] - sq[offsets[:-1]], flat
 
 
-def read_tier(out: Path, meta: dict[str, Any], name: str, keep_segments: bool) -> TierData:
+def read_tier(out: Path, meta: Marker, name: str, keep_segments: bool) -> TierData:
     """Stream one config's ``num_tokens`` and ``seq_lengths``, one row group at a time."""
     import numpy as np
     import pyarrow as pa
@@ -131,9 +134,9 @@ def read_tier(out: Path, meta: dict[str, Any], name: str, keep_segments: bool) -
     parts: list[tuple[np.ndarray, ...]] = []
     seg_parts: list[np.ndarray] = []
     cost_parts: list[np.ndarray] = []
-    stated = meta["run"].get("cost_model")
-    for entry in meta["files"][name]:
-        path = out / "data" / name / entry["file"]
+    stated = meta.run.get("cost_model")
+    for entry in meta.files.of(name):
+        path = out / "data" / name / entry.file
         if not path.is_file():
             raise PackcliError(f"{path} is missing; the output is damaged (see packcli verify)")
         try:
@@ -336,8 +339,8 @@ def compute_stats(out: Path) -> tuple[dict[str, Any], dict[str, TierData]]:
     }
     long_lengths = tiers["long"].seg_lengths
     assert long_lengths is not None
-    policy = (meta.get("report") or {}).get("policy") or {}
-    split_docs, split_pieces = int(policy.get("split_docs", 0)), int(policy.get("split_pieces", 0))
+    policy = meta.report_shape().policy
+    split_docs, split_pieces = policy.split_docs, policy.split_pieces
     numbers = {
         "tiers": {name: tier_numbers(t).to_json() for name, t in tiers.items()},
         # count: segments, a split document once per piece; documents: whole documents.

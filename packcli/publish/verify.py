@@ -63,10 +63,12 @@ from packcli.publish.figures import (
     rejected_counts,
 )
 from packcli.publish.marker import (
+    Marker,
     ReportShape,
     TierCounts,
     read_json_object,
     read_marker,
+    recorded_work_dir,
     work_folder,
 )
 from packcli.publish.verify_part import (
@@ -118,10 +120,11 @@ def verify_copy(
     every path in the summary, names the URL and the work folder's URL, never the copies."""
     from packcli.fs import is_url, staging_root
 
-    meta = read_marker(local).to_json()
+    marker = read_marker(local)
+    meta = marker.to_json()  # the whole file, for the checks and the tasks (``_verify``)
     names: dict[Path, str] = {local: url}
-    recorded = meta["run"].get("work_dir")
-    copied = all((local / rel).is_file() for rel in _listed(meta))
+    recorded = recorded_work_dir(marker)
+    copied = all((local / rel).is_file() for rel in _listed(marker))
     out = str(local) if copied else url
     try:
         found = _found_files(local) if copied else _remote_files(url)
@@ -131,10 +134,10 @@ def verify_copy(
             work = scratch / "work"
             WorkStore(recorded, work, url, scratch / "mirror-out").pull_records(TOKENS_DIR)
             names[work] = recorded
-            shards = _shards_at(meta, work / TOKENS_DIR, recorded, use_shards)
+            shards = _shards_at(marker, work / TOKENS_DIR, recorded, use_shards)
         else:
             staged = staging_root(url) / WORK_DIR / TOKENS_DIR
-            shards = _shards_at(meta, staged, None, use_shards, strict=False)
+            shards = _shards_at(marker, staged, None, use_shards, strict=False)
         summary = _verify(meta, local, out, found, shards, executor, num_tasks)
     except VerifyError as exc:
         raise VerifyError(reworded(str(exc), names)) from None
@@ -174,17 +177,17 @@ def verify_output(
     this run's; ``executor`` (``stages.executors.Executor``, local when None) and
     ``num_tasks``: where the part checks run, and as how many tasks."""
     marker = read_marker(out)
-    meta = marker.to_json()
     tokens_dir = work_folder(out, marker) / TOKENS_DIR
-    shards = _shards_at(meta, tokens_dir, None, use_shards)
+    shards = _shards_at(marker, tokens_dir, None, use_shards)
     if work is not None and use_shards:
-        there = _shards_at(meta, work / TOKENS_DIR, None, use_shards, strict=False)
+        there = _shards_at(marker, work / TOKENS_DIR, None, use_shards, strict=False)
         shards = there if there.folder is not None else shards
+    meta = marker.to_json()  # the whole file, for the checks and the tasks (``_verify``)
     return _verify(meta, out, str(out), _found_files(out), shards, executor, num_tasks)
 
 
-def _listed(meta: dict[str, Any]) -> list[str]:
-    return [f"data/{n}/{f['file']}" for n in CONFIG_NAMES for f in meta["files"][n]]
+def _listed(marker: Marker) -> list[str]:
+    return [f"data/{n}/{f.file}" for n in CONFIG_NAMES for f in marker.files.of(n)]
 
 
 def _found_files(out: Path) -> dict[str, list[str]]:
@@ -220,7 +223,7 @@ class _Shards:
 
 
 def _shards_at(
-    meta: dict[str, Any],
+    marker: Marker,
     tokens_dir: Path,
     store: str | None,
     use_shards: bool,
@@ -250,7 +253,7 @@ def _shards_at(
         if not strict:
             return absent
         raise VerifyError(f"the tokenize stage's index is damaged: {exc}") from None
-    this_run = index.fingerprint == meta["run"].get("tokens_fingerprint")
+    this_run = index.fingerprint == marker.run.get("tokens_fingerprint")
     if not this_run and not strict:
         return absent
     if not this_run:
@@ -281,7 +284,7 @@ def _verify(
                 f"files {found[name]} do not match packcli.json's {named} {sorted(listed)}",
             )
     read = shards.folder is not None and shards.index is not None
-    rows = None if shards.index is None else [int(m["num_docs"]) for m in shards.index.shards]
+    rows = None if shards.index is None else [m.num_docs for m in shards.index.shards]
     parts = parts_of(meta, rows)
     largest = (meta["report"].get("largest_document") or {}).get("doc_id")
     wanted = tuple(range(SAMPLE_DOCS)) + ((int(largest),) if isinstance(largest, int) else ())

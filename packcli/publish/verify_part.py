@@ -497,7 +497,7 @@ def _expected(
     figures = DocFigures()
     lengths = LengthStats()
     where = ShardFigures(lengths)
-    for s, a, b in part.runs(lambda s: int(shards.manifests[s]["num_docs"])):
+    for s, a, b in part.runs(lambda s: shards.manifests[s].num_docs):
         try:
             shards.check_content(s)
             shard = shards.shard(s)
@@ -562,7 +562,7 @@ def _keys_of(ids: np.ndarray, n: np.ndarray) -> np.ndarray:
 def _drop_fetched(shards: TokenShards, index: int) -> None:
     """A shard fetched from the store into the temp mirror is removed once read."""
     if shards.store is not None:
-        (shards.folder / shards.manifests[index]["file"]).unlink(missing_ok=True)
+        (shards.folder / shards.manifests[index].file).unlink(missing_ok=True)
 
 
 def difference(

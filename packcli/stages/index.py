@@ -27,6 +27,7 @@ from packcli.tokenize.records import (
     STAGE,
     SUCCESS,
     BackendChoice,
+    IndexedShard,
     ShardIndex,
     SourceCount,
     StageRecord,
@@ -78,7 +79,7 @@ def index_tokens(cfg: RunConfig) -> TokenShards:
     index = read_record(ShardIndex, index_path)
     if index is not None and index.fingerprint == stage.fingerprint:
         return TokenShards(folder, store)
-    shards: list[dict[str, Any]] = []
+    shards: list[IndexedShard] = []
     missing = []
     totals = _Totals()
     next_doc = 0
@@ -95,18 +96,17 @@ def index_tokens(cfg: RunConfig) -> TokenShards:
         lines_before[unit["file_index"]] += done.read_stats["lines"]
         units.append({"key": unit["key"], "first_line": first_line})
         for m in done.shards:
-            shards.append(
-                {
-                    **m,
-                    "file": f"files/{unit['key']}/{m['file']}",
-                    "first_doc_id": next_doc + m["first_doc_index"],
-                    "first_line": first_line,  # the shard's line column counts from its unit
-                    "file_index": unit["file_index"],  # in this run's input list
-                    # The unit's first file index when tokenized (the column's base).
-                    "tokenized_file_index": done.file_index,
-                    **({"source": unit["source"]} if "source" in unit else {}),
-                }
+            manifest = {**dataclasses.asdict(m), "file": f"files/{unit['key']}/{m.file}"}
+            entry = IndexedShard(
+                **manifest,
+                first_doc_id=next_doc + m.first_doc_index,
+                first_line=first_line,  # the shard's line column counts from its unit
+                file_index=unit["file_index"],  # in this run's input list
+                # The unit's first file index when tokenized (the column's base).
+                tokenized_file_index=done.file_index,
+                source=unit.get("source"),
             )
+            shards.append(entry)
         if "source" in unit:
             own = source_docs[unit["source"]]
             own[0] = next_doc if own[0] is None else own[0]
@@ -135,7 +135,7 @@ def index_tokens(cfg: RunConfig) -> TokenShards:
         special_strings=dict(sorted(totals.specials.items())),
         units=units,
         times={k: round(v, 3) for k, v in dataclasses.asdict(totals.times).items()},
-        tokens=sum(m["num_tokens"] for m in shards),
+        tokens=sum(m.num_tokens for m in shards),
         tokenizer=stage.tokenizer,
         backend=_backend(folder / BACKEND).to_json(),
         sources=_sources_index(stage, source_docs, next_doc),

@@ -196,7 +196,7 @@ def _groups(cfg: RunConfig, shards: TokenShards) -> list[list[Slice]]:
     mixture's each hold an equal part of the tokens every source puts in the output
     (``source_slices``, ``_copy_weights``), saved in ``plan/groups.json`` for the tasks."""
     n_groups = group_count(int(shards.success.tokens), cfg.plan.group_tokens)
-    docs = [int(m["num_docs"]) for m in shards.manifests]
+    docs = [m.num_docs for m in shards.manifests]
     mix = mix_spec(cfg, shards) if cfg.sources else None
     if mix is None or n_groups == 1:
         return [whole_shards(g, docs) for g in shard_groups(len(shards), n_groups)]
@@ -237,7 +237,7 @@ def _copy_weights(
         index = starts[s] - first_doc[k] + np.arange(lens.size, dtype=np.int64)
         return np.asarray(lens * copies(index, np.full(lens.size, k, np.int64), spec), np.int64)
 
-    weights = np.array([int(m["num_tokens"]) for m in shards.manifests], np.int64)
+    weights = np.array([m.num_tokens for m in shards.manifests], np.int64)
     for s in np.flatnonzero(fractional[shard_source]):
         weights[s] = int(weights_of(int(s)).sum())
     return shard_source, weights, weights_of

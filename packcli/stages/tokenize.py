@@ -91,8 +91,8 @@ def _indexed_units(folder: Path, store: LocalWork) -> set[str]:
     if index is None:
         return store.unit_keys() if (folder / SUCCESS).exists() else set()
     try:
-        return {m["file"].split("/")[1] for m in index.shards}
-    except (KeyError, TypeError, AttributeError, IndexError):
+        return {m.file.split("/")[1] for m in index.shards}
+    except IndexError:  # a file not under files/<key>/
         return store.unit_keys()
 
 
@@ -282,7 +282,7 @@ def _tokenize_unit(
     resuming after its finished shards. ``renderers``: chat rendering workers, or None."""
     folder = cfg.work_path / TOKENS_DIR / "files" / unit["key"]
     done_shards = _resumable_shards(folder, unit["fingerprint"])
-    resume_doc = done_shards[-1]["last_doc_index"] + 1 if done_shards else 0
+    resume_doc = done_shards[-1].last_doc_index + 1 if done_shards else 0
     if done_shards:
         log.info(
             "resuming tokenization of %s after %d completed shard(s)",
@@ -436,7 +436,7 @@ def _encoded(
 
 
 def _unit_record(
-    unit: dict[str, Any], manifests: list[dict[str, Any]], counts: _UnitCounts
+    unit: dict[str, Any], manifests: list[ShardManifest], counts: _UnitCounts
 ) -> UnitRecord:
     """The unit's completion record (``_SUCCESS.json``), from what tokenizing it counted."""
     stats = counts.read
@@ -445,9 +445,9 @@ def _unit_record(
         path=unit["path"],
         span=unit["span"],
         file_index=unit["file_index"],
-        num_docs=sum(m["num_docs"] for m in manifests),
-        num_tokens=sum(m["num_tokens"] for m in manifests),
-        shards=manifests,
+        num_docs=sum(m.num_docs for m in manifests),
+        num_tokens=sum(m.num_tokens for m in manifests),
+        shards=list(manifests),
         read_stats={
             "documents": stats.documents,
             "blank_lines": stats.blank_lines,
@@ -463,7 +463,7 @@ def _unit_record(
     )
 
 
-def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
+def _resumable_shards(folder: Path, fingerprint: str) -> list[ShardManifest]:
     """Completed shards of an interrupted run with the same fingerprint; clears the rest.
 
     A shard counts as complete when its manifest reads as one (``ShardManifest``): the shard
@@ -478,13 +478,13 @@ def _resumable_shards(folder: Path, fingerprint: str) -> list[dict[str, Any]]:
         folder.mkdir(parents=True)
         atomic_write_json(stamp, UnitStamp(fingerprint).to_json())
         return []
-    manifests: list[dict[str, Any]] = []
+    manifests: list[ShardManifest] = []
     while True:
         shard = read_record(ShardManifest, folder / manifest_name(len(manifests)))
-        if shard is None or not shard_intact(folder, shard.to_json()):
+        if shard is None or not shard_intact(folder, shard):
             break
-        manifests.append(shard.to_json())
-    keep = {stamp.name} | {m["file"] for m in manifests}
+        manifests.append(shard)
+    keep = {stamp.name} | {m.file for m in manifests}
     keep |= {manifest_name(i) for i in range(len(manifests))}
     for f in folder.iterdir():
         if f.name not in keep:

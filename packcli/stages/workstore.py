@@ -527,7 +527,7 @@ class WorkStore(StagingWork):
             stored = {} if listed is None else listed.versions
 
             def intact(
-                name: Any, size: Any, rel: str = rel, stored: dict[str, dict[str, str]] = stored
+                name: str, size: int, rel: str = rel, stored: dict[str, dict[str, str]] = stored
             ) -> bool:
                 there = found.get(f"{rel}/{name}")
                 return (
@@ -537,7 +537,7 @@ class WorkStore(StagingWork):
                     and same_version(stored[name], there)
                 )
 
-            if all(intact(m.get("file"), m.get("bytes")) for m in record.shards):
+            if all(intact(m.file, m.bytes) for m in record.shards):
                 done.add(unit["key"])
         return done
 

@@ -7,9 +7,10 @@ shard index (``tokens/_SUCCESS.json``).
 Why here, beside ``shards.py``: ``TokenShards`` reads the index, and the stages (which import
 this package) write all three; this module imports nothing of packcli but its errors and the
 records' base (``packcli.records``), so every reader can import it without a cycle. The
-nested parts of the unit record and the index (their shards' manifests, read counts, the
-tokenizer's description) stay JSON objects: their schema belongs to the code that counts them
-(the index's manifests carry more than a shard's file). A record of another version is redone
+shards' manifests nested in the unit record and the index are typed (``ShardManifest``, and
+``IndexedShard`` for the index's, which adds where the shard is in the run); the other nested
+parts (read counts, the tokenizer's description) stay JSON objects: their schema belongs to
+the code that counts them. A record of another version is redone
 (a unit tokenized again, the index rebuilt), never read field by field; the records without a
 version field (``VERSION = None``: their bytes are those every packcli wrote) are redone when
 they do not read as one.
@@ -133,6 +134,21 @@ class ShardManifest(Record):
 
 
 @dataclass(frozen=True)
+class IndexedShard(ShardManifest):
+    """A shard as the index lists it: its manifest (``file`` relative to ``tokens/``:
+    ``files/<key>/<file>``) and where it is in the run: its first global document id, the
+    line its unit starts at in its input file (the shard's ``line`` column counts from it),
+    its unit's file index in this run's inputs and when tokenized (the ``file_index``
+    column's base; files may have been added since), and a mixture's source."""
+
+    first_doc_id: int
+    first_line: int
+    file_index: int
+    tokenized_file_index: int
+    source: int | None = field(default=None, metadata={"omit": True})
+
+
+@dataclass(frozen=True)
 class UnitRecord(Record):
     """A unit's completion record: its shards and what reading and encoding it counted;
     written last, so its presence marks the unit complete."""
@@ -144,7 +160,7 @@ class UnitRecord(Record):
     file_index: int
     num_docs: int
     num_tokens: int
-    shards: list[dict[str, Any]]  # the shards' manifests, in order
+    shards: list[ShardManifest]  # in order
     read_stats: dict[str, Any]
     chat: dict[str, Any] | None
     special_strings: dict[str, int]
@@ -160,7 +176,7 @@ class ShardIndex(Record):
 
     fingerprint: str
     files: list[dict[str, Any]]
-    shards: list[dict[str, Any]]
+    shards: list[IndexedShard]
     read_stats: dict[str, Any]
     chat: dict[str, Any] | None
     special_strings: dict[str, int]

@@ -31,7 +31,14 @@ import pyarrow as pa
 from packcli.arrow_np import list_array, to_arrow, to_numpy
 from packcli.atomic import atomic_path, atomic_write_json
 from packcli.records import RecordError
-from packcli.tokenize.records import SUCCESS, ShardError, ShardIndex, ShardManifest, damaged
+from packcli.tokenize.records import (
+    SUCCESS,
+    IndexedShard,
+    ShardError,
+    ShardIndex,
+    ShardManifest,
+    damaged,
+)
 
 SHARD_SCHEMA = pa.schema(
     [
@@ -157,7 +164,7 @@ class ShardWriter:
         self,
         folder: Path,
         shard_tokens: int,
-        done: list[dict[str, Any]] | None = None,
+        done: list[ShardManifest] | None = None,
         schema: pa.Schema = SHARD_SCHEMA,
     ) -> None:
         """``done``: manifests of shards a previous, interrupted run completed; new shards
@@ -166,7 +173,7 @@ class ShardWriter:
         self.folder = folder
         self.shard_tokens = shard_tokens
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.manifests: list[dict[str, Any]] = list(done or [])
+        self.manifests: list[ShardManifest] = list(done or [])
         self._columns = self._empty_columns()
         self._pending_rows = 0
         self._pending_tokens = 0
@@ -224,8 +231,8 @@ class ShardWriter:
             last_doc_index=int(doc_index[-1]),
             sha256=hashing.digest.hexdigest(),
             bytes=final.stat().st_size,  # a cheap check that the shard is still whole
-        ).to_json()
-        atomic_write_json(self.folder / manifest_name(index), manifest)
+        )
+        atomic_write_json(self.folder / manifest_name(index), manifest.to_json())
         self.manifests.append(manifest)
         del batch
         self._columns = self._empty_columns()
@@ -240,22 +247,22 @@ def distinct_shards(shard_of: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.bincount(shard_of))
 
 
-def shard_intact(folder: Path, manifest: dict[str, Any]) -> bool:
-    """Whether the shard a manifest describes is still there and whole, for reuse: its size
-    (when the manifest has one), its Arrow footer, and its content against the sha256 taken
+def shard_intact(folder: Path, manifest: ShardManifest) -> bool:
+    """Whether the shard a manifest describes is still there and whole, for reuse: its size,
+    its Arrow footer, and its content against the sha256 taken
     as it was written (a shard edited in place, same size and still valid Arrow, was reused
     and vouched for; re-hashing costs one read of the shard, a small part of tokenizing it).
     A truncated shard made ``verify`` and ``pack`` fail with pyarrow's traceback; ``pack``
     now rebuilds either."""
-    path = folder / str(manifest.get("file", ""))
+    path = folder / manifest.file
     try:
-        if "bytes" in manifest and path.stat().st_size != manifest["bytes"]:
+        if path.stat().st_size != manifest.bytes:
             return False
         with pa.memory_map(str(path), "r") as source:
             reader = pa.ipc.open_file(source)
             if reader.num_record_batches != 1:
                 return False
-        return "sha256" not in manifest or sha256_file(path) == manifest["sha256"]
+        return sha256_file(path) == manifest.sha256
     except (OSError, pa.ArrowException):
         return False
 
@@ -319,18 +326,16 @@ class TokenShards:
         try:
             # A damaged or older index is the stage's damage (``ShardError``), as its shards'.
             self.success = ShardIndex.from_json(json.loads(success.read_bytes()), success)
-            self.manifests: list[dict[str, Any]] = self.success.shards
-            self.first_doc_ids = np.array(
-                [m["first_doc_id"] for m in self.manifests], dtype=np.int64
-            )
         except RecordError as exc:
             raise ShardError(str(exc)) from exc
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:  # not JSON
             raise damaged(success, exc) from exc
+        self.manifests: list[IndexedShard] = self.success.shards
+        self.first_doc_ids = np.array([m.first_doc_id for m in self.manifests], dtype=np.int64)
 
     @property
     def num_docs(self) -> int:
-        return sum(m["num_docs"] for m in self.manifests)
+        return sum(m.num_docs for m in self.manifests)
 
     def __len__(self) -> int:
         return len(self.manifests)
@@ -338,14 +343,14 @@ class TokenShards:
     def _source(self, index: int, ranged: bool) -> Any:
         """One shard's bytes: memory-mapped from the folder, or from the store (ranged reads,
         or the whole shard fetched into the mirror first)."""
-        rel = self.manifests[index]["file"]
+        rel = self.manifests[index].file
         path = self.folder / rel
         if self.store is None or path.is_file():
             return pa.memory_map(str(path), "r")
         remote = f"{self.folder.name}/{rel}"
         if ranged:
             return pa.PythonFile(self.store.open(remote), mode="r")
-        fetched = self.store.fetch(remote, self.manifests[index].get("bytes"))
+        fetched = self.store.fetch(remote, self.manifests[index].bytes)
         return pa.memory_map(str(fetched), "r")
 
     def column_names(self) -> list[str]:
@@ -355,11 +360,11 @@ class TokenShards:
         try:
             return list(pa.ipc.open_file(self._source(0, ranged=True)).schema.names)
         except (OSError, pa.ArrowException) as exc:
-            raise damaged(self.folder / self.manifests[0]["file"], exc) from exc
+            raise damaged(self.folder / self.manifests[0].file, exc) from exc
 
     def _reader(self, index: int, fields: list[str] | None = None) -> pa.ipc.RecordBatchFileReader:
         """Memory-mapped reader of one shard; ``fields`` limits what is read to those columns."""
-        path = self.folder / self.manifests[index]["file"]
+        path = self.folder / self.manifests[index].file
         try:
             source = self._source(index, ranged=fields is not None)
             if fields is None:
@@ -376,7 +381,7 @@ class TokenShards:
         try:
             return self._reader(index, [name]).read_all().column(0)
         except pa.ArrowException as exc:
-            raise damaged(self.folder / self.manifests[index]["file"], exc) from exc
+            raise damaged(self.folder / self.manifests[index].file, exc) from exc
 
     def shard_column(self, index: int, name: str) -> np.ndarray:
         """One scalar column of one shard (reads only that column)."""
@@ -393,17 +398,14 @@ class TokenShards:
         """One scalar column's value for one document (reads only its shard's column)."""
         index = int(np.searchsorted(self.first_doc_ids, doc_id, side="right")) - 1
         manifest = self.manifests[index]
-        base = manifest.get("tokenized_file_index")
-        if name == "file_index" and "file_index" in manifest and base is None:
-            return manifest["file_index"]  # a unit of one file
         column = self._read_column(index, name)
-        value = column[doc_id - int(manifest["first_doc_id"])].as_py()
-        if name == "file_index" and "file_index" in manifest:
+        value = column[doc_id - manifest.first_doc_id].as_py()
+        if name == "file_index":
             # The index knows the unit's place in *this* run's inputs; a reused shard's column
             # holds its place when it was tokenized (files may have been added since).
-            value += manifest["file_index"] - base
+            value += manifest.file_index - manifest.tokenized_file_index
         if name == "line":  # a shard of a byte span counts lines from the span's first line
-            value += manifest.get("first_line", 0)
+            value += manifest.first_line
         return value
 
     def check_content(self, index: int) -> None:
@@ -412,17 +414,15 @@ class TokenShards:
         size, and its tokens would then be what the output is checked against. A shard on
         the store is fetched whole first (``verify`` reads all of it anyway)."""
         manifest = self.manifests[index]
-        if "sha256" not in manifest:  # an index of an older version
-            return
-        rel = manifest["file"]
+        rel = manifest.file
         path = self.folder / rel
         if self.store is not None and not path.is_file():
-            path = self.store.fetch(f"{self.folder.name}/{rel}", manifest.get("bytes"))
+            path = self.store.fetch(f"{self.folder.name}/{rel}", manifest.bytes)
         try:
             size = path.stat().st_size
-            if "bytes" in manifest and size != manifest["bytes"]:
-                raise damaged(path, f"{size} bytes, written as {manifest['bytes']}")
-            same = sha256_file(path) == manifest["sha256"]
+            if size != manifest.bytes:
+                raise damaged(path, f"{size} bytes, written as {manifest.bytes}")
+            same = sha256_file(path) == manifest.sha256
         except OSError as exc:
             raise damaged(path, exc) from exc
         if not same:
@@ -435,10 +435,10 @@ class TokenShards:
 
     def shard(self, index: int) -> ShardTokens:
         reader = self._reader(index)
-        name = self.manifests[index]["file"]
+        name = self.manifests[index].file
         if reader.num_record_batches != 1:
             raise ValueError(f"shard {name} is not a single record batch")
-        first = int(self.manifests[index]["first_doc_id"])
+        first = self.manifests[index].first_doc_id
         return shard_tokens(reader.get_batch(0), first, name)
 
     def column_at(self, name: str, docs: np.ndarray) -> np.ndarray:
