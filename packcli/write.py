@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -211,14 +212,42 @@ def _run_split(kernel: Callable[..., None], lens: np.ndarray, *args: object) -> 
             f.result()
 
 
-def _segment_ids(seg_offsets: np.ndarray, lens: np.ndarray) -> np.ndarray:
+class Scratch:
+    """The per-token output arrays of a writing thread (tokens, segment ids, labels), reused
+    from one row group to the next.
+
+    Why: they are 12 bytes a token of fresh memory per row group, and first touching fresh
+    pages (page faults, the VM's too) costs more than copying the tokens into them: writing a
+    150 MB chat pack spent about as long faulting those pages in as the copies took. A buffer
+    handed out again is valid until the next request of its name, so a table built from them
+    must be written before the next one is built (``write_config_file`` does).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, np.ndarray] = {}
+
+    def empty(self, name: str, size: int) -> npt.NDArray[np.int32]:
+        held = self._held.get(name)
+        if held is None or held.size < size:
+            held = np.empty(size, dtype=np.int32)
+            self._held[name] = held
+        return held[:size]
+
+
+def _empty(scratch: Scratch | None, name: str, size: int) -> npt.NDArray[np.int32]:
+    return np.empty(size, dtype=np.int32) if scratch is None else scratch.empty(name, size)
+
+
+def _segment_ids(
+    seg_offsets: np.ndarray, lens: np.ndarray, scratch: Scratch | None = None
+) -> np.ndarray:
     """``segment_ids`` column values: rows' segments are ``seg_offsets[r]:seg_offsets[r+1]``."""
     counts = np.diff(seg_offsets)
     seg_index = (np.arange(lens.size, dtype=np.int64) + 1).astype(np.int32)
     seg_index -= np.repeat(seg_offsets[:-1], counts).astype(np.int32)
     dst = np.cumsum(lens) - lens
     total = int(lens.sum())
-    out = np.empty(total, dtype=np.int32)
+    out = _empty(scratch, "segment_ids", total)
     _run_split(_place, lens, seg_index, None, dst, lens, out)
     return out
 
@@ -302,19 +331,22 @@ class TokenSource:
         labels: bool = False,
         pad: np.ndarray | None = None,
         fill: int = 0,
+        scratch: Scratch | None = None,
     ) -> np.ndarray:
         """Tokens (or labels) of the slices ``doc[start:start+len]``, in the given order;
         with ``pad``, each slice followed by ``pad[i]`` tokens of ``fill``. (``docs`` may be a
-        mixture's copy keys: a copy's tokens are its document's.)"""
+        mixture's copy keys: a copy's tokens are its document's.) ``scratch``: where the
+        result goes (else a new array)."""
         if self.source_first_doc is not None:
             docs = key_doc(docs)
+        name = "labels" if labels else "tokens"
         if pad is None:
-            total = int(lens.sum())
-            out = np.empty(total, dtype=np.int32)
+            out = _empty(scratch, name, int(lens.sum()))
             dst = np.cumsum(lens) - lens
         else:
             sizes = lens + pad
-            out = np.full(int(sizes.sum()), fill, dtype=np.int32)
+            out = _empty(scratch, name, int(sizes.sum()))
+            out.fill(fill)
             dst = np.cumsum(sizes) - sizes
         one = len(self.shards) == 1  # the common case: no masks, no copies
         shard_of = (
@@ -339,12 +371,14 @@ def rows_to_table(
     pad_id: int = 0,
     pieces: PieceRule | None = None,
     cost_model: CostModel | None = None,
+    scratch: Scratch | None = None,
 ) -> pa.Table:
     """Rows ``r0..r1-1`` of a config as an Arrow table in the public row schema; a plan with
     context-parallel padding puts ``pad_id`` tokens after each segment's own (label -100),
     counted in the segment's ``seq_lengths`` and in ``seq_pad``. ``pieces``: how segments are
     numbered as pieces of their documents (default ``PieceRule.of_plan``); ``cost_model``:
-    add each row's ``cost``."""
+    add each row's ``cost``; ``scratch``: the per-token columns are its buffers (the table
+    is then valid until its next use)."""
     rule = pieces if pieces is not None else PieceRule.of_plan(plan)
     p0, p1 = int(layout.row_offsets[r0]), int(layout.row_offsets[r1])
     in_rows = layout.row_pieces[p0:p1]
@@ -375,10 +409,10 @@ def rows_to_table(
         if roles is not None:
             raise ValueError("preference pairs are not padded for context parallelism")
         pad = padded_sizes(lens, plan.pad_multiple) - lens
-    tokens = source.gather(src, src_starts, lens, pad=pad, fill=pad_id)
+    tokens = source.gather(src, src_starts, lens, pad=pad, fill=pad_id, scratch=scratch)
     sizes = lens if pad is None else lens + pad  # what each segment takes of its row
 
-    segment_ids = _segment_ids(seg_offsets, sizes)
+    segment_ids = _segment_ids(seg_offsets, sizes, scratch)
     row_tokens = layout.row_tokens[r0:r1]
     tok_offsets = np.zeros(r1 - r0 + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=tok_offsets[1:])
@@ -395,7 +429,9 @@ def rows_to_table(
     ]
     if source.has_labels or pad is not None:
         if source.has_labels:
-            labels = source.gather(src, src_starts, lens, labels=True, pad=pad, fill=IGNORE_INDEX)
+            labels = source.gather(
+                src, src_starts, lens, labels=True, pad=pad, fill=IGNORE_INDEX, scratch=scratch
+            )
         elif pad is not None:  # text: every real token is trained, padding never
             labels = tokens.copy()
             labels[pad_mask(sizes, pad)] = IGNORE_INDEX
@@ -496,12 +532,15 @@ def write_config_file(
     pad_id: int = 0,
     pieces: PieceRule | None = None,
     cost_model: CostModel | None = None,
+    scratch: Scratch | None = None,
 ) -> None:
     """Rows ``f0..f1-1`` of a config into one Parquet file: temp name, fsync, rename.
 
     A file under its final name is therefore always complete, which is what lets an
-    interrupted run keep it.
+    interrupted run keep it. ``scratch``: the row groups' buffers (one thread's, kept from
+    file to file); each group is written before the next is built.
     """
+    scratch = scratch if scratch is not None else Scratch()
     final.parent.mkdir(parents=True, exist_ok=True)
     rows_per_group = max(1, config.row_group_tokens // layout.capacity)
     compression = None if config.compression == "none" else config.compression
@@ -522,9 +561,18 @@ def write_config_file(
         for g0 in range(f0, f1, rows_per_group):
             g1 = min(f1, g0 + rows_per_group)
             table = rows_to_table(
-                plan, layout, g0, g1, source, pad_id=pad_id, pieces=pieces, cost_model=cost_model
+                plan,
+                layout,
+                g0,
+                g1,
+                source,
+                pad_id=pad_id,
+                pieces=pieces,
+                cost_model=cost_model,
+                scratch=scratch,
             )
             writer.write_table(table, row_group_size=g1 - g0)
+            del table  # its buffers are the next group's
             if on_tokens is not None:
                 on_tokens(int(layout.row_tokens[g0:g1].sum()))
 

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from packcli import write
-from packcli.config import PlanConfig
-from packcli.write import ROW_SCHEMA, pack_table
+from packcli.config import PlanConfig, WriteConfig
+from packcli.pack.plan import plan_two_tier
+from packcli.tokenize.shards import ShardTokens
+from packcli.write import (
+    ROW_SCHEMA,
+    Scratch,
+    TokenSource,
+    pack_table,
+    rows_to_table,
+    write_config_file,
+)
 
 
 def test_pack_table_holds_every_token_and_can_build_one_config() -> None:
@@ -51,3 +64,37 @@ def test_threaded_gather_matches_one_thread(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(write, "_PARALLEL_MIN_TOKENS", 0)
     got = pack_table(table, cfg)
     assert got[0].equals(expected[0]) and got[1].equals(expected[1])
+
+
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_reused_buffers_give_the_same_rows_and_bytes(tmp_path: Path, cp_size: int) -> None:
+    """One thread's ``Scratch`` serves row group after row group, file after file (bigger and
+    smaller than the last): every table and file equals one built on fresh arrays, with and
+    without labels and context-parallel padding (the ``fill`` path)."""
+    rng = np.random.default_rng(4 + cp_size)
+    lengths = rng.integers(1, 700, 500)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n = int(offsets[-1])
+    values = rng.integers(0, 70_000, n).astype(np.int32)
+    labels = np.where(rng.random(n) < 0.5, -100, values).astype(np.int32)
+    cfg = PlanConfig(short_len=128, long_len=1024, cp_size=cp_size)
+    plan = plan_two_tier(lengths, cfg)
+    wcfg = WriteConfig(row_group_tokens=3 * 1024)
+    for with_labels in (False, True):
+        source = TokenSource(
+            [ShardTokens(values, offsets, 0, labels=labels if with_labels else None)]
+        )
+        scratch = Scratch()
+        for name in ("long", "short"):
+            lay = getattr(plan, name)
+            cuts = [0, lay.num_rows // 3, lay.num_rows // 3 + 1, lay.num_rows]
+            for r0, r1 in itertools.pairwise(cuts):
+                fresh = rows_to_table(plan, lay, r0, r1, source).to_pylist()
+                assert (
+                    rows_to_table(plan, lay, r0, r1, source, scratch=scratch).to_pylist() == fresh
+                )
+                a, b = tmp_path / f"{name}-a.parquet", tmp_path / f"{name}-b.parquet"
+                write_config_file(plan, lay, source, a, wcfg, r0, r1)
+                write_config_file(plan, lay, source, b, wcfg, r0, r1, scratch=scratch)
+                assert a.read_bytes() == b.read_bytes()
+                assert pq.read_table(b).to_pylist() == fresh

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,7 +44,14 @@ from packcli.stages.write_records import (
     tail_shard_name,
 )
 from packcli.tokenize.shards import TokenShards, sha256_file, shard_tokens
-from packcli.write import ROWS_VERSION, PieceRule, TokenSource, pad_token_id, write_config_file
+from packcli.write import (
+    ROWS_VERSION,
+    PieceRule,
+    Scratch,
+    TokenSource,
+    pad_token_id,
+    write_config_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +144,9 @@ class _Writer:
     ) -> None:
         """``jobs`` (files of one part) from ``plan`` and ``source``, side by side on the
         process's threads (Parquet encoding runs without the GIL; each file's bytes do not
-        depend on which thread wrote it, or when)."""
+        depend on which thread wrote it, or when). Each thread keeps its row groups' buffers
+        from file to file (``Scratch``)."""
+        local = threading.local()
 
         def write_one(job: FileJob) -> None:
             layout = getattr(plan, job.config)
@@ -146,6 +156,8 @@ class _Writer:
                 on_tokens(int(layout.row_tokens[job.r0 : job.r1].sum()))
                 return
             self.claim_file(job, record_path)
+            if not hasattr(local, "scratch"):
+                local.scratch = Scratch()
             write_config_file(
                 plan,
                 layout,
@@ -158,6 +170,7 @@ class _Writer:
                 pad_id=self.pad_id,
                 pieces=self.pieces,
                 cost_model=self.cost_model,
+                scratch=local.scratch,
             )
             size, digest = final.stat().st_size, sha256_file(final)
             record = FileRecord(
