@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
+from packcli import jit
 from packcli.tokenize.shards import sha256_file
 
 
@@ -429,13 +430,55 @@ def test_batch_finish_equals_the_per_dialogue_loop(
         rendered, failures = encoder.render(dialogues)
         want_records = encoder.finish(dialogues, rendered, encoder.tokens(rendered), failures)
         columns = RenderedColumns.of(rendered, failures)
-        flat = encoder.tokens_flat(columns.texts)
-        got_records = encoder.finish_columns(len(dialogues), columns, flat, ends)
-        for name in ("ids", "labels", "lengths"):
-            got, want = getattr(got_records, name), getattr(want_records, name)
-            assert got.dtype == want.dtype and np.array_equal(got, want), (name, eos)
-        assert got_records.stats == want_records.stats
-        assert got_records.failures == want_records.failures
+        for mode in ("python", "numba"):  # the labelling kernel, as Python and compiled
+            with jit.forced(mode):
+                tokens = encoder.tokens_columns(columns)
+            got_records = encoder.finish_columns(len(dialogues), columns, tokens, ends)
+            for name in ("ids", "labels", "lengths"):
+                got, want = getattr(got_records, name), getattr(want_records, name)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (name, eos)
+            assert got_records.stats == want_records.stats
+            assert got_records.failures == want_records.failures
+
+
+@pytest.mark.parametrize("mode", ["python", "numba"])
+def test_a_text_its_fast_ids_do_not_spell_is_encoded_by_hf(chat_tok: Path, mode: str) -> None:
+    """When the fast backend's ids of one rendered text do not spell it, the batch is not
+    labelled from them: that text goes to HF and the records equal HF's own."""
+    from packcli.chat import load_chat_template
+    from packcli.chat.columns import RenderedColumns
+    from packcli.chat.encoder import ChatEncoder
+    from packcli.chat.offsets import ByteOffsets, FastOffsets, FlatTokens
+    from packcli.tokenize.backends import FastokensEncoder
+
+    rng = random.Random(5)
+    dialogues = [dialogue(rng, rng.randint(1, 3)) for _ in range(30)]
+    tok = Tokenizer.from_file(str(chat_tok / "tokenizer.json"))
+    encoder = ChatEncoder(
+        tok, load_chat_template(None, "chatml"), train_on="assistant", special_tokens={},
+        long_len=1 << 17, overlong="drop", bos=None, eos=None,
+    )  # fmt: skip
+    hf = encoder(dialogues)
+    fast = FastokensEncoder(tok, tok.to_str())
+
+    def wrong_on_text_3(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids, bounds = fast(texts)
+        ids = ids.copy()
+        ids[bounds[3]] = tok.token_to_id(IM_END)  # the text starts with <|im_start|>
+        return ids, bounds
+
+    encoder.fast = FastOffsets(fast, ByteOffsets.of(tok))
+    encoder.fast.encoder = wrong_on_text_3
+    rendered, failures = encoder.render(dialogues)
+    columns = RenderedColumns.of(rendered, failures)
+    with jit.forced(mode):
+        tokens = encoder.tokens_columns(columns)
+    assert isinstance(tokens, FlatTokens) and tokens.spelled.tolist().count(False) == 1
+    ends = np.array([d[-1]["role"] == "assistant" for d in dialogues], np.bool_)
+    got = encoder.finish_columns(len(dialogues), columns, tokens, ends)
+    for name in ("ids", "labels", "lengths"):
+        assert np.array_equal(getattr(got, name), getattr(hf, name)), name
+    assert got.stats.hf_offsets == 1
 
 
 def _untidy_chat(path: Path, rng: random.Random, n: int) -> None:

@@ -142,10 +142,10 @@ def tokenize_chat_spans(
     def finish() -> tuple[DocBatch, pa.RecordBatch]:
         batch, rendered, tokens = pending.popleft()
         t0 = time.perf_counter()
-        texts = rendered.columns.texts
-        flat = tokens.result() if tokens is not None else encoder.tokens_flat(texts)
+        columns = rendered.columns
+        done = tokens.result() if tokens is not None else encoder.tokens_columns(columns)
         encoded = encoder.finish_columns(
-            len(batch.position), rendered.columns, flat, rendered.ends_with_answer
+            len(batch.position), columns, done, rendered.ends_with_answer
         )
         return _shard_rows(batch, encoded, t0, on_failure, stats, times)
 
@@ -161,8 +161,8 @@ def tokenize_chat_spans(
             if item is None:
                 break
             batch, rendered = item
-            texts = rendered.columns.texts
-            tokens = pool.submit(encoder.tokens_flat, texts) if pool is not None else None
+            columns = rendered.columns
+            tokens = pool.submit(encoder.tokens_columns, columns) if pool is not None else None
             pending.append((batch, rendered, tokens))
             if len(pending) > 1:
                 yield finish()

@@ -29,7 +29,7 @@ from packcli.tokenize.encode import batch_to_record_batch
 from packcli.tokenize.shards import CHAT_SHARD_SCHEMA, PREFERENCE_SHARD_SCHEMA
 
 if TYPE_CHECKING:
-    from packcli.chat.columns import RenderedColumns
+    from packcli.chat.columns import LabelledTokens, RenderedColumns
     from packcli.chat.mask import EncodedDialogue
     from packcli.chat.offsets import FastOffsets, FlatTokens
     from packcli.chat.render_pool import RenderPool
@@ -220,32 +220,47 @@ class ChatEncoder(TemplateEncoder):
         self,
         n: int,
         columns: RenderedColumns,
-        tokens: FlatTokens | None,
+        tokens: LabelledTokens | FlatTokens | None,
         ends_with_answer: npt.NDArray[np.bool_],
     ) -> EncodedRecords:
         """``finish`` of a batch of ``n`` dialogues rendered on a worker (columns), with the
-        fast backend's whole-batch tokens: array operations when every text is spelled and
-        there are no separators or truncation (``kept_columns``), else the same steps as
-        ``finish``. ``ends_with_answer``: per dialogue, whether its last message is the
-        assistant's (for ``--eos``)."""
-        from packcli.chat.columns import kept_columns
+        fast backend's tokens (``tokens_columns``): labelled already when every text is
+        spelled and there are no separators or truncation (then cut here by
+        ``kept_columns``), else the same steps as ``finish``. ``ends_with_answer``: per
+        dialogue, whether its last message is the assistant's (for ``--eos``)."""
+        from packcli.chat.columns import LabelledTokens, kept_columns
 
         failures = list(columns.failures)
-        plain = self.bos is None and self.eos is None and self.overlong != "truncate"
-        if tokens is None or not plain or not tokens.spelled.all():
-            per_text = tokens.per_text() if tokens is not None else None
-            ends = ends_with_answer.tolist()
-            return self._finish(n, ends.__getitem__, columns.rendered(), per_text, failures)
-        ids, labels, lengths, dropped, dropped_tokens = kept_columns(
-            n, columns, tokens, self.train_on
-        )
-        stats = ChatStats(dialogues=n, no_trainable=dropped, no_trainable_tokens=dropped_tokens)
-        return EncodedRecords(ids, labels, lengths, stats, failures)
+        if isinstance(tokens, LabelledTokens) and self._plain:
+            ids, labels, lengths, dropped, dropped_tokens = kept_columns(n, columns, tokens)
+            stats = ChatStats(dialogues=n, no_trainable=dropped, no_trainable_tokens=dropped_tokens)
+            return EncodedRecords(ids, labels, lengths, stats, failures)
+        if isinstance(tokens, LabelledTokens):  # labelled for other settings: offsets now
+            tokens = self.fast.flat(columns.texts) if self.fast is not None else None
+        per_text = tokens.per_text() if tokens is not None else None
+        ends = ends_with_answer.tolist()
+        return self._finish(n, ends.__getitem__, columns.rendered(), per_text, failures)
 
-    def tokens_flat(self, texts: list[str]) -> FlatTokens | None:
-        """The fast backend's tokens of ``texts`` as whole-batch arrays (None without one);
-        Rust and a compiled kernel without the GIL, like ``tokens``."""
-        return None if self.fast is None else self.fast.flat(texts)
+    @property
+    def _plain(self) -> bool:
+        """No separators and no truncation: a batch's labels are its records' own."""
+        return self.bos is None and self.eos is None and self.overlong != "truncate"
+
+    def tokens_columns(self, columns: RenderedColumns) -> LabelledTokens | FlatTokens | None:
+        """The fast backend's tokens of a worker's rendering (None without one), labelled
+        when ``finish_columns`` can use them so (``label_tokens``), else with their
+        offsets; Rust and compiled kernels without the GIL, like ``tokens``."""
+        if self.fast is None:
+            return None
+        if not self._plain:
+            return self.fast.flat(columns.texts)
+        from packcli.chat.columns import label_tokens
+
+        ids, bounds = self.fast.encoder(columns.texts)
+        labelled = label_tokens(self.fast.table, columns, ids, bounds, self.train_on)
+        if labelled is not None:
+            return labelled
+        return self.fast.with_offsets(columns.texts, ids, bounds)  # HF encodes what is not spelled
 
     def _finish(
         self,
@@ -269,7 +284,7 @@ class ChatEncoder(TemplateEncoder):
         stats = ChatStats(dialogues=n)
         if tokens is not None:
             stats.hf_offsets = sum(t is None for t in tokens)
-        if self.bos is None and self.eos is None and self.overlong != "truncate":
+        if self._plain:
             flat = _kept_flat(n, [i for i, _ in rendered], results, stats)
             if flat is not None:
                 return EncodedRecords(*flat, stats, failures)
