@@ -132,10 +132,11 @@ class ByteOffsets:
     lead bytes) and whether it starts inside one (``CONT``: its first byte continues a
     character); ``head[i]``: its first ``HEAD`` bytes, zero-padded.
 
-    Why one row per id: a token's facts are then one cache line, and copying ``HEAD`` bytes
-    whatever the token's length is a fixed-size move (the spelling check copies each token's
-    bytes to its place in the text and compares whole texts, ~3x faster than comparing
-    token by token in variable-length loops).
+    Why these columns: the compiled spelling check copies each token's ``HEAD`` bytes to its
+    place (a fixed-size move, whatever the token's length) and compares whole texts, and
+    counts characters from ``CHARS``/``CONT`` instead of byte by byte: with unsigned
+    positions, 1.7x faster than comparing token by token in variable-length loops
+    (7.5M tokens of chat: 0.19 -> 0.11 s).
     """
 
     data: npt.NDArray[np.uint8]  # every token's bytes end to end
