@@ -21,6 +21,7 @@ import numpy.typing as npt
 from packcli import jit
 from packcli.chat.offsets import (
     ByteOffsets,
+    Spelling,
     goes_forward,
     span_range,
     spelling_room,
@@ -112,9 +113,9 @@ def label_tokens(
     spelled = np.zeros(n, dtype=np.bool_)
     run = jit.pick(_label_tokens, len(text) // 20 + len(ids32))
     run(
-        ids32, bounds, text, text_start, spelling_room(text), table.data, table.meta,
-        table.head, table.trim, table.add_prefix_space, np.ascontiguousarray(columns.spans),
-        columns.span_bounds, TRAIN_ON_CODES[train_on], scratch, labels, kept, spelled,
+        ids32, bounds, text, text_start, spelling_room(text), table.spelling,
+        np.ascontiguousarray(columns.spans), columns.span_bounds, TRAIN_ON_CODES[train_on],
+        scratch, labels, kept, spelled,
     )  # fmt: skip
     if not spelled.all():
         return None
@@ -128,11 +129,7 @@ def _label_tokens(
     text: np.ndarray,
     text_start: np.ndarray,
     room: np.ndarray,
-    data: np.ndarray,
-    meta: np.ndarray,
-    head: np.ndarray,
-    trim: bool,
-    add_prefix_space: bool,
+    table: Spelling,
     spans: np.ndarray,
     span_bounds: np.ndarray,
     train_on: int,
@@ -148,9 +145,8 @@ def _label_tokens(
         k0 = bounds[d]
         k1 = bounds[d + 1]
         ok = text_chars(
-            ids, k0, k1, text, text_start[d], text_start[d + 1], room, data, meta, head,
-            trim, add_prefix_space, scratch, k0,
-        )  # fmt: skip
+            ids, k0, k1, text, text_start[d], text_start[d + 1], room, table, scratch, k0
+        )
         if not ok:
             return
         spelled[d] = True

@@ -119,6 +119,8 @@ def _trim_rule(tokenizer: Tokenizer) -> tuple[bool, bool] | None:
     return trim, prefix
 
 
+# ``ByteOffsets.spelling``: data, meta, head, trim, add_prefix_space.
+Spelling = tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.uint8], bool, bool]
 # Columns of ``ByteOffsets.meta``, one row per token id.
 START, LEN, LEAD, TRAIL, CHARS, CONT = range(6)
 HEAD = 16  # bytes of each token kept in ``ByteOffsets.head``
@@ -196,6 +198,11 @@ class ByteOffsets:
         head[kept] = data[(starts[:, None] + np.arange(HEAD))[kept]]
         return cls(data, meta, head, rule[0], rule[1])
 
+    @property
+    def spelling(self) -> Spelling:
+        """What the compiled kernels take of the table (``text_chars``), as one argument."""
+        return self.data, self.meta, self.head, self.trim, self.add_prefix_space
+
     def __call__(
         self, texts: Sequence[str], ids: np.ndarray, bounds: np.ndarray
     ) -> list[np.ndarray | None]:
@@ -218,10 +225,7 @@ class ByteOffsets:
         spelled = np.zeros(len(texts), dtype=np.bool_)
         # Work in best-fit items (jit.SMALL_WORK): a byte costs ~1/20 of one as Python.
         run = jit.pick(_token_chars, len(text) // 20 + len(ids))
-        run(
-            ids, bounds, text, text_start, spelling_room(text), self.data, self.meta,
-            self.head, self.trim, self.add_prefix_space, offsets, spelled,
-        )  # fmt: skip
+        run(ids, bounds, text, text_start, spelling_room(text), self.spelling, offsets, spelled)
         return offsets, spelled
 
 
@@ -246,11 +250,7 @@ def _token_chars(
     text: np.ndarray,
     text_start: np.ndarray,
     room: np.ndarray,
-    data: np.ndarray,
-    meta: np.ndarray,
-    head: np.ndarray,
-    trim: bool,
-    add_prefix_space: bool,
+    table: Spelling,
     offsets: np.ndarray,
     spelled: np.ndarray,
 ) -> None:
@@ -259,9 +259,17 @@ def _token_chars(
     in order (a text's copies may spill into the next one's room, which it overwrites)."""
     for d in range(len(bounds) - 1):
         spelled[d] = text_chars(
-            ids, bounds[d], bounds[d + 1], text, text_start[d], text_start[d + 1], room,
-            data, meta, head, trim, add_prefix_space, offsets, 0,
-        )  # fmt: skip
+            ids,
+            bounds[d],
+            bounds[d + 1],
+            text,
+            text_start[d],
+            text_start[d + 1],
+            room,
+            table,
+            offsets,
+            0,
+        )
 
 
 @jit.kernel(nogil=True)
@@ -273,11 +281,7 @@ def text_chars(
     p: int,
     end: int,
     room: np.ndarray,
-    data: np.ndarray,
-    meta: np.ndarray,
-    head: np.ndarray,
-    trim: bool,
-    add_prefix_space: bool,
+    table: Spelling,
     offsets: np.ndarray,
     base: int,
 ) -> bool:
@@ -292,6 +296,7 @@ def text_chars(
     characters come off the range, never past its other end; a text's first token (or one
     starting at character 0) keeps a single leading space when ``add_prefix_space``.
     """
+    data, meta, head, trim, add_prefix_space = table
     # Unsigned positions: compiled, each byte access then skips the check for a negative
     # index (~30% of this loop's time).
     at = np.uint64(p)
