@@ -24,6 +24,7 @@ machine integers and Python's agree.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import sys
@@ -31,6 +32,7 @@ import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
 log = logging.getLogger(__name__)
@@ -140,13 +142,46 @@ def _compile_module(module: types.ModuleType) -> None:
             namespace[name] = numba_trailing_zeros
         elif isinstance(value, types.FunctionType) and value in _options and value not in kernels:
             namespace[name] = compiled(value)  # a kernel imported from another module
+    # numba's cache files are named by the qualified name; numba tells a stale file by its
+    # own module's source only, while a kernel's compiled code holds the kernels it calls
+    # from other modules too (numba#1833): a digest of those modules' sources in the name
+    # makes an edit there compile anew instead of loading the old code.
+    suffix = _imported_sources_digest(module)
     twins = {}
     for f in kernels:
         copy = types.FunctionType(f.__code__, namespace, f.__name__, f.__defaults__)
-        copy.__qualname__ = f.__qualname__  # numba's cache files are named by it
+        copy.__qualname__ = f.__qualname__ + suffix
         twins[f] = numba.njit(cache=True, **_options[f])(copy)
         namespace[f.__name__] = twins[f]
     _compiled.update(twins)
+
+
+def _kernel_modules(module: types.ModuleType) -> set[str]:
+    """The other modules whose kernels ``module``'s kernels may call, and theirs in turn."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for value in list(vars(todo.pop()).values()):
+            if isinstance(value, types.FunctionType) and value in _options:
+                name = value.__module__
+                if name != module.__name__ and name not in seen:
+                    seen.add(name)
+                    todo.append(sys.modules[name])
+    return seen
+
+
+def _imported_sources_digest(module: types.ModuleType) -> str:
+    """``"__"`` and a digest of the sources of ``_kernel_modules(module)``; ``""`` when its
+    kernels call no other module's."""
+    names = sorted(_kernel_modules(module))
+    if not names:
+        return ""
+    digest = hashlib.sha256()
+    for name in names:
+        source = sys.modules[name].__file__
+        digest.update(name.encode() + b"\0")
+        digest.update(Path(source).read_bytes() if source else b"")
+    return "__" + digest.hexdigest()[:16]
 
 
 @contextmanager

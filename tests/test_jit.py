@@ -113,6 +113,37 @@ def test_warm_loads_what_numbas_cache_holds_before_any_call(tmp_path: Path) -> N
     assert run_python(warmed, cold) == "0"
 
 
+def test_an_edit_to_a_called_kernels_module_is_not_served_from_the_cache(tmp_path: Path) -> None:
+    """A kernel calling another module's kernel holds that kernel's code in numba's cache
+    file, which numba would keep using after an edit to the other module alone (it checks
+    its own module's source): the edit must be compiled in."""
+    package = tmp_path / "kernels_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    callee = package / "callee.py"
+    callee.write_text(
+        "from packcli import jit\n\n@jit.kernel\ndef step(x: int) -> int:\n    return x + 1\n"
+    )
+    (package / "caller.py").write_text(
+        "from packcli import jit\nfrom kernels_pkg.callee import step\n\n"
+        "@jit.kernel\ndef twice(x: int) -> int:\n    return step(step(x))\n"
+    )
+    env = {
+        **os.environ,
+        "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    code = """
+        from packcli import jit
+        from kernels_pkg import caller
+        print(jit.compiled(caller.twice)(1), len(jit.compiled(caller.twice).stats.cache_hits))
+        """
+    assert run_python(code, env) == "3 0"
+    assert run_python(code, env) == "3 1"  # served from numba's cache
+    callee.write_text(callee.read_text().replace("x + 1", "x + 10"))
+    assert run_python(code, env).split()[0] == "21"
+
+
 def test_pick_uses_python_below_the_threshold_and_the_compiled_twin_from_it() -> None:
     f = binpack._best_fit
     assert jit.pick(f, jit.SMALL_WORK - 1) is f
