@@ -63,8 +63,8 @@ _state: dict[str, Any] = {}
 
 # A worker's collector: young collections every this many allocations (Python's default is
 # 700). Rendering allocates and drops many small objects (jinja contexts, frames) that are
-# cycles only rarely; with the default, collections took ~7% of a worker's render time
-# (108k dialogues of the chat bench), with this ~0. What a render holds is one batch.
+# cycles only rarely: rendering 20,000 dialogues of the chat bench took 0.60-0.63 s of CPU
+# with the default, 0.56-0.57 s with this. What a render holds is one batch.
 _WORKER_GC_THRESHOLD = (100_000, 50, 100)
 
 
