@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from clirun import data_hashes, run_pack
+from clirun import data_hashes, run_pack, run_process
 from corpora import pack_inputs
 
 CONFIG = """
@@ -107,3 +107,40 @@ def test_killed_run_over_byte_spans_resumes_to_identical_output(
     assert data_hashes(out) == ref_hashes
     ref_report = json.loads((ref / "packcli.json").read_text())["report"]
     assert json.loads((out / "packcli.json").read_text())["report"] == ref_report
+
+
+# ``packcli`` with shards cut from 1,024 tokens on (``MIN_CUT_TOKENS``), so a test corpus
+# is cut into about four shards written behind.
+SMALL_CUTS = (
+    "import packcli.stages.tokenize as t; t.MIN_CUT_TOKENS = 1024; "
+    "from packcli.cli import main; main()"
+)
+
+
+def test_shards_written_behind_resume_to_the_same_bytes(
+    toy_tokenizer_path: Path, tmp_path: Path
+) -> None:
+    """A unit expected to fit in a few shards is cut into smaller ones, each written on a
+    thread while the next fills (``stages/tokenize.py`` ``_shard_writer``): the same bytes
+    as one shard written in line, and, killed once the first is on disk (the second being
+    written), the rerun resumes from it to those bytes again."""
+    corpus, cfg = pack_inputs(tmp_path, 2000, 6, CONFIG.replace("4096", "1000000"))
+    ref = tmp_path / "ref"
+    assert run_pack(corpus, toy_tokenizer_path, ref, cfg).returncode == 0
+
+    def pack(out: Path, crash: str | None = None) -> subprocess.CompletedProcess[str]:
+        args = ["-v", "pack", corpus, "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q"]
+        return run_process(args, crash=crash, entry=SMALL_CUTS)
+
+    whole = tmp_path / "whole"
+    assert pack(whole).returncode == 0
+    shards = sorted((whole / ".packcli/tokens/files").rglob("shard-*.arrow"))
+    assert len(shards) >= 3 and data_hashes(whole) == data_hashes(ref)
+    out = tmp_path / "out"
+    killed = pack(out, crash="tokenize:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    again = pack(out)
+    assert again.returncode == 0, again.stderr
+    assert "after 1 completed shard(s)" in again.stderr
+    assert data_hashes(out) == data_hashes(ref)
+    assert not list(out.rglob(".*.tmp-*"))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,15 +55,24 @@ def _read(path: Path) -> pa.Table:
     budget=st.integers(1, 3000),
     chat=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
+    behind=st.booleans(),
 )
 def test_shards_hold_the_batches_in_order(
-    tmp_path_factory, batches: list[list[int]], budget: int, chat: bool, seed: int
+    tmp_path_factory,
+    batches: list[list[int]],
+    budget: int,
+    chat: bool,
+    seed: int,
+    behind: bool,
 ) -> None:
+    """Written in line or behind (on a thread while the next shard fills): the same shards,
+    in order, every one listed once it is on disk."""
     folder = tmp_path_factory.mktemp("shards")
     rng = np.random.default_rng(seed)
     added = []
     first = 0
-    with ShardWriter(folder, budget, schema=CHAT_SHARD_SCHEMA if chat else SHARD_SCHEMA) as w:
+    schema = CHAT_SHARD_SCHEMA if chat else SHARD_SCHEMA
+    with ShardWriter(folder, budget, schema=schema, behind=behind) as w:
         for lengths in batches:
             batch = _batch(rng, lengths, first, chat)
             first += len(lengths)
@@ -117,6 +127,21 @@ def test_a_shard_with_the_old_writers_bytes(tmp_path: Path) -> None:
     with pa.ipc.new_file(sink, CHAT_SHARD_SCHEMA) as writer:
         writer.write_table(table)
     assert (tmp_path / "new" / w.manifests[0].file).read_bytes() == sink.getvalue().to_pybytes()
+
+
+def test_a_shard_written_behind_that_fails_fails_the_writer(tmp_path: Path) -> None:
+    """An error while a shard is written on the thread (here: its folder gone) is raised by
+    the writer's next flush or close, not lost with the thread."""
+    import shutil
+
+    rng = np.random.default_rng(2)
+    folder = tmp_path / "shards"
+    w = ShardWriter(folder, 10, behind=True)
+    shutil.rmtree(folder)
+    w.add(_batch(rng, [20], 0, chat=False))  # full: handed to the thread, which fails
+    with pytest.raises(FileNotFoundError):
+        w.close()
+    assert w.manifests == []
 
 
 @given(st.lists(st.integers(0, 40), max_size=60))

@@ -92,6 +92,9 @@ def resolve_tokenizing(cfg: RunConfig) -> Tokenizing:
         # Bumped when what the reader accepts changes: v2 verifies compressed streams first
         # (work folders tokenized from a damaged file by v1 kept garbled lines).
         "reader": 2,
+        # Bumped when where shards are cut changes (a grouped plan follows the shards): v2
+        # cuts a unit expected to fit in two shards into about four (stages/tokenize.py).
+        "shards": 2,
     }
     if not cfg.chat.uses_template:
         settings["special_in_text"] = cfg.tokenize.special_in_text

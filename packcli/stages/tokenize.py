@@ -299,7 +299,9 @@ def _tokenize_unit(
     done_bytes = 0
     with (
         RejectSink(folder / REJECTED) as sink,
-        ShardWriter(folder, cfg.tokenize.shard_tokens, done_shards, _schema(cfg)) as writer,
+        _shard_writer(
+            folder, cfg.tokenize.shard_tokens, unit["size"], done_shards, _schema(cfg)
+        ) as writer,
     ):
         failed = _template_failed(cfg, unit, counts.read, sink)
         spans = _worker_spans(cfg, unit, renderers, resume_doc)
@@ -317,11 +319,13 @@ def _tokenize_unit(
                 _skip_documents(source, resume_doc, unit["file_index"]), times=counts.times
             )
             encoded = _encoded(cfg, batches, encoder, tok, counts, failed, renderers, unit)
+        seen = len(writer.manifests)  # shards on disk (written behind: counted as they land)
         for batch, record_batch in encoded:
-            shards_before = len(writer.manifests)
             writer.add(record_batch)
-            if len(writer.manifests) > shards_before:
+            if len(writer.manifests) > seen:
                 release_free_memory()  # the shard's combined columns were just freed
+            while seen < len(writer.manifests):
+                seen += 1
                 progress.new_shards += 1
                 crash_point(f"tokenize:{progress.new_shards}")
             tokens = int(to_numpy(record_batch.column("length")).sum())
@@ -336,6 +340,41 @@ def _tokenize_unit(
         ", ".join(f"{k} {v:.2f}" for k, v in dataclasses.asdict(counts.times).items()),
     )
     atomic_write_json(folder / SUCCESS, _unit_record(unit, writer.manifests, counts).to_json())
+
+
+# A unit's shards are cut into about this many while its input is small enough (two such
+# shards fit in ``tokenize.shard_tokens``), each full one written on a thread while the next
+# fills (``ShardWriter(behind=True)``): the tokenize stage then ends with the write of a
+# quarter of the unit's tokens instead of all of them (a 41M-token chat unit's 328 MB took
+# ~1 s of one core, the other idle). The two shards then in memory hold at most
+# shard_tokens tokens together, the bound of one shard in line; larger units keep shards of
+# shard_tokens, written in line.
+SHARD_CUTS = 4
+# Fewer tokens than this never cut a shard earlier (a small pack stays one shard).
+MIN_CUT_TOKENS = 4 * 1024 * 1024
+# Input bytes per token assumed when a unit's tokens are not known yet: fewer than the ~3.5
+# of English text with a 128k vocabulary, so the estimate is rather too many than too few.
+BYTES_PER_TOKEN_GUESS = 3
+
+
+def _shard_writer(
+    folder: Path,
+    shard_tokens: int,
+    unit_bytes: int,
+    done: list[ShardManifest],
+    schema: pa.Schema,
+) -> ShardWriter:
+    """The unit's shard writer: shards of ``shard_tokens``, or, for a unit expected to fit in
+    ``SHARD_CUTS / 2`` shards, about ``SHARD_CUTS`` smaller ones written behind, none cut
+    below ``MIN_CUT_TOKENS``. Shard boundaries change no byte of a plan in one group (the
+    write stage gathers each document's tokens wherever they are), but a grouped plan's
+    groups follow the shards: they follow from the unit's size and the config alone (and
+    the stage fingerprint's ``shards`` version), never from the task count."""
+    expected = unit_bytes // BYTES_PER_TOKEN_GUESS
+    cut = max(MIN_CUT_TOKENS, -(-expected // SHARD_CUTS))
+    if 2 * cut > shard_tokens:
+        return ShardWriter(folder, shard_tokens, done, schema)
+    return ShardWriter(folder, cut, done, schema, behind=True)
 
 
 def _worker_spans(

@@ -20,6 +20,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, overload
@@ -166,9 +167,14 @@ class ShardWriter:
         shard_tokens: int,
         done: list[ShardManifest] | None = None,
         schema: pa.Schema = SHARD_SCHEMA,
+        *,
+        behind: bool = False,
     ) -> None:
         """``done``: manifests of shards a previous, interrupted run completed; new shards
-        continue the numbering after them."""
+        continue the numbering after them. ``behind``: a full shard is written on a thread
+        while the next one fills (at most one being written: two shards' columns in memory),
+        so only the last shard's write is left when the input ends; ``manifests`` then
+        lists a shard once it is on disk, in order, and ``close`` waits for them all."""
         self.schema = schema
         self.folder = folder
         self.shard_tokens = shard_tokens
@@ -178,6 +184,8 @@ class ShardWriter:
         self._pending_rows = 0
         self._pending_tokens = 0
         self.flush_seconds = 0.0  # time spent writing shards, for the stage breakdown
+        self._behind = ThreadPoolExecutor(1, "packcli-shards") if behind else None
+        self._writing: Future[None] | None = None
 
     def _empty_columns(self) -> list[_Column]:
         return [_Column(f, self.shard_tokens) for f in self.schema]
@@ -188,6 +196,8 @@ class ShardWriter:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
             self.close()
+        elif self._behind is not None:  # the shard being written finishes (or fails) alone
+            self._behind.shutdown(wait=True)
 
     def add(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -202,19 +212,37 @@ class ShardWriter:
             self._flush()
 
     def close(self) -> None:
-        if self._pending_rows:
-            self._flush()
+        try:
+            if self._pending_rows:
+                self._flush(last=True)
+            self._wait()
+        finally:
+            if self._behind is not None:
+                self._behind.shutdown(wait=True)
 
-    def _flush(self) -> None:
+    def _wait(self) -> None:
+        """Until the shard being written is on disk (its error, if any, raised here)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
+
+    def _flush(self, last: bool = False) -> None:
+        columns, tokens = self._columns, self._pending_tokens
+        self._columns = self._empty_columns()
+        self._pending_rows = 0
+        self._pending_tokens = 0
+        self._wait()  # one shard written at a time, in order
+        if self._behind is None or last:
+            self._write_shard(columns, tokens)
+        else:
+            self._writing = self._behind.submit(self._write_shard, columns, tokens)
+
+    def _write_shard(self, columns: list[_Column], tokens: int) -> None:
         t0 = time.perf_counter()
-        self._write_shard()
-        self.flush_seconds += time.perf_counter() - t0
-
-    def _write_shard(self) -> None:
         index = len(self.manifests)
         final = self.folder / shard_name(index)
         # One record batch per file, so readers get zero-copy contiguous columns.
-        batch = pa.RecordBatch.from_arrays([c.array() for c in self._columns], schema=self.schema)
+        batch = pa.RecordBatch.from_arrays([c.array() for c in columns], schema=self.schema)
         with atomic_path(final) as tmp, open(tmp, "wb") as raw:
             hashing = _HashingFile(raw)
             with (
@@ -222,11 +250,11 @@ class ShardWriter:
                 pa.ipc.new_file(sink, self.schema) as writer,
             ):
                 writer.write_batch(batch)
-        doc_index = self._columns[self.schema.get_field_index("doc_index")].values.view()
+        doc_index = columns[self.schema.get_field_index("doc_index")].values.view()
         manifest = ShardManifest(
             file=final.name,
             num_docs=batch.num_rows,
-            num_tokens=self._pending_tokens,
+            num_tokens=tokens,
             first_doc_index=int(doc_index[0]),
             last_doc_index=int(doc_index[-1]),
             sha256=hashing.digest.hexdigest(),
@@ -234,10 +262,8 @@ class ShardWriter:
         )
         atomic_write_json(self.folder / manifest_name(index), manifest.to_json())
         self.manifests.append(manifest)
-        del batch
-        self._columns = self._empty_columns()
-        self._pending_rows = 0
-        self._pending_tokens = 0
+        del batch, columns
+        self.flush_seconds += time.perf_counter() - t0
 
 
 def distinct_shards(shard_of: np.ndarray) -> np.ndarray:
