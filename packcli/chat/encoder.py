@@ -231,12 +231,10 @@ class ChatEncoder(TemplateEncoder):
         from packcli.chat.columns import LabelledTokens, kept_columns
 
         failures = list(columns.failures)
-        if isinstance(tokens, LabelledTokens) and self._plain:
+        if isinstance(tokens, LabelledTokens):  # made only when this encoder is plain
             ids, labels, lengths, dropped, dropped_tokens = kept_columns(n, columns, tokens)
             stats = ChatStats(dialogues=n, no_trainable=dropped, no_trainable_tokens=dropped_tokens)
             return EncodedRecords(ids, labels, lengths, stats, failures)
-        if isinstance(tokens, LabelledTokens):  # labelled for other settings: offsets now
-            tokens = self.fast.flat(columns.texts) if self.fast is not None else None
         per_text = tokens.per_text() if tokens is not None else None
         ends = ends_with_answer.tolist()
         return self._finish(n, ends.__getitem__, columns.rendered(), per_text, failures)

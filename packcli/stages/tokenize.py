@@ -322,9 +322,10 @@ def _tokenize_unit(
         seen = len(writer.manifests)  # shards on disk (written behind: counted as they land)
         for batch, record_batch in encoded:
             writer.add(record_batch)
-            if len(writer.manifests) > seen:
+            landed = len(writer.manifests) - seen  # read once: a thread may append
+            if landed:
                 release_free_memory()  # the shard's combined columns were just freed
-            while seen < len(writer.manifests):
+            for _ in range(landed):
                 seen += 1
                 progress.new_shards += 1
                 crash_point(f"tokenize:{progress.new_shards}")
