@@ -15,7 +15,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
+from jinja2.runtime import Macro
+from markupsafe import Markup
 
 from packcli.chat import (
     ChatFormatError,
@@ -26,8 +29,10 @@ from packcli.chat import (
     render,
     render_batch,
     renderer,
+    sandbox,
     validate_messages,
 )
+from packcli.chat.sandbox import ENV
 
 ASSETS = Path(__file__).parent / "assets"
 NOW = datetime(2024, 7, 26)
@@ -177,6 +182,35 @@ def test_a_dict_lookup_shortcut_keeps_dict_methods_and_missing_keys() -> None:
     )
     out = render(ChatTemplate("dict", text), [_msg("user", "hi")]).text
     assert out == "[('role', 'user'), ('content', 'hi')]|False|False|user"
+
+
+def test_a_generation_block_renders_as_jinja_does_under_autoescape() -> None:
+    body = "{{ messages[0]['content'] }}|"
+    text = (
+        "{% autoescape true %}{% generation %}" + body + "{% endgeneration %}{% endautoescape %}"
+        "{% generation %}" + body + "{% endgeneration %}"
+    )
+    messages = [_msg("assistant", "<b>&")]
+    got = render(ChatTemplate("escaped", text), messages)
+    plain = "{% autoescape true %}" + body + "{% endautoescape %}" + body
+    assert got.text == jinja2.Environment().from_string(plain).render(messages=messages)
+    assert got.text == "&lt;b&gt;&amp;|<b>&|"
+    assert got.generation_spans == [(0, 15), (15, 20)]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "autoescape"), [((), False), ((), True), (("x",), False), (("caller",), True)]
+)
+def test_a_blocks_body_gives_what_calling_its_macro_gives(
+    arguments: tuple[str, ...], autoescape: bool
+) -> None:
+    """``{% generation %}`` calls its body without jinja's argument matching where it has no
+    arguments; the text and its type (Markup under autoescape) are the macro call's."""
+    macro = Macro(ENV, lambda *args: "<i>" + "".join(map(str, args)), None, list(arguments),
+                  False, False, False, autoescape)  # fmt: skip
+    got, want = sandbox._block_text(macro), macro()
+    assert got == want and type(got) is type(want)
+    assert type(got) is (Markup if autoescape else str)
 
 
 # ---------------------------------------------------------------------------------------------
