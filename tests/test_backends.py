@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import logging
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from packcli.errors import ConfigError
-from packcli.tokenize import backends
+from packcli.tokenize import backends, tokenizer_cache
 from packcli.tokenize.backends import (
     FAST_ORDER,
     CheckResult,
@@ -23,7 +25,7 @@ from packcli.tokenize.backends import (
     choose_encoder,
     self_check,
 )
-from packcli.tokenize.tokenizer import set_special_in_text
+from packcli.tokenize.tokenizer import load_tokenizer, set_special_in_text
 
 # Every fast backend installed here (identity is tested for all), and those ``auto`` tries.
 INSTALLED = [name for name in backends._MAKERS if importlib.util.find_spec(name) is not None]
@@ -481,6 +483,37 @@ def test_preloaded_fastokens_follows_the_runs_settings(llama3_tok: Tokenizer, tm
     assert backends.preload("auto", path, input_bytes=10) is None
     assert backends.preload("hf", path, input_bytes=10**9) is None
     assert backends.preload("auto", None, input_bytes=10**9) is None
+
+
+@pytest.mark.skipif("fastokens" not in INSTALLED, reason="fastokens is not installed")
+def test_preloaded_fastokens_builds_from_the_cached_copy(
+    llama3_tok: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, texts: list[str]
+) -> None:
+    """Once HF's load has cached a copy of the file, the early build reads the copy (faster
+    to build from), and what it builds passes the self-check and encodes as HF does."""
+    monkeypatch.setenv("PACKCLI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tokenizer_cache, "MIN_BYTES", 0)
+    path = tmp_path / "tokenizer.json"
+    llama3_tok.save(str(path))  # merges as pairs: a copy is made
+    built: list[str | None] = []
+    real = backends._Loading
+
+    def spy(name: str, tokenizer: Tokenizer | None, serialized: str | None) -> Any:
+        built.append(serialized)
+        return real(name, tokenizer, serialized)
+
+    monkeypatch.setattr(backends, "_Loading", spy)
+    backends.preload("auto", path, input_bytes=10**9).result()  # type: ignore[union-attr]
+    tok = load_tokenizer(str(path)).tokenizer  # HF's load makes the copy
+    early = backends.preload("auto", path, input_bytes=10**9)
+    (copy,) = (tmp_path / "cache" / "tokenizers").glob("*.json")
+    assert built == [path.read_text(encoding="utf-8"), copy.read_text(encoding="utf-8")]
+    assert built[0] != built[1]
+    encoder, record = choose_encoder(tok, "auto", texts, loading=early)
+    assert record["backend"] == "fastokens" and record["check"]["ok"]
+    ids, bounds = encoder(texts)
+    want = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    assert [ids[a:b].tolist() for a, b in itertools.pairwise(bounds.tolist())] == want
 
 
 def test_the_self_check_sample_is_bounded(

@@ -159,3 +159,29 @@ def test_copy_encodes_like_the_original(text: str) -> None:
     assert copy is not None
     rewritten = Tokenizer.from_str(copy.decode("utf-8"))
     assert rewritten.encode(text).ids == original.encode(text).ids
+
+
+def test_cached_copy_is_the_sound_copy_or_none(tmp_path: Path, cache: Path) -> None:
+    """What a fast backend builds from: the copy ``load`` made, as text; None before there is
+    one, for a damaged one (left for ``load`` to remove) and for a file below the size."""
+    path = pair_merges_file(tmp_path)
+    raw = path.read_bytes()
+    assert tokenizer_cache.cached_copy(raw) is None  # nothing made yet, and nothing made here
+    assert not cache.exists()
+    load(path)
+    (copy,) = cache.glob("*.json")
+    assert tokenizer_cache.cached_copy(raw) == copy.read_text(encoding="utf-8")
+    text = tokenizer_cache.cached_copy(raw) or ""
+    assert Tokenizer.from_str(text).to_str() == load(path).to_str()
+    assert tokenizer_cache.cached_copy(raw + b" ") is None  # another file: another hash
+    data = copy.read_bytes()
+    copy.write_bytes(data.replace(b"\xc4\xa0", b"x", 1))
+    assert tokenizer_cache.cached_copy(raw) is None
+    assert copy.exists()
+
+
+def test_cached_copy_skips_small_files(tmp_path: Path, cache: Path, monkeypatch) -> None:
+    path = pair_merges_file(tmp_path)
+    load(path)
+    monkeypatch.setattr(tokenizer_cache, "MIN_BYTES", path.stat().st_size + 1)
+    assert tokenizer_cache.cached_copy(path.read_bytes()) is None

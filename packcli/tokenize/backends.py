@@ -43,6 +43,7 @@ from tokenizers import Tokenizer
 from packcli.errors import ConfigError, require_one_of
 from packcli.names import BACKEND_ALIASES, BACKENDS
 from packcli.records import Fields
+from packcli.tokenize import tokenizer_cache
 
 log = logging.getLogger(__name__)
 
@@ -374,8 +375,10 @@ def _make(name: str, tokenizer: Tokenizer | None, serialized: str | None) -> Fas
 def preload(backend: str, tokenizer_file: Path | None, input_bytes: int) -> _Loading | None:
     """Start building fastokens' tables from the tokenizer file now, in parallel with HF's
     own load of it (which holds the GIL for ~0.8 s at 128k): when ``choose_encoder`` will
-    want fastokens (the same size rule), it then waits ~0.8 s less. The file's text is what
-    HF loads; truncation/padding are turned off in both, and the self-check still decides."""
+    want fastokens (the same size rule), it then waits ~0.8 s less. It builds from the
+    file's cached copy where there is one (``tokenizer_cache.cached_copy``: the tokenizer
+    HF builds from the file, in the form it reads fastest), else the file's text;
+    truncation/padding are turned off in both, and the self-check still decides."""
     if BACKEND_ALIASES.get(backend, backend) not in ("auto", "fastokens") or tokenizer_file is None:
         return None
     try:
@@ -385,7 +388,8 @@ def preload(backend: str, tokenizer_file: Path | None, input_bytes: int) -> _Loa
         # ``choose_encoder`` decides with the real count.
         if backend == "auto" and _hf_first(input_bytes, size // FILE_BYTES_PER_VOCAB_ENTRY):
             return None
-        text = tokenizer_file.read_text(encoding="utf-8")
+        raw = tokenizer_file.read_bytes()
+        text = tokenizer_cache.cached_copy(raw) or raw.decode("utf-8")
     except (OSError, ValueError):
         return None  # HF's load reports what is wrong with the file
     return _Loading("fastokens", None, text)

