@@ -64,6 +64,11 @@ def main() -> None:
         help="grouped: the last group does not count the tail's rows in the window they share",
     )
     ap.add_argument(
+        "--no-spread",
+        action="store_true",
+        help="large long pieces placed densely (before plan_two_tier's spread for mixtures)",
+    )
+    ap.add_argument(
         "--no-ballast",
         action="store_true",
         help="grouped: the tail only what groups release (before balance_tail)",
@@ -81,7 +86,7 @@ def main() -> None:
     spec = mx.MixSpec(("fortunes", "manpages", "code", "books"), tuple(mult), ("split",) * 4)
     t0 = time.perf_counter()
     ex = mx.expand(all_lens, np.arange(all_lens.size), first, spec, 131072)
-    plan = plan_two_tier(ex.lengths, PlanConfig())
+    plan = plan_two_tier(ex.lengths, PlanConfig(), spread=not args.no_spread)
     plan = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc])
     plan_s = time.perf_counter() - t0
     src = mx.source_of(plan.piece_doc, first)
@@ -205,7 +210,7 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
     planned, tails, ballasts = [], [], []
     for g, docs in enumerate(source_groups(lens, args.groups, args.shard_tokens, spec)):
         ex = mx.expand(all_lens[docs], docs, first, spec, cfg.long_len)
-        gp = plan_group(ex.lengths, ex.keys, cfg, g)
+        gp = plan_group(ex.lengths, ex.keys, cfg, g, spread=not args.no_spread)
         if not args.no_ballast:  # as packcli's plan stage: the tail holds the group's mix
             src = [mx.source_of(x, first) for x in (gp.plan.piece_doc, gp.tail.doc)]
             gp = balance_tail(gp, src[0], src[1], len(lens))
@@ -213,7 +218,8 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
         tails.append(gp.tail)
         ballasts.append(gp.ballast or Ballast.empty(cfg.short_len, cfg.long_len))
     firsts = np.cumsum([0, *(t.size for t in tails[:-1])]).tolist()
-    planned.append(plan_tail(tails, cfg, Ballast.concat(ballasts, firsts)))
+    given_whole = Ballast.concat(ballasts, firsts)
+    planned.append(plan_tail(tails, cfg, given_whole, spread=not args.no_spread))
     given = planned[-1].stats.get("ballast_rows", 0)
     print(f"rows given whole to the tail (balance_tail): {given}")
     rows = [mx.order_plan(p, first, args.step, exchange=False) for p in planned]

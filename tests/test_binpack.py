@@ -207,6 +207,28 @@ def test_granular_matches_naive_reference(lengths: list[int], granule: int, capa
     assert remaining.tolist() == ref_rem
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), max_size=60),
+    open_rem=st.lists(st.integers(0, 60), max_size=8),
+    granule=st.integers(1, 16),
+)
+def test_granular_into_open_bins_matches_naive_reference(
+    lengths: list[int], open_rem: list[int], granule: int
+) -> None:
+    """Bins 0..K-1 partly full (a mixture's rows holding one large piece each): the same
+    rule over them first, new bins numbered after them; every open bin's room reported."""
+    assign, remaining = pack_granular(
+        np.array(lengths, dtype=np.int64), 60, granule, open_remaining=np.array(open_rem)
+    )
+    rank = lambda room, s, t: ((room - s) % granule, room, -t)  # noqa: E731
+    ref_assign, ref_rem = naive_best_fit(lengths, 60, rank, open_rem)
+    assert assign.tolist() == ref_assign
+    assert remaining.tolist() == ref_rem
+    with pytest.raises(ValueError, match="remaining capacity"):
+        pack_granular(np.array([1]), 60, granule, open_remaining=np.array([61]))
+
+
 def test_granular_leaves_room_in_whole_granules() -> None:
     # 100 and 90 open bins with 28 and 38 free. Plain best fit would put the 20 in the
     # tighter first bin (8 left); modulo 16 the second bin wins: 18 left is 2 over a granule.

@@ -76,9 +76,9 @@ def test_the_tail_planner_holds_each_released_piece_once(
     seen: list[list[int]] = []
     real = plan_stage.plan_tail
 
-    def spy(tails, config, ballast=None):
+    def spy(tails, config, ballast=None, **kwargs):
         seen.append([t.size for t in tails])
-        return real(tails, config, ballast)
+        return real(tails, config, ballast, **kwargs)
 
     monkeypatch.setattr(plan_stage, "plan_tail", spy)
     invoke_ok("plan", "-o", out, "-c", cfg, "-q")

@@ -231,6 +231,8 @@ def test_granular_and_residue_kernels_same_both_ways(
 ) -> None:
     arr = np.array(lengths, dtype=np.int64)
     assert_same(*both(lambda: binpack.pack_granular(arr, 2000, granule)))
+    rooms = np.array(lengths[:5], dtype=np.int64)  # open bins, as a mixture's spread plan has
+    assert_same(*both(lambda: binpack.pack_granular(arr, 2000, granule, open_remaining=rooms)))
     assert_same(*both(lambda: binpack.group_by_residue(arr, 2000, granule, max_tries=max_tries)))
 
 

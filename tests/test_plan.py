@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packcli.config import PlanConfig
-from packcli.pack.plan import Plan, RowLayout, make_pieces, plan_two_tier, tier_summary
+from packcli.pack.plan import (
+    SPREAD_ABOVE,
+    Plan,
+    RowLayout,
+    make_pieces,
+    plan_two_tier,
+    tier_summary,
+)
 
 
 def rows(plan: Plan, layout: RowLayout) -> list[list[tuple[int, int, int]]]:
@@ -305,3 +312,55 @@ def test_row_totals_of_any_split_of_the_rows_add_up_to_the_whole(
         cost = np.bincount(unit_row, weights=unit_len.astype(float) ** 2, minlength=layout.num_rows)
         assert whole.balance == pytest.approx(balance_ratio(cost), rel=1e-12)
         assert whole.max_row_tokens == (int(layout.row_tokens.max()) if layout.num_rows else 0)
+
+
+def _large_per_row(plan: Plan, limit: int) -> np.ndarray:
+    """Per long row, how many of its pieces are longer than ``limit``."""
+    long = plan.long
+    large = plan.piece_len[long.row_pieces] > limit
+    row = np.repeat(np.arange(long.num_rows), np.diff(long.row_offsets))
+    return np.bincount(row, weights=large, minlength=long.num_rows).astype(np.int64)
+
+
+def _book_mix(seed: int) -> np.ndarray:
+    """A mixture's shape (bench_mixture): many ~30-token documents, some of a few thousand,
+    and books of 40k-200k tokens, which dense placement pairs in rows."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate(
+        [
+            np.clip(rng.lognormal(3.3, 0.5, 60_000), 1, None).astype(np.int64),
+            np.clip(rng.lognormal(7.8, 0.6, 3_000), 1, None).astype(np.int64),
+            rng.integers(40_000, 200_000, 40),
+        ]
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_mixtures_large_long_pieces_go_one_to_a_row(seed: int) -> None:
+    """``spread`` (a mixture's plan): every long piece over a quarter of a long row in a row
+    of its own, the same pieces, no row more in either config than the dense placement."""
+    lengths = _book_mix(seed)
+    cfg = PlanConfig(overlong="split")
+    limit = cfg.long_len // SPREAD_ABOVE
+    dense, spread = plan_two_tier(lengths, cfg), plan_two_tier(lengths, cfg, spread=True)
+    check_packs_whole(spread)
+    check_plan(lengths, cfg, spread)
+    assert _large_per_row(dense, limit).max() >= 2  # what spreading is for
+    per_row = _large_per_row(spread, limit)
+    assert per_row.max() == 1
+    assert int((per_row == 1).sum()) == int((spread.piece_len > limit).sum())
+    for tier in ("short", "long"):
+        a, b = tier_summary(getattr(dense, tier)), tier_summary(getattr(spread, tier))
+        assert b["tokens"] == a["tokens"] and b["rows"] <= a["rows"], (tier, a, b)
+    again = plan_two_tier(lengths.copy(), cfg, spread=True)
+    assert rows(again, again.long) == rows(spread, spread.long)
+
+
+def test_spread_keeps_the_dense_plan_when_rows_cannot_hold_one_each() -> None:
+    """More large pieces than rows (books alone): nothing to spread them into, so the plan
+    is the dense one."""
+    lengths = np.random.default_rng(0).integers(40_000, 60_000, 50)
+    cfg = PlanConfig(overlong="split")
+    dense, spread = plan_two_tier(lengths, cfg), plan_two_tier(lengths, cfg, spread=True)
+    assert rows(spread, spread.long) == rows(dense, dense.long)
+    assert rows(spread, spread.short) == rows(dense, dense.short)

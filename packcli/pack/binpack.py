@@ -283,19 +283,23 @@ def _next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 @kernel
 def _granular_fit(
-    sizes: np.ndarray, capacity: int, granule: int
+    sizes: np.ndarray, capacity: int, granule: int, open_remaining: np.ndarray
 ) -> tuple[np.ndarray, int, np.ndarray]:
     """Best fit *modulo granule* of ``sizes`` in the given order: put each item where the
     room left over is closest to a multiple of ``granule`` (ties: least room). For each k the
     bitmap finds the smallest room >= s + k*granule, so one item costs O(capacity / granule)
-    bitmap look-ups."""
+    bitmap look-ups. Bins 0..K-1 start with ``open_remaining`` free (as in ``_best_fit``)."""
     n = sizes.shape[0]
+    k = open_remaining.shape[0]
     bits, offs, nw = _bitmap_new(capacity + 1)
     head = np.full(capacity + 1, -1, dtype=np.int64)
-    nxt = np.empty(max(n, 1), dtype=np.int64)
-    remaining = np.empty(max(n, 1), dtype=np.int64)
+    nxt = np.empty(max(k + n, 1), dtype=np.int64)
+    remaining = np.empty(max(k + n, 1), dtype=np.int64)
+    for b in range(k):
+        remaining[b] = open_remaining[b]
+        _put(head, nxt, bits, offs, b, open_remaining[b])
     out = np.empty(n, dtype=np.int64)
-    n_bins = 0
+    n_bins = k
     for j in range(n):
         s = sizes[j]
         best = -1
@@ -445,23 +449,31 @@ def pack_into_open_bins(
 
 
 def pack_granular(
-    lengths: np.ndarray, capacity: int, granule: int
+    lengths: np.ndarray,
+    capacity: int,
+    granule: int,
+    open_remaining: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decreasing fit that leaves each bin's free room close to a multiple of ``granule``.
 
     The two-tier planner places long documents this way: the free room of a long row is
     later filled with whole short packs of about ``granule`` tokens, so room that is not a
-    multiple of ``granule`` is what ends up wasted. Returns ``(assignment, remaining)`` with
-    the free room of each bin.
+    multiple of ``granule`` is what ends up wasted. ``open_remaining``: bins ``0..K-1`` are
+    already partly full with that much free each (new bins are numbered from K on). Returns
+    ``(assignment, remaining)`` with the free room of each bin.
     """
     if granule <= 0:
         raise ValueError(f"granule must be positive, got {granule}")
     arr = _validate(lengths, capacity)
+    rem = np.zeros(0, np.int64) if open_remaining is None else np.asarray(open_remaining, np.int64)
+    if rem.size and (rem.min() < 0 or rem.max() > capacity):
+        raise ValueError(f"open bins' remaining capacity must lie in 0..{capacity}")
     if arr.size == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), rem.copy()
     order = pick(_order_decreasing, arr.size // 8)(arr, capacity)
     # An item looks at rooms in several residue windows: ~2-5x a best-fit item in Python.
-    assign, _, remaining = pick(_granular_fit, 4 * arr.size)(arr[order], capacity, granule)
+    fit = pick(_granular_fit, 4 * arr.size + rem.size)
+    assign, _, remaining = fit(arr[order], capacity, granule, rem)
     return _scatter(order, assign), remaining
 
 

@@ -281,24 +281,31 @@ def plan_group(
     *,
     tail_share: float = TAIL_SHARE,
     most_released: int = MOST_RELEASED,
+    spread: bool = False,
 ) -> GroupPlan:
     """Plan one group's documents (``lengths[i]`` is document ``doc_ids[i]``) and release
-    its least-filled rows to the tail."""
+    its least-filled rows to the tail. ``spread``: a mixture's (``plan_two_tier``)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     doc_ids = np.asarray(doc_ids, dtype=np.int64)
     if lengths.shape != doc_ids.shape:
         raise ValueError("lengths and doc_ids must have the same shape")
     cfg = dataclasses.replace(config, seed=group_seed(config.seed, group))
-    local = plan_two_tier(lengths, cfg)
+    local = plan_two_tier(lengths, cfg, spread=spread)
     plan = dataclasses.replace(local, piece_doc=doc_ids[local.piece_doc])
     plan, released = _release(plan, tail_share, most_released)
     return GroupPlan(_keep(plan, ~released), _pieces(plan, released))
 
 
-def plan_tail(tails: Sequence[Pieces], config: PlanConfig, ballast: Ballast | None = None) -> Plan:
+def plan_tail(
+    tails: Sequence[Pieces],
+    config: PlanConfig,
+    ballast: Ballast | None = None,
+    *,
+    spread: bool = False,
+) -> Plan:
     """The pieces every group gave the tail (in group order): the released ones planned
-    two-tier as one corpus, then the ``ballast`` rows (a mixture's: whole rows, their
-    pieces among the tails') as they are.
+    two-tier as one corpus (``spread``: a mixture's, as ``plan_two_tier``), then the
+    ``ballast`` rows (a mixture's: whole rows, their pieces among the tails') as they are.
 
     Every piece is at most ``long_len`` already, so each stays one piece; the plan's pieces
     are mapped back to their documents and offsets, and ``piece_source`` says where each
@@ -308,7 +315,7 @@ def plan_tail(tails: Sequence[Pieces], config: PlanConfig, ballast: Ballast | No
     if ballast is not None:
         placed[ballast.long.row_pieces] = True
     free = np.flatnonzero(~placed)
-    plan = plan_two_tier(tail.length[free], config)
+    plan = plan_two_tier(tail.length[free], config, spread=spread)
     idx = free[plan.piece_doc]  # index into the tail: one piece per released piece
     stats = {k: v for k, v in plan.stats.items() if k not in POLICY_KEYS}
     stats |= {"tail_pieces": tail.size, "tail_tokens": int(tail.length.sum())}

@@ -233,27 +233,95 @@ def _estimate_rows(
     return int(room.size) + (-(-spill // long_len) if spill > 0 else 0)
 
 
+# A mixture's long pieces of more than ``long_len / SPREAD_ABOVE`` tokens go one to a row
+# (``_spread_long_pieces``).
+SPREAD_ABOVE = 4
+
+
 def _place_long_pieces(
-    long_sizes: np.ndarray, config: PlanConfig, short_tokens: int, total_tokens: int
+    long_sizes: np.ndarray,
+    config: PlanConfig,
+    short_tokens: int,
+    total_tokens: int,
+    spread: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Row of every long piece and each row's free room, by the better of two variants.
 
     A: long pieces directly by best fit modulo short_len (dense rows; best when short packs
     are scarce). B: long pieces first grouped to totals near a multiple of short_len, groups
     placed the same way (best when packs are plentiful). The variant with fewer estimated
-    rows wins (ties: A); the estimate counts whole short packs into each row's room.
+    rows wins (ties: A); the estimate counts whole short packs into each row's room. With
+    ``spread``, the large pieces then go one to a row where that costs no row
+    (``_spread_long_pieces``).
     """
     S, L = config.short_len, config.long_len
     row_of_long, room = pack_granular(long_sizes, L, S)
+    est = _estimate_rows(room, S, L, short_tokens, total_tokens)
     group = group_by_residue(long_sizes, L, S)
     if group.size:
         group_sizes = np.bincount(group, weights=long_sizes).astype(np.int64)
         row_of_group, room_b = pack_granular(group_sizes, L, S)
-        est_a = _estimate_rows(room, S, L, short_tokens, total_tokens)
         est_b = _estimate_rows(room_b, S, L, short_tokens, total_tokens)
-        if est_b < est_a:
-            row_of_long, room = row_of_group[group], room_b
+        if est_b < est:
+            row_of_long, room, est = row_of_group[group], room_b, est_b
+    if spread:
+        spread_out = _spread_long_pieces(long_sizes, config, est, short_tokens, total_tokens)
+        if spread_out is not None:
+            row_of_long, room = spread_out
     return row_of_long, room
+
+
+def _spread_long_pieces(
+    long_sizes: np.ndarray, config: PlanConfig, rows: int, short_tokens: int, total_tokens: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each long piece of more than ``long_len / SPREAD_ABOVE`` tokens in a row of its own
+    (largest first), the other long pieces by best fit modulo short_len into their rooms and
+    new rows; None when that would take more than ``rows`` rows (the dense placement's
+    estimate) or there is nothing to spread.
+
+    Why, for a mixture: dense placement fills a row with two or three such pieces (book
+    pieces of 40k-100k made rows of 103k-131k books), so a source of large documents sits in
+    few rows, and the exchange, which moves whole units and rows between step windows, cannot
+    give each window its share: at 4M tokens a step, books were 0.70-1.33 points off
+    (docs/benchmarks.md). One to a row, their rooms filled with short packs, the same tokens
+    spread over 2-3x the rows.
+    """
+    S, L = config.short_len, config.long_len
+    large = long_sizes > L // SPREAD_ABOVE
+    big = np.flatnonzero(large)
+    if big.size == 0 or big.size > rows:
+        return None
+    best: tuple[np.ndarray, np.ndarray] | None = None
+    # A: the large pieces alone in their rows (largest first), the others by best fit
+    # modulo short_len into the rooms they leave and new rows.
+    big = big[np.argsort(-long_sizes[big], kind="stable")]
+    small = np.flatnonzero(~large)
+    row_of_long = np.empty(long_sizes.size, dtype=np.int64)
+    row_of_long[big] = np.arange(big.size)
+    row_of_long[small], room = pack_granular(
+        long_sizes[small], L, S, open_remaining=L - long_sizes[big]
+    )
+    est = _estimate_rows(room, S, L, short_tokens, total_tokens)
+    if est <= rows:
+        best, rows = (row_of_long, room), est
+    # B: pieces grouped to totals near multiples of short_len first (``group_by_residue``
+    # starts a group at each large piece, largest first), each group holding a large piece
+    # in a row of its own, the other groups as in A: the rooms then end near whole packs.
+    group = group_by_residue(long_sizes, L, S)
+    group_sizes = np.bincount(group, weights=long_sizes).astype(np.int64)
+    large_in = np.bincount(group, weights=large, minlength=group_sizes.size)
+    if large_in.max() <= 1:  # a group of two large pieces would share a row
+        lead = np.flatnonzero(large_in == 1)
+        lead = lead[np.argsort(-group_sizes[lead], kind="stable")]
+        rest = np.flatnonzero(large_in == 0)
+        row_of_group = np.empty(group_sizes.size, dtype=np.int64)
+        row_of_group[lead] = np.arange(lead.size)
+        row_of_group[rest], room_b = pack_granular(
+            group_sizes[rest], L, S, open_remaining=L - group_sizes[lead]
+        )
+        if _estimate_rows(room_b, S, L, short_tokens, total_tokens) < rows + (best is None):
+            best = row_of_group[group], room_b
+    return best
 
 
 def _pack_two_tier_bfd(
@@ -262,10 +330,12 @@ def _pack_two_tier_bfd(
     config: PlanConfig,
     stats: dict[str, Any],
     fill_rows: bool = True,
+    spread: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
     """``bfd`` for both tiers: (pack of each short piece, pack sizes, long row of each unit
     -- long pieces then packs --, number of long rows); with ``fill_rows`` False the long
     rows are not filled (``None``, 0): the short packs do not depend on that step.
+    ``spread``: large long pieces one to a row (``_place_long_pieces``).
 
     Long pieces are placed first, so that each row's free room ends close to a multiple of a
     short pack (plain best fit over all units leaves on average half a short pack of waste in
@@ -278,7 +348,7 @@ def _pack_two_tier_bfd(
     S, L = config.short_len, config.long_len
     short_tokens = int(short_sizes.sum())
     total_tokens = short_tokens + int(long_sizes.sum())
-    row_of_long, room = _place_long_pieces(long_sizes, config, short_tokens, total_tokens)
+    row_of_long, room = _place_long_pieces(long_sizes, config, short_tokens, total_tokens, spread)
     fit = _fitted(room, S, short_tokens, total_tokens)
     if fit.any() and _estimate_rows(room, S, L, short_tokens, total_tokens, fit=False) <= (
         _estimate_rows(room, S, L, short_tokens, total_tokens)
@@ -323,10 +393,15 @@ def _pack_long_tier(
 
 
 def plan_two_tier(
-    lengths: np.ndarray, config: PlanConfig, *, configs: tuple[str, ...] = CONFIGS
+    lengths: np.ndarray,
+    config: PlanConfig,
+    *,
+    configs: tuple[str, ...] = CONFIGS,
+    spread: bool = False,
 ) -> Plan:
     """Plan the configs named in ``configs`` (both by default) from document lengths
-    (index = doc id).
+    (index = doc id). ``spread``: a mixture's plan, its large long pieces one to a long row
+    (``_spread_long_pieces``; ``bfd`` only).
 
     A config left out is ``None`` in the plan and costs only what the other one needs: a
     short-only plan still places the long pieces (the fitted short packs depend on them) but
@@ -348,7 +423,7 @@ def plan_two_tier(
     short_sizes, long_sizes = piece_size[short_idx], piece_size[long_idx]
     if config.algorithm == "bfd":
         pack_of_short, pack_sizes, row_of_unit, n_rows = _pack_two_tier_bfd(
-            short_sizes, long_sizes, config, stats, fill_rows=want_long
+            short_sizes, long_sizes, config, stats, fill_rows=want_long, spread=spread
         )
     else:  # short tier first, then packs and long pieces together
         pack_of_short = pack_lengths(short_sizes, S, algorithm=config.algorithm)

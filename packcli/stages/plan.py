@@ -110,7 +110,8 @@ def plan_fingerprint(
 # 5: groups are runs of each source's documents, 1/G of its tokens each (``source_slices``).
 # 6: a group gives the tail whole rows besides its released pieces (``balance_tail``), and
 # the last group counts the tail's rows in the window they share (``StepRows.tail_rows``).
-MIX_ORDER_RULE = 6
+# 7: large long pieces one to a row (``plan_two_tier(spread=True)``).
+MIX_ORDER_RULE = 7
 
 
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
@@ -373,7 +374,7 @@ def plan_stage(
             firsts: list[int] = []
             tails = Pieces.gather(sizes, load)
             given = Ballast.concat(ballasts, firsts) if ballasts else None
-            tail_plan = plan_tail([tails], cfg.plan, given)
+            tail_plan = plan_tail([tails], cfg.plan, given, spread=mix is not None)
             del tails, given, ballasts
             if mix is not None:  # the tail's rows start after every group's
                 tail_plan, spread = order_plan(
@@ -646,10 +647,10 @@ def _plan_mixed(
     plan_cfg = dataclasses.replace(cfg.plan, overlong="split")  # others applied by expand
     ballast = None
     if n_groups == 1:
-        plan = plan_two_tier(ex.lengths, plan_cfg)
+        plan = plan_two_tier(ex.lengths, plan_cfg, spread=True)
         plan, tail = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc]), None
     else:
-        grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g)
+        grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g, spread=True)
         src = [source_of(x, first_doc) for x in (grouped.plan.piece_doc, grouped.tail.doc)]
         grouped = balance_tail(grouped, src[0], src[1], first_doc.size)
         plan, tail, ballast = grouped.plan, grouped.tail, grouped.ballast
