@@ -265,14 +265,19 @@ def _place_long_pieces(
         if est_b < est:
             row_of_long, room, est = row_of_group[group], room_b, est_b
     if spread:
-        spread_out = _spread_long_pieces(long_sizes, config, est, short_tokens, total_tokens)
+        spread_out = _spread_long_pieces(long_sizes, group, config, est, short_tokens, total_tokens)
         if spread_out is not None:
             row_of_long, room = spread_out
     return row_of_long, room
 
 
 def _spread_long_pieces(
-    long_sizes: np.ndarray, config: PlanConfig, rows: int, short_tokens: int, total_tokens: int
+    long_sizes: np.ndarray,
+    group: np.ndarray,
+    config: PlanConfig,
+    rows: int,
+    short_tokens: int,
+    total_tokens: int,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Each long piece of more than ``long_len / SPREAD_ABOVE`` tokens in a row of its own
     (largest first), the other long pieces by best fit modulo short_len into their rooms and
@@ -304,10 +309,10 @@ def _spread_long_pieces(
     est = _estimate_rows(room, S, L, short_tokens, total_tokens)
     if est <= rows:
         best, rows = (row_of_long, room), est
-    # B: pieces grouped to totals near multiples of short_len first (``group_by_residue``
-    # starts a group at each large piece, largest first), each group holding a large piece
-    # in a row of its own, the other groups as in A: the rooms then end near whole packs.
-    group = group_by_residue(long_sizes, L, S)
+    # B: ``group``, the pieces grouped to totals near multiples of short_len
+    # (``group_by_residue``, which starts a group at each large piece, largest first), each
+    # group holding a large piece in a row of its own, the other groups as in A: the rooms
+    # then end near whole packs.
     group_sizes = np.bincount(group, weights=long_sizes).astype(np.int64)
     large_in = np.bincount(group, weights=large, minlength=group_sizes.size)
     if large_in.max() <= 1:  # a group of two large pieces would share a row
