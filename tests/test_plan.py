@@ -12,6 +12,7 @@ from packcli.pack.plan import (
     SPREAD_ABOVE,
     Plan,
     RowLayout,
+    _one_large_each,
     make_pieces,
     plan_two_tier,
     tier_summary,
@@ -364,3 +365,14 @@ def test_spread_keeps_the_dense_plan_when_rows_cannot_hold_one_each() -> None:
     dense, spread = plan_two_tier(lengths, cfg), plan_two_tier(lengths, cfg, spread=True)
     assert rows(spread, spread.long) == rows(dense, dense.long)
     assert rows(spread, spread.short) == rows(dense, dense.short)
+
+
+def test_a_residue_group_keeps_one_large_piece() -> None:
+    """A residue group that took a second large piece as a member gives it a group of its
+    own (two would share a row); groups without a second one stay as they are."""
+    group = np.array([0, 0, 0, 1, 1, 2])
+    large = np.array([True, True, False, True, False, True])
+    out = _one_large_each(group, large)
+    assert out.tolist() == [0, 3, 0, 1, 1, 2]
+    assert np.bincount(out, weights=large).max() == 1
+    assert _one_large_each(out, large) is out

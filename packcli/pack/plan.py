@@ -313,20 +313,35 @@ def _spread_long_pieces(
     # (``group_by_residue``, which starts a group at each large piece, largest first), each
     # group holding a large piece in a row of its own, the other groups as in A: the rooms
     # then end near whole packs.
+    group = _one_large_each(group, large)
     group_sizes = np.bincount(group, weights=long_sizes).astype(np.int64)
     large_in = np.bincount(group, weights=large, minlength=group_sizes.size)
-    if large_in.max() <= 1:  # a group of two large pieces would share a row
-        lead = np.flatnonzero(large_in == 1)
-        lead = lead[np.argsort(-group_sizes[lead], kind="stable")]
-        rest = np.flatnonzero(large_in == 0)
-        row_of_group = np.empty(group_sizes.size, dtype=np.int64)
-        row_of_group[lead] = np.arange(lead.size)
-        row_of_group[rest], room_b = pack_granular(
-            group_sizes[rest], L, S, open_remaining=L - group_sizes[lead]
-        )
-        if _estimate_rows(room_b, S, L, short_tokens, total_tokens) < rows + (best is None):
-            best = row_of_group[group], room_b
+    lead = np.flatnonzero(large_in == 1)
+    lead = lead[np.argsort(-group_sizes[lead], kind="stable")]
+    rest = np.flatnonzero(large_in == 0)
+    row_of_group = np.empty(group_sizes.size, dtype=np.int64)
+    row_of_group[lead] = np.arange(lead.size)
+    row_of_group[rest], room_b = pack_granular(
+        group_sizes[rest], L, S, open_remaining=L - group_sizes[lead]
+    )
+    if _estimate_rows(room_b, S, L, short_tokens, total_tokens) < rows + (best is None):
+        best = row_of_group[group], room_b
     return best
+
+
+def _one_large_each(group: np.ndarray, large: np.ndarray) -> np.ndarray:
+    """``group`` with every large piece after a group's first in a group of its own (a
+    residue group may take a large piece as a member; two would share a row)."""
+    members = np.flatnonzero(large)
+    order = members[np.argsort(group[members], kind="stable")]
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = group[order[1:]] != group[order[:-1]]
+    extra = order[~first]
+    if extra.size == 0:
+        return group
+    out = group.copy()
+    out[extra] = int(group.max()) + 1 + np.arange(extra.size)
+    return out
 
 
 def _pack_two_tier_bfd(
