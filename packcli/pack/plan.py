@@ -281,8 +281,10 @@ def _spread_long_pieces(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Each long piece of more than ``long_len / SPREAD_ABOVE`` tokens in a row of its own
     (largest first), the other long pieces by best fit modulo short_len into their rooms and
-    new rows; None when that would take more than ``rows`` rows (the dense placement's
-    estimate) or there is nothing to spread.
+    new rows, or (where that leaves fewer rows) residue groups each led by one large piece;
+    None when either would take more than ``rows`` rows (the dense placement's estimate) or
+    there is nothing to spread. ``group``: the long pieces' residue groups
+    (``group_by_residue``, which the dense placement made).
 
     Why, for a mixture: dense placement fills a row with two or three such pieces (book
     pieces of 40k-100k made rows of 103k-131k books), so a source of large documents sits in
