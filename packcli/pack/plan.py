@@ -298,7 +298,9 @@ def _spread_long_pieces(
     big = np.flatnonzero(large)
     if big.size == 0 or big.size > rows:
         return None
+    # The placement taken and its estimated rows: one needing at most ``rows``, the fewest.
     best: tuple[np.ndarray, np.ndarray] | None = None
+    best_rows = rows + 1
     # A: the large pieces alone in their rows (largest first), the others by best fit
     # modulo short_len into the rooms they leave and new rows.
     big = big[np.argsort(-long_sizes[big], kind="stable")]
@@ -309,8 +311,8 @@ def _spread_long_pieces(
         long_sizes[small], L, S, open_remaining=L - long_sizes[big]
     )
     est = _estimate_rows(room, S, L, short_tokens, total_tokens)
-    if est <= rows:
-        best, rows = (row_of_long, room), est
+    if est < best_rows:
+        best, best_rows = (row_of_long, room), est
     # B: ``group``, the pieces grouped to totals near multiples of short_len
     # (``group_by_residue``, which starts a group at each large piece, largest first), each
     # group holding a large piece in a row of its own, the other groups as in A: the rooms
@@ -326,7 +328,7 @@ def _spread_long_pieces(
     row_of_group[rest], room_b = pack_granular(
         group_sizes[rest], L, S, open_remaining=L - group_sizes[lead]
     )
-    if _estimate_rows(room_b, S, L, short_tokens, total_tokens) < rows + (best is None):
+    if _estimate_rows(room_b, S, L, short_tokens, total_tokens) < best_rows:  # ties: A
         best = row_of_group[group], room_b
     return best
 
