@@ -195,7 +195,8 @@ def test_the_last_group_makes_up_for_the_tails_side_of_their_window() -> None:
     plan = plan_two_tier(lengths, cfg)
     src = sources[plan.piece_doc]
     n = plan.long.num_rows
-    w, offset = 8, 3  # the part ends 4 rows into a window: 4 of the tail's rows follow
+    w = 8
+    offset = (4 - n) % w  # the part ends 4 rows into a window: 4 of the tail's rows follow
     tail = np.tile([[256.0, 0.0, 0.0]], (6, 1))
     errors = []
     for following in (None, tail):

@@ -10,8 +10,14 @@
    needs fewer rows), so each long row's free room ends close to a whole number of short
    packs. Where the room's residue modulo ``short_len`` is large, a *fitted* short pack of
    exactly that size is formed for it (it is a valid short row, just not a full one).
+   The placement is then refined (``refine.refine_rooms``): pieces move or swap between
+   rows whose residues are complements, so rooms end at whole packs and few fitted packs
+   are needed; kept only where it costs neither tier more.
 3. **Short tier.** Pieces of at most ``short_len`` are bin-packed into short packs of
-   capacity ``short_len``, with the fitted packs open from the start.
+   capacity ``short_len``, with the fitted packs open from the start; where best fit
+   strands gaps, the smallest documents refill them exactly (``refine.pack_refilled``),
+   and the least-filled packs trade their small pieces for large ones of full packs
+   (``refine.sparse_partial_packs``: what a group releases to the tail stays sparse).
 4. **Long tier.** Each fitted pack joins its row; the other short packs, as *indivisible*
    units, fill the rooms by best fit and open new rows as needed. A short pack is never
    broken up, so a short document never straddles a short-pack boundary in either view.
@@ -55,6 +61,7 @@ from packcli.pack.binpack import (
 )
 from packcli.pack.padding import padded_sizes
 from packcli.pack.plan_config import PlanConfig
+from packcli.pack.refine import pack_refilled, refine_rooms, sparse_partial_packs
 from packcli.records import Fields
 
 
@@ -233,6 +240,12 @@ def _estimate_rows(
     return int(room.size) + (-(-spill // long_len) if spill > 0 else 0)
 
 
+# The placement's rule, as a version (part of the plan's fingerprint, so a work folder
+# planned by an older rule is planned again): 2, long pieces moved between rows to steer
+# their rooms to whole packs (``refine_rooms``) and the short tier refilled where best fit
+# strands gaps (``pack_refilled``).
+PLACEMENT_RULE = 2
+
 # A mixture's long pieces of more than ``long_len / SPREAD_ABOVE`` tokens go one to a row
 # (``_spread_long_pieces``).
 SPREAD_ABOVE = 4
@@ -268,7 +281,62 @@ def _place_long_pieces(
         spread_out = _spread_long_pieces(long_sizes, group, config, est, short_tokens, total_tokens)
         if spread_out is not None:
             row_of_long, room = spread_out
+    return _refined(long_sizes, row_of_long, room, config, short_tokens, total_tokens, spread)
+
+
+def _refined(
+    long_sizes: np.ndarray,
+    row_of_long: np.ndarray,
+    room: np.ndarray,
+    config: PlanConfig,
+    short_tokens: int,
+    total_tokens: int,
+    spread: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The placement after ``refine_rooms`` (rooms' residues steered to whole packs) where
+    that costs less in one tier and no more in the other (``_placement_cost``), else as it
+    is; not tried where the placement already costs nothing beyond the bound. ``spread``:
+    large pieces stay one to a row."""
+    S, L = config.short_len, config.long_len
+    cost = _placement_cost(room, S, L, short_tokens, total_tokens)
+    if cost <= (-(-total_tokens // L), 0):
+        return row_of_long, room
+    large = long_sizes > L // SPREAD_ABOVE if spread else None
+    row2, room2, moves = refine_rooms(
+        long_sizes, row_of_long, room, S, short_tokens, total_tokens, large
+    )
+    new = _placement_cost(room2, S, L, short_tokens, total_tokens)
+    # Taken only if it costs neither tier more: an estimated row saved at the price of new
+    # fitted packs can be a row the real packs do not save (the estimate fills rooms to the
+    # token), and then the fitted packs only cost short rows.
+    if moves and new != cost and new[0] <= cost[0] and new[1] <= cost[1]:
+        return row2, room2
     return row_of_long, room
+
+
+def _fit_rows(
+    room: np.ndarray, short_len: int, long_len: int, short_tokens: int, total_tokens: int
+) -> np.ndarray:
+    """The rows that get a fitted pack (``_fitted``); none where fitting saves no long row
+    (fitted packs would only add short rows)."""
+    fit = _fitted(room, short_len, short_tokens, total_tokens)
+    if fit.any() and _estimate_rows(
+        room, short_len, long_len, short_tokens, total_tokens, fit=False
+    ) <= _estimate_rows(room, short_len, long_len, short_tokens, total_tokens):
+        fit[:] = False
+    return fit
+
+
+def _placement_cost(
+    room: np.ndarray, short_len: int, long_len: int, short_tokens: int, total_tokens: int
+) -> tuple[int, int]:
+    """What a placement of the long pieces costs, as ``_pack_two_tier_bfd`` packs it:
+    (estimated long rows, tokens its fitted packs lack of full short packs)."""
+    fit = _fit_rows(room, short_len, long_len, short_tokens, total_tokens)
+    rows = _estimate_rows(
+        room, short_len, long_len, short_tokens, total_tokens, fit=bool(fit.any())
+    )
+    return rows, int((short_len - room[fit] % short_len).sum())
 
 
 def _spread_long_pieces(
@@ -373,13 +441,8 @@ def _pack_two_tier_bfd(
     short_tokens = int(short_sizes.sum())
     total_tokens = short_tokens + int(long_sizes.sum())
     row_of_long, room = _place_long_pieces(long_sizes, config, short_tokens, total_tokens, spread)
-    fit = _fitted(room, S, short_tokens, total_tokens)
-    if fit.any() and _estimate_rows(room, S, L, short_tokens, total_tokens, fit=False) <= (
-        _estimate_rows(room, S, L, short_tokens, total_tokens)
-    ):
-        fit[:] = False  # no long row to save: fitted packs would only add short rows
-    fit_rows = np.flatnonzero(fit)
-    pack_of_short, n_packs = pack_into_open_bins(short_sizes, S, room[fit_rows] % S)
+    fit_rows = np.flatnonzero(_fit_rows(room, S, L, short_tokens, total_tokens))
+    pack_of_short, n_packs = pack_refilled(short_sizes, S, room[fit_rows] % S)
     pack_sizes = np.bincount(pack_of_short, weights=short_sizes, minlength=n_packs)
     pack_sizes = pack_sizes.astype(np.int64)
     k = fit_rows.size
@@ -391,6 +454,7 @@ def _pack_two_tier_bfd(
         pack_sizes = pack_sizes[keep]
         k = fit_rows.size
     stats["fitted_packs"] = int(k)
+    pack_of_short = sparse_partial_packs(pack_of_short, short_sizes, pack_sizes, S)
     if not fill_rows:
         return pack_of_short, pack_sizes, None, 0
     room = room.copy()

@@ -64,7 +64,7 @@ from packcli.pack.mixture import (
     straddling_deviation,
     window_edges,
 )
-from packcli.pack.plan import Plan, RowLayout, plan_two_tier
+from packcli.pack.plan import PLACEMENT_RULE, Plan, RowLayout, plan_two_tier
 from packcli.records import OldRecordError, RecordError, read_record
 from packcli.stages.index import gather_rejects, index_tokens
 from packcli.stages.plan_records import (
@@ -98,7 +98,12 @@ def plan_fingerprint(
     # A mixture's weights and policies change the plan: never mixed.
     mixture = None if mix is None else {**mix.as_record(), "order": MIX_ORDER_RULE}
     inputs = PlanInputs(
-        tokens_fingerprint, dataclasses.asdict(plan_cfg), __version__, RELEASE_RULE, mixture
+        tokens_fingerprint,
+        dataclasses.asdict(plan_cfg),
+        __version__,
+        RELEASE_RULE,
+        PLACEMENT_RULE,
+        mixture,
     )
     return fingerprint(inputs.to_json())
 

@@ -31,12 +31,14 @@ STEPS = "steps"  # a grouped mixture's second pass: plan/steps.json, plan/steps/
 class PlanInputs(Fields):
     """What a plan is made from, hashed into its fingerprint (``plan_fingerprint``): the
     token shards' fingerprint, the plan settings, packcli's version, the tail's release
-    rule and, for a mixture, its spec and row-order rule. Never written as a file."""
+    rule, the placement rule and, for a mixture, its spec and row-order rule. Never
+    written as a file."""
 
     tokens: str
     plan: dict[str, Any]
     v: str
     release: int
+    placement: int
     mixture: dict[str, Any] | None = field(default=None, metadata={"omit": True})
 
 

@@ -73,7 +73,12 @@ def run_pack(
 # fast tokenizer's tables, then for the tokenizer). Below it the plan has fewer documents
 # than ``jit.SMALL_WORK`` (at up to ~1.6 KB a document) and runs as plain Python anyway.
 WARM_BYTES = 16 << 20
-WARM_MODULES = ("packcli.pack.binpack", "packcli.pack.plan", "packcli.write")
+WARM_MODULES = (
+    "packcli.pack.binpack",
+    "packcli.pack.refine",
+    "packcli.pack.plan",
+    "packcli.write",
+)
 
 
 def _warm_kernels(prepared: Prepared, executor: Executor) -> threading.Thread | None:
