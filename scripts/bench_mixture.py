@@ -30,7 +30,14 @@ import numpy as np
 from packcli.pack import exchange as xc
 from packcli.pack import mixture as mx
 from packcli.pack.exchange import piece_bound
-from packcli.pack.groups import Ballast, balance_tail, plan_group, plan_tail, source_slices
+from packcli.pack.groups import (
+    Ballast,
+    balance_tail,
+    part_rows_multiple,
+    plan_group,
+    plan_tail,
+    source_slices,
+)
 from packcli.pack.plan import Plan, plan_two_tier, tier_summary
 from packcli.pack.plan_config import PlanConfig
 
@@ -67,6 +74,11 @@ def main() -> None:
         "--no-spread",
         action="store_true",
         help="large long pieces placed densely (before plan_two_tier's spread for mixtures)",
+    )
+    ap.add_argument(
+        "--no-align",
+        action="store_true",
+        help="grouped: groups keep any number of long rows (before balance_tail's align)",
     )
     ap.add_argument(
         "--no-ballast",
@@ -213,7 +225,9 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
         gp = plan_group(ex.lengths, ex.keys, cfg, g, spread=not args.no_spread)
         if not args.no_ballast:  # as packcli's plan stage: the tail holds the group's mix
             src = [mx.source_of(x, first) for x in (gp.plan.piece_doc, gp.tail.doc)]
-            gp = balance_tail(gp, src[0], src[1], len(lens))
+            last = g == args.groups - 1  # as packcli: the last shares a window with the tail
+            align = 1 if args.no_align or last else part_rows_multiple(cfg.long_len)
+            gp = balance_tail(gp, src[0], src[1], len(lens), align=align)
         planned.append(gp.plan)
         tails.append(gp.tail)
         ballasts.append(gp.ballast or Ballast.empty(cfg.short_len, cfg.long_len))

@@ -187,6 +187,31 @@ def test_rows_given_whole_bring_the_tail_to_the_groups_mix() -> None:
     assert balance_tail(none, sources[none.plan.piece_doc], sources[none.tail.doc], 2) is none
 
 
+@pytest.mark.parametrize("align", [2, 7, 32])
+def test_a_group_keeps_whole_windows_of_rows(align: int) -> None:
+    """With ``align``, a mixture's group gives the tail rows until it keeps a multiple of
+    ``align`` long rows (at most ``align - 1`` more than the greedy gives, never more than
+    half its rows), also when it released nothing; groups and tail stay a valid plan."""
+    rng = np.random.default_rng(3)
+    short = np.clip(rng.lognormal(3.3, 0.5, 60_000), 1, None).astype(np.int64)
+    longer = np.clip(rng.lognormal(7.8, 0.6, 1_500), 1, None).astype(np.int64)
+    lengths = np.concatenate([short, longer])
+    sources = np.repeat([0, 1], [short.size, longer.size])
+    cfg = PlanConfig(overlong="split", short_len=1024, long_len=16384)
+    for most_released in (MOST_RELEASED, 0):
+        gp = plan_group(lengths, np.arange(lengths.size), cfg, 0, most_released=most_released)
+        src = sources[gp.plan.piece_doc], sources[gp.tail.doc]
+        greedy = balance_tail(gp, *src, 2)
+        out = balance_tail(gp, *src, 2, align=align)
+        n = gp.plan.long.num_rows
+        given = out.ballast.long.num_rows if out.ballast is not None else 0
+        before = greedy.ballast.long.num_rows if greedy.ballast is not None else 0
+        assert out.plan.long.num_rows == n - given
+        assert out.plan.long.num_rows % align == 0
+        assert before <= given < before + align and given <= n // 2
+        check_plan(lengths, cfg, merge_plans([out.plan, plan_tail([out.tail], cfg, out.ballast)]))
+
+
 def test_kept_rows_leave_at_most_the_tail_share_free() -> None:
     # With no cap on the rows released, a group keeps at most the tail share of free room,
     # also after its released rows exchanged packs with kept ones (which may leave a kept

@@ -50,7 +50,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from packcli.config import TOKENS_PER_STEP
 from packcli.names import CONFIG_NAMES
+from packcli.pack.exchange import EXCHANGE_STEPS
 from packcli.pack.plan import Plan, RowLayout, layout_units, plan_two_tier
 from packcli.pack.plan_config import PlanConfig
 
@@ -355,6 +357,7 @@ def balance_tail(
     tail_src: np.ndarray,
     n_sources: int,
     most: int = MOST_BALLAST,
+    align: int = 1,
 ) -> GroupPlan:
     """A mixture's group after giving the tail whole long rows (with the short packs in
     them) besides what it released, chosen so that what it gives holds the group's mix.
@@ -369,22 +372,35 @@ def balance_tail(
     closest to the group's (sum of squared differences; ties: the lowest row), while it
     gets closer: at most ``most`` rows, half the group's, and ``BALLAST_SHARE`` times the
     released tokens. ``piece_src`` / ``tail_src``: each piece's source index in
-    ``grouped.plan`` / ``grouped.tail``. Deterministic; nothing given when the group
-    released nothing.
+    ``grouped.plan`` / ``grouped.tail``. Deterministic; nothing given by the greedy when the
+    group released nothing.
 
-    Cost: the tail holds the given rows' pieces too (12-16 rows a group in the benchmark,
-    40k-70k pieces of 30-token documents), in the one process that plans it."""
+    ``align``: then more rows, the same way (whatever the error and the token cap), until
+    the group keeps a multiple of ``align`` long rows, where that takes fewer than
+    ``align`` more and leaves the group at least half its rows. With ``align`` the rows of
+    the exchange's window (``part_rows_multiple``) for every group but the last, every
+    group starts at a window of the output: no step straddles two groups (the last one's
+    last step straddles the tail, whose rows it makes up for). Why: a group's side of a
+    step it shares with the next group can be one row, and one long row of a mixture is
+    mostly one source (a book piece, or packs of fortunes), so that step was 1.6 points
+    off for fortunes at 4M tokens a step where every other step held 0.3 (two groups at
+    scale 1.0 in ``scripts/bench_mixture.py``); neither group knows the other's rows.
+
+    Cost: the tail holds the given rows' pieces too (12-16 rows a group in the benchmark
+    before aligning, 40k-70k pieces of 30-token documents; at most ``most + align - 1``
+    rows a group), in the one process that plans it."""
     plan, tail = grouped.plan, grouped.tail
     long, short = plan.long, plan.short
     assert long is not None and short is not None
     n = plan.piece_len.size
-    if not tail.size or not long.num_rows or n_sources < 2:
+    if not long.num_rows or n_sources < 2 or (not tail.size and align <= 1):
         return grouped
     long_row = _row_of_piece(long, n)
     flat = long_row * n_sources + np.asarray(piece_src, np.int64)
     rows = np.bincount(flat, weights=plan.piece_len, minlength=long.num_rows * n_sources)
     rows = rows.reshape(long.num_rows, n_sources)
     given = np.bincount(np.asarray(tail_src, np.int64), weights=tail.length, minlength=n_sources)
+    given = given.astype(np.float64)  # an empty tail's count comes back as integers
     target = (rows.sum(axis=0) + given) / max(float(rows.sum() + given.sum()), 1.0)
 
     def error(v: np.ndarray) -> np.ndarray:
@@ -405,6 +421,13 @@ def balance_tail(
             break
         chosen[r], best, given = True, float(errs[r]), given + rows[r]
         room -= float(row_tokens[r])
+    more = (long.num_rows - int(chosen.sum())) % max(1, align)
+    if more and int(chosen.sum()) + more <= long.num_rows // 2:
+        for _ in range(more):
+            errs = error(given + rows)
+            errs[chosen] = np.inf
+            r = int(np.argmin(errs))
+            chosen[r], given = True, given + rows[r]
     if not chosen.any():
         return grouped
     mask = chosen[long_row]
@@ -416,6 +439,12 @@ def balance_tail(
         dataclasses.replace(rows_plan.long, row_pieces=rows_plan.long.row_pieces + shift),
     )
     return GroupPlan(_keep(plan, ~mask), Pieces.concat([tail, _pieces(plan, mask)]), ballast)
+
+
+def part_rows_multiple(long_len: int) -> int:
+    """Long rows of the exchange's window at ``TOKENS_PER_STEP`` (``EXCHANGE_STEPS`` steps):
+    the multiple a mixture's group keeps (``balance_tail(align=...)``)."""
+    return max(1, TOKENS_PER_STEP // long_len) * EXCHANGE_STEPS
 
 
 def policy_counts(stats: Sequence[dict[str, Any]]) -> dict[str, int]:

@@ -39,6 +39,7 @@ from packcli.pack.groups import (
     Slice,
     balance_tail,
     group_count,
+    part_rows_multiple,
     plan_group,
     plan_tail,
     policy_counts,
@@ -116,7 +117,8 @@ def plan_fingerprint(
 # 6: a group gives the tail whole rows besides its released pieces (``balance_tail``), and
 # the last group counts the tail's rows in the window they share (``StepRows.tail_rows``).
 # 7: large long pieces one to a row (``plan_two_tier(spread=True)``).
-MIX_ORDER_RULE = 7
+# 8: a group keeps a multiple of the exchange window's long rows (``balance_tail(align=)``).
+MIX_ORDER_RULE = 8
 
 
 def mix_spec(cfg: RunConfig, shards: TokenShards) -> tuple[MixSpec, np.ndarray] | None:
@@ -657,7 +659,10 @@ def _plan_mixed(
     else:
         grouped = plan_group(ex.lengths, ex.keys, plan_cfg, g, spread=True)
         src = [source_of(x, first_doc) for x in (grouped.plan.piece_doc, grouped.tail.doc)]
-        grouped = balance_tail(grouped, src[0], src[1], first_doc.size)
+        # Groups before the last keep whole windows; the last shares its last window with
+        # the tail, whose rows it then makes up for (``StepRows.tail_rows``).
+        align = part_rows_multiple(plan_cfg.long_len) if g < n_groups - 1 else 1
+        grouped = balance_tail(grouped, src[0], src[1], first_doc.size, align=align)
         plan, tail, ballast = grouped.plan, grouped.tail, grouped.ballast
     # The exchange's windows start at the plan's first row: the output's only for one group
     # (several: the second pass, once each group's first output row is known).
