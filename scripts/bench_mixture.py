@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, nargs="+", default=[1 << 20, 2 << 20, 4 << 20, 8 << 20])
-    ap.add_argument("--step", type=int, default=1 << 20, help="the plan's step (TOKENS_PER_STEP)")
+    ap.add_argument("--step", type=int, default=1 << 20, help="the plan's step (--tokens-per-step)")
     ap.add_argument(
         "--groups", type=int, default=0, help="also plan in this many groups (as packcli does)"
     )
@@ -226,7 +226,7 @@ def grouped(lens: list[np.ndarray], args: argparse.Namespace) -> None:
         if not args.no_ballast:  # as packcli's plan stage: the tail holds the group's mix
             src = [mx.source_of(x, first) for x in (gp.plan.piece_doc, gp.tail.doc)]
             last = g == args.groups - 1  # as packcli: the last shares a window with the tail
-            align = 1 if args.no_align or last else part_rows_multiple(cfg.long_len)
+            align = 1 if args.no_align or last else part_rows_multiple(cfg.long_len, args.step)
             gp = balance_tail(gp, src[0], src[1], len(lens), align=align)
         planned.append(gp.plan)
         tails.append(gp.tail)

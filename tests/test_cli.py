@@ -517,7 +517,7 @@ def test_report_states_the_step_plan_of_the_rows_written(
         "pack", str(corpus_dir / "a.jsonl"), "-t", toy_tokenizer_path, "-o", tmp_path / "x",
         *SMALL, "--tokens-per-step", 0,
     )  # fmt: skip
-    assert code == 1 and "--tokens-per-step must be >= 1" in output
+    assert code == 1 and "tokens_per_step must be >= 1" in output
 
 
 def test_the_console_script_keeps_exit_codes_and_messages(tmp_path: Path) -> None:

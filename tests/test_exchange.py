@@ -415,11 +415,9 @@ def test_mixture_with_the_exchange_verifies(
 ) -> None:
     """Steps of two long rows, so the long config has several windows to exchange between:
     the output verifies (every copy once, packs whole and nested, sources labelled)."""
-    import packcli.stages.plan as plan_stage
 
-    monkeypatch.setattr(plan_stage, "TOKENS_PER_STEP", 1024)
     out = tmp_path / "out"
-    cfg = _mix_config(tmp_path, mix_files)
+    cfg = _mix_config(tmp_path, mix_files, STEP)
     invoke_ok("pack", "-t", toy_tokenizer_path, "-o", out, "--config", cfg, "-q")
     records = sorted((out / ".packcli" / "plan").glob("group-*.json"))
     long = json.loads(records[0].read_text())["stats"]["mixture_windows"]["long"]
@@ -451,6 +449,8 @@ def test_mixture_with_the_exchange_verifies(
 
 # Groups of ~12k tokens from shards of ~1k (reads of 16 lines), so each group holds
 # several shards of every source and its long rows have windows to exchange.
+# Steps of two long rows, so the long config has several windows to exchange between.
+STEP = "  tokens_per_step: 1024\n"
 GROUPED = "  group_tokens: 12000\nread:\n  batch_size: 16\ntokenize:\n  shard_tokens: 1024\n"
 
 
@@ -475,8 +475,7 @@ def test_grouped_mixture_same_bytes_for_any_task_count(
     import packcli.stages.plan as plan_stage
     import packcli.stages.run as run
 
-    monkeypatch.setattr(plan_stage, "TOKENS_PER_STEP", 1024)
-    cfg = _mix_config(tmp_path, mix_files, GROUPED)
+    cfg = _mix_config(tmp_path, mix_files, STEP + GROUPED)
     hashes = []
     for tasks, as_tasks in ((1, False), (3, False), (3, True)):
         out = tmp_path / f"out{tasks}{as_tasks}"
@@ -541,10 +540,13 @@ def test_grouped_mixture_exchanged_on_the_outputs_windows(
     nearer its group's share than the row order alone does (groups of ~30 rows: with
     some of them given to the tail, by 20-45% over these corpora), and the short config's
     bytes are the row order's."""
+
     import packcli.stages.plan as plan_stage
 
-    monkeypatch.setattr(plan_stage, "TOKENS_PER_STEP", 1024)
-    cfg = _mix_config(tmp_path, _mix_files(tmp_path, SMALL_BOOKS, seed), GROUPED)
+    cfg = _mix_config(tmp_path, _mix_files(tmp_path, SMALL_BOOKS, seed), STEP + GROUPED)
+    # The exchange alone: groups cut where they fall (aligned to windows, groups of ~28 rows
+    # give the tail up to 12 and both arms sit near the books' piece bound, ~0.083 here).
+    monkeypatch.setattr(plan_stage, "part_rows_multiple", lambda long_len, step: 1)
 
     def largest_error(out: Path, w: int) -> float:
         m, rows = _long_sources(out)
@@ -581,10 +583,8 @@ def test_grouped_mixture_tail_holds_the_outputs_mix(
     (``balance_tail``). Groups of ~30 rows make the tail ~20% of the output here; with
     only the released pieces it was 21-26 points over in web, and the output's windows of
     32 rows 13-26 points off (0.3-4 with the rows given whole)."""
-    import packcli.stages.plan as plan_stage
 
-    monkeypatch.setattr(plan_stage, "TOKENS_PER_STEP", 1024)
-    cfg = _mix_config(tmp_path, _mix_files(tmp_path, SMALL_BOOKS, seed), GROUPED)
+    cfg = _mix_config(tmp_path, _mix_files(tmp_path, SMALL_BOOKS, seed), STEP + GROUPED)
     out = tmp_path / "out"
     invoke_ok("pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q")
     code, said = invoke("verify", out)
@@ -599,6 +599,8 @@ def test_grouped_mixture_tail_holds_the_outputs_mix(
     assert np.abs(windows / windows.sum(1, keepdims=True) - share).max() < 0.05
     stats = json.loads((out / ".packcli" / "plan.json").read_text())["stats"]
     assert stats["tail_rows_given"] > 0
+    # Groups before the last keep whole windows of the exchange (4 steps of 2 rows).
+    assert all(r % 8 == 0 for r in rows[:-2]), rows
     # The last group's second pass counted the tail's rows as the output holds them.
     steps = json.loads((out / ".packcli" / "plan" / "steps.json").read_text())
     assert np.array_equal(np.array(steps["tail_rows"]), tail)
@@ -612,16 +614,11 @@ def test_killed_grouped_mixture_resumes_to_identical_bytes(
     was saved, exchanges the rest, and gives the bytes of an uninterrupted run."""
     import subprocess
 
-    cfg = _mix_config(tmp_path, mix_files, GROUPED)
-    # Steps of two long rows in the packcli processes too.
-    code = (
-        "import sys, runpy, packcli.stages.plan as p; p.TOKENS_PER_STEP = 1024; "
-        "sys.argv = ['packcli', *sys.argv[1:]]; runpy.run_module('packcli', run_name='__main__')"
-    )
+    cfg = _mix_config(tmp_path, mix_files, STEP + GROUPED)
 
     def pack(out: Path, crash: str | None = None) -> subprocess.CompletedProcess[str]:
         args = ["pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "-q"]
-        return run_process(args, crash=crash, entry=code)
+        return run_process(args, crash=crash)
 
     ref, out = tmp_path / "ref", tmp_path / "out"
     assert pack(ref).returncode == 0
@@ -668,10 +665,8 @@ def test_grouped_mixture_figures_are_the_outputs_steps(
     from the Parquet rows), verify re-derives it, and the report says how many groups hold
     each source; a source off its share by more than half a point is named in a warning
     (here all: steps of two long rows, and books in whole rows)."""
-    import packcli.stages.plan as plan_stage
 
-    monkeypatch.setattr(plan_stage, "TOKENS_PER_STEP", 1024)
-    cfg = _mix_config(tmp_path, mix_files, "  group_tokens: 6000\n")
+    cfg = _mix_config(tmp_path, mix_files, STEP + "  group_tokens: 6000\n")
     out = tmp_path / "out"
     said = invoke_ok("pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg)
     code, text = invoke("verify", out)
@@ -779,3 +774,45 @@ def test_grouped_mixture_groups_hold_equal_parts_of_each_sources_copies(
     (plan / "groups.json").write_text("{}")  # damaged: cut again
     with pytest.raises(AssertionError, match="cut again"):
         invoke("plan", "-o", out, "-c", cfg, "-q")
+
+
+def test_mixture_is_ordered_for_the_step_asked(
+    tmp_path: Path, toy_tokenizer_path: Path, mix_files: dict[str, Path]
+) -> None:
+    """``--tokens-per-step`` is the mixture's step: the plan's windows, the report's and
+    verify's are of that many tokens; a source whose largest piece alone is more than its
+    share of a step is named with the piece bound and the least step that could hold it,
+    and at that step its bound is within the goal. A plain corpus's plan does not depend on
+    the step (the same fingerprint), a mixture's does."""
+    from packcli.pack.mixture import MixSpec
+    from packcli.stages.plan import plan_fingerprint
+
+    cfg = _mix_config(tmp_path, mix_files)
+
+    def pack(out: Path, step: int) -> tuple[dict, str]:
+        said = invoke_ok(
+            "pack", "-t", toy_tokenizer_path, "-o", out, "-c", cfg, "--tokens-per-step", step
+        )
+        code, text = invoke("verify", out)
+        assert code == 0, text
+        return json.loads((out / "packcli.json").read_text())["report"]["mixture"], said
+
+    mix, said = pack(tmp_path / "a", 2048)
+    assert mix["window_tokens"] == 2048 and mix["window_rows"] == {"short": 32, "long": 4}
+    # Pieces of up to 512 tokens, a quarter of a step: over the share of some source (code).
+    bound = {s["name"]: s["long"]["piece_bound"] for s in mix["sources"]}
+    name = max(bound, key=lambda n: bound[n])
+    assert bound[name] > 0.005
+    line = next(x for x in said.splitlines() if x.startswith(f"warning: source {name} "))
+    assert "at this step no order of rows can bring it under" in line
+    need = int(line.split("a step needs at least ")[1].split(" tokens")[0].replace(",", ""))
+    assert need % 512 == 0 and need > 2048
+    mix, said = pack(tmp_path / "b", need)
+    assert mix["window_tokens"] == need
+    assert all(s["long"]["piece_bound"] <= 0.005 for s in mix["sources"])
+    assert "no order of rows can bring" not in said
+    plan = PlanConfig(short_len=64, long_len=512)
+    other = PlanConfig(short_len=64, long_len=512, tokens_per_step=need)
+    spec = MixSpec(("a", "b"), (1.0, 2.0), ("split", "split"))
+    assert plan_fingerprint(plan, "t") == plan_fingerprint(other, "t")
+    assert plan_fingerprint(plan, "t", spec) != plan_fingerprint(other, "t", spec)

@@ -205,6 +205,14 @@ class PlanFlags:
             f"[{PlanConfig.cp_size}: no padding]."
         ),
     ] = None
+    tokens_per_step: Annotated[
+        int | None,
+        typer.Option(
+            help="Real tokens per optimizer step: a mixture's rows are ordered so every step "
+            "holds each source near its share; the report's step plan aims at it (rows a "
+            f"step, steps an epoch) [{PlanConfig.tokens_per_step:,}]."
+        ),
+    ] = None
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,11 @@ NumTasks = Annotated[
     int | None, typer.Option(help="Number of tasks [SLURM_ARRAY_TASK_COUNT, else 1].")
 ]
 TokensPerStep = Annotated[
-    int,
+    int | None,
     typer.Option(
         help="Report: the step plan's target of tokens per optimizer step (rows a step, steps "
-        "an epoch, the unpacked batch size with the same documents a step)."
+        "an epoch, the unpacked batch size with the same documents a step) [the plan's "
+        "--tokens-per-step]."
     ),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]

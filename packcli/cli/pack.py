@@ -27,7 +27,7 @@ from packcli.cli.options import (
     TokensPerStep,
     WorkDir,
 )
-from packcli.config import TOKENS_PER_STEP, RunConfig
+from packcli.config import RunConfig
 from packcli.errors import ConfigError
 from packcli.stages.tasks import resolve_task
 
@@ -91,7 +91,6 @@ def pack_command(
     num_tasks: Annotated[
         int | None, typer.Option(help="Tokenize/write tasks [1 local; Ray: cluster CPUs].")
     ] = None,
-    tokens_per_step: TokensPerStep = TOKENS_PER_STEP,
     dp_size: Annotated[
         int | None,
         typer.Option(
@@ -115,7 +114,6 @@ def pack_command(
         command=_command(),
         executor=Executor(executor, ray_address),
         num_tasks=None if num_tasks is None else _positive(num_tasks, "--num-tasks"),
-        tokens_per_step=_positive(tokens_per_step, "--tokens-per-step"),
     )
     schedule = None
     if dp_size is not None:
@@ -261,7 +259,7 @@ def finalize_command(
     out: Out,
     work_dir: WorkDir = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    tokens_per_step: TokensPerStep = TOKENS_PER_STEP,
+    tokens_per_step: TokensPerStep = None,
 ) -> None:
     """Stage 4 of 4: check all files are written; write the dataset card and packcli.json."""
     from packcli.publish.report import format_report
@@ -275,6 +273,8 @@ def finalize_command(
         report = finalize_stage(
             cfg,
             command=_command(),
-            tokens_per_step=_positive(tokens_per_step, "--tokens-per-step"),
+            tokens_per_step=(
+                None if tokens_per_step is None else _positive(tokens_per_step, "--tokens-per-step")
+            ),
         )
     typer.echo(json.dumps(report, indent=2) if json_out else format_report(report))

@@ -50,7 +50,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from packcli.config import TOKENS_PER_STEP
 from packcli.names import CONFIG_NAMES
 from packcli.pack.exchange import EXCHANGE_STEPS
 from packcli.pack.plan import Plan, RowLayout, layout_units, plan_two_tier
@@ -441,10 +440,10 @@ def balance_tail(
     return GroupPlan(_keep(plan, ~mask), Pieces.concat([tail, _pieces(plan, mask)]), ballast)
 
 
-def part_rows_multiple(long_len: int) -> int:
-    """Long rows of the exchange's window at ``TOKENS_PER_STEP`` (``EXCHANGE_STEPS`` steps):
+def part_rows_multiple(long_len: int, tokens_per_step: int) -> int:
+    """Long rows of the exchange's window (``EXCHANGE_STEPS`` steps of ``tokens_per_step``):
     the multiple a mixture's group keeps (``balance_tail(align=...)``)."""
-    return max(1, TOKENS_PER_STEP // long_len) * EXCHANGE_STEPS
+    return max(1, tokens_per_step // long_len) * EXCHANGE_STEPS
 
 
 def policy_counts(stats: Sequence[dict[str, Any]]) -> dict[str, int]:

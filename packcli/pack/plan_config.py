@@ -36,6 +36,10 @@ class PlanConfig:
     # of 2 * cp_size (Transformer Engine's THD layout splits each sequence into 2 * cp
     # chunks); 1 = no padding, the rows of every earlier version.
     cp_size: int = 1
+    # Real tokens per optimizer step (``--tokens-per-step``): a mixture's rows are ordered so
+    # that every window of one step holds each source near its share, and the report's step
+    # plan aims at it. A plain corpus's rows do not depend on it (not in its fingerprint).
+    tokens_per_step: int = 1 << 20
 
     @property
     def pad_multiple(self) -> int:
@@ -59,6 +63,8 @@ class PlanConfig:
             )
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"plan.seed must be in 0..{MAX_SEED}, got {self.seed}")
+        if self.tokens_per_step < 1:
+            raise ConfigError(f"plan.tokens_per_step must be >= 1, got {self.tokens_per_step}")
         if self.group_tokens < 1:
             raise ConfigError(f"plan.group_tokens must be >= 1, got {self.group_tokens}")
         if not 1 <= self.cp_size <= MAX_CP_SIZE:

@@ -380,13 +380,16 @@ def _tokenizer_lines(tok: dict[str, Any]) -> list[str]:
     return lines
 
 
-def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[str, Any]:
+def mixture_report(
+    stats: dict[str, Any], sources: list[SourceCount], window_tokens: int
+) -> dict[str, Any]:
     """A mixture's section of the report: per source what its weight did (documents, tokens,
     copies, repeats, drops), its realised share of each config's tokens, and that share's
     largest and 99th-percentile deviation over the output's windows of one step
-    (``window_rows`` rows of ``window_tokens`` from its first row, against the output's
-    share, a grouped plan's too), and for a grouped plan how many of its ``groups`` hold each
-    source (``mixture_warnings`` says why that matters). Token account:
+    (``window_rows`` rows of ``window_tokens``, the plan's ``tokens_per_step``, from its first
+    row, against the output's share, a grouped plan's too; in the long config also the piece
+    bound, what no order of its rows can beat), and for a grouped plan how many of its
+    ``groups`` hold each source (``mixture_warnings`` says why that matters). Token account:
     ``long tokens = input.tokens - truncated - dropped + repeat_tokens - subsampled_tokens``."""
     spec = stats["mixture_spec"]
     counts = {
@@ -421,7 +424,7 @@ def mixture_report(stats: dict[str, Any], sources: list[SourceCount]) -> dict[st
         **extra,
         "mode": "epochs",
         "seed": int(spec["seed"]),
-        "window_tokens": TOKENS_PER_STEP,
+        "window_tokens": window_tokens,
         "window_rows": {tier: w.window_rows for tier, w in windows.items()},
         "repeat_tokens": sum(c.repeat_tokens for c in counts.values()),
         "subsampled_tokens": sum(c.subsampled_tokens for c in counts.values()),
@@ -437,8 +440,9 @@ WARN_DEVIATION = 0.005
 
 def mixture_warnings(mix: dict[str, Any]) -> list[str]:
     """Per source of at least ``WARN_SHARE`` of a config, off its share by more than
-    ``WARN_DEVIATION`` in some step: a line naming it, the deviation and, where it is in
-    fewer groups than the plan has, the cause and the cure. Why: a grouped plan orders each
+    ``WARN_DEVIATION`` in some step: a line naming it, the deviation and the causes we know,
+    with their cures: a step too small for its largest piece (the piece bound), or fewer
+    groups holding it than the plan has. Why the latter: a grouped plan orders each
     group's rows for the mix, but a group can only give what it holds; each group holds
     ``1/G`` of every source's tokens (``packcli.pack.groups.source_slices``), but a source of
     fewer documents than groups sits in only some, and every step of the others lacks it."""
@@ -456,13 +460,33 @@ def mixture_warnings(mix: dict[str, Any]) -> list[str]:
                 f"points off its {t.share * 100:.2f}% share in some step of the {tier} "
                 f"config (goal: {WARN_DEVIATION * 100:.1f})"
             )
+            causes = []
+            bound = t.piece_bound or 0.0
+            if bound > WARN_DEVIATION:
+                causes.append(_step_too_small(mix, tier, t.share, bound))
             if groups is not None and s.get("groups", groups) < groups:
-                line += (
-                    f": its documents sit in {s['groups']} of the {groups} plan groups (a "
+                causes.append(
+                    f"its documents sit in {s['groups']} of the {groups} plan groups (a "
                     "document is in one group); raise plan.group_tokens for fewer groups"
                 )
-            out.append(line)
+            out.append(": ".join([line, "; ".join(causes)]) if causes else line)
     return out
+
+
+def _step_too_small(mix: dict[str, Any], tier: str, share: float, bound: float) -> str:
+    """Why a source is off where its piece bound says no order of rows can do better: its
+    largest unit alone is more than its share (plus the goal) of a step. The least step that
+    could hold it, in whole rows (a necessary size, not a promise: ``docs/benchmarks.md``,
+    "Mixtures", has what the planner reaches)."""
+    step = int(mix["window_tokens"])
+    row = max(1, step // max(1, int(mix.get("window_rows", {}).get(tier, 1))))
+    largest = (bound + share) * step
+    need = -(-int(largest / (share + WARN_DEVIATION)) // row) * row
+    return (
+        f"at this step no order of rows can bring it under {bound * 100:.2f} (its largest "
+        f"piece alone is {(bound + share) * 100:.1f}% of a {step:,}-token step); a step needs "
+        f"at least {need:,} tokens for it (--tokens-per-step)"
+    )
 
 
 def format_mixture(mix: dict[str, Any]) -> str:

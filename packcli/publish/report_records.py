@@ -86,6 +86,9 @@ class SourceShare(Fields):
     window_p99_deviation: float
     shuffled_window_max_deviation: float
     straddling_window_max_deviation: float | None = field(default=None, metadata={"omit": True})
+    # The long config: the least largest deviation any order of its rows can reach at this
+    # step (``packcli.pack.exchange.piece_bound``: a step holding the source's largest unit).
+    piece_bound: float | None = field(default=None, metadata={"omit": True})
 
     @classmethod
     def of(cls, w: WindowSpread, source: int) -> SourceShare:
@@ -93,6 +96,7 @@ class SourceShare(Fields):
         total = sum(w.tokens)
         straddling = w.straddling_max_deviation
         return cls(
+            piece_bound=None if w.piece_bound is None else w.piece_bound[source],
             tokens=int(w.tokens[source]),
             share=round(w.tokens[source] / total, 6) if total else 0.0,
             window_max_deviation=w.max_deviation[source],

@@ -12,7 +12,7 @@ from typing import Any
 
 from packcli import __version__
 from packcli.atomic import atomic_write_bytes, atomic_write_json
-from packcli.config import TOKENS_PER_STEP, RunConfig
+from packcli.config import RunConfig
 from packcli.errors import PackcliError
 from packcli.faults import crash_point
 from packcli.fs import redact
@@ -48,10 +48,10 @@ def finalize_stage(
     *,
     command: str = "",
     plan: PlanSet | None = None,
-    tokens_per_step: int = TOKENS_PER_STEP,
+    tokens_per_step: int | None = None,
 ) -> dict[str, Any]:
     """Check every output file is written, remove strays, write the card and the marker.
-    ``tokens_per_step``: the report's step-plan target (not a setting of the data)."""
+    ``tokens_per_step``: the report's step-plan target [the plan's ``tokens_per_step``]."""
     out = require_out(cfg)
     store = work_store(cfg)
     store.pull_records(WRITE_DIR)  # index_tokens pulls the tokenize stage's records
@@ -60,6 +60,8 @@ def finalize_stage(
         store.pull(PLAN)
         plan = load_plan(cfg.work_path, shards)
     cfg = stored_config(cfg)
+    if tokens_per_step is None:
+        tokens_per_step = cfg.plan.tokens_per_step
     # The tail's files, when no write task wrote them (separate write tasks write groups).
     write_tail(cfg, plan, shards, quiet=True)
     fingerprint = write_fingerprint(cfg, shards)
@@ -252,7 +254,9 @@ def _report(
         else None,
     )
     if "mixture_spec" in rows.stats:  # a mixture: its sources and the token account
-        report["mixture"] = mixture_report(rows.stats, shards.success.sources or [])
+        report["mixture"] = mixture_report(
+            rows.stats, shards.success.sources or [], cfg.plan.tokens_per_step
+        )
         report["mixture"]["mode"] = cfg.mix_mode or "epochs"
         report["policy"]["repeat_tokens"] = report["mixture"]["repeat_tokens"]
         report["policy"]["subsampled_tokens"] = report["mixture"]["subsampled_tokens"]

@@ -20,7 +20,6 @@ import numpy as np
 from packcli import __version__
 from packcli.atomic import atomic_write_json, atomic_writer
 from packcli.config import (
-    TOKENS_PER_STEP,
     ChatConfig,
     PlanConfig,
     ReadConfig,
@@ -96,11 +95,18 @@ log = logging.getLogger(__name__)
 def plan_fingerprint(
     plan_cfg: PlanConfig, tokens_fingerprint: str, mix: MixSpec | None = None
 ) -> str:
-    # A mixture's weights and policies change the plan: never mixed.
-    mixture = None if mix is None else {**mix.as_record(), "order": MIX_ORDER_RULE}
+    # A mixture's weights and policies change the plan: never mixed. So does its step (the
+    # windows its rows are ordered for); a plain corpus's rows do not depend on it.
+    settings = dataclasses.asdict(plan_cfg)
+    step = settings.pop("tokens_per_step")
+    mixture = (
+        None
+        if mix is None
+        else {**mix.as_record(), "order": MIX_ORDER_RULE, "tokens_per_step": step}
+    )
     inputs = PlanInputs(
         tokens_fingerprint,
-        dataclasses.asdict(plan_cfg),
+        settings,
         __version__,
         RELEASE_RULE,
         PLACEMENT_RULE,
@@ -385,7 +391,7 @@ def plan_stage(
             del tails, given, ballasts
             if mix is not None:  # the tail's rows start after every group's
                 tail_plan, spread = order_plan(
-                    tail_plan, mix[1], TOKENS_PER_STEP, mix[0].seed, exchange=False
+                    tail_plan, mix[1], cfg.plan.tokens_per_step, mix[0].seed, exchange=False
                 )
                 first_row = sum(p.rows["long"] for p in parts)
                 tail_plan, _ = exchange_plan(
@@ -661,12 +667,14 @@ def _plan_mixed(
         src = [source_of(x, first_doc) for x in (grouped.plan.piece_doc, grouped.tail.doc)]
         # Groups before the last keep whole windows; the last shares its last window with
         # the tail, whose rows it then makes up for (``StepRows.tail_rows``).
-        align = part_rows_multiple(plan_cfg.long_len) if g < n_groups - 1 else 1
+        last = g == n_groups - 1
+        align = 1 if last else part_rows_multiple(plan_cfg.long_len, plan_cfg.tokens_per_step)
         grouped = balance_tail(grouped, src[0], src[1], first_doc.size, align=align)
         plan, tail, ballast = grouped.plan, grouped.tail, grouped.ballast
     # The exchange's windows start at the plan's first row: the output's only for one group
     # (several: the second pass, once each group's first output row is known).
-    plan, spread = order_plan(plan, first_doc, TOKENS_PER_STEP, spec.seed, exchange=n_groups == 1)
+    step = plan_cfg.tokens_per_step
+    plan, spread = order_plan(plan, first_doc, step, spec.seed, exchange=n_groups == 1)
     per = ex.stats.values()
     stats = dict(plan.stats)
     stats.update(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packcli import jit
-from packcli.config import TOKENS_PER_STEP, RunConfig
+from packcli.config import RunConfig
 from packcli.process_exit import park
 from packcli.stages.executors import Executor
 from packcli.stages.finalize import finalize_stage
@@ -45,7 +45,6 @@ def run_pack(
     command: str = "",
     executor: Executor | None = None,
     num_tasks: int | None = None,
-    tokens_per_step: int = TOKENS_PER_STEP,
 ) -> RunResult:
     """The whole job from one command: tokenize and write as ``num_tasks`` tasks each on the
     executor (one in-process task by default), plan and finalize in this process.
@@ -61,7 +60,7 @@ def run_pack(
     try:
         claim_output(cfg)
         with hold(out, cfg.work_path):
-            return _run_locked(cfg, prepared, quiet, command, executor, num_tasks, tokens_per_step)
+            return _run_locked(cfg, prepared, quiet, command, executor, num_tasks)
     finally:
         if warming is not None:
             warming.join()
@@ -95,7 +94,6 @@ def _run_locked(
     command: str,
     executor: Executor,
     num_tasks: int | None,
-    tokens_per_step: int = TOKENS_PER_STEP,
 ) -> RunResult:
     n = num_tasks or executor.default_tasks()
     timings: dict[str, float] = {}
@@ -131,7 +129,9 @@ def _run_locked(
         executor.map(write_stage, (cfg,), n, quiet=quiet)
         write_tail(cfg, plan, shards, quiet=quiet)  # from the groups' tail shards
     timings["write"] = time.perf_counter() - t0
-    report = finalize_stage(cfg, command=command, plan=plan, tokens_per_step=tokens_per_step)
+    report = finalize_stage(
+        cfg, command=command, plan=plan, tokens_per_step=cfg.plan.tokens_per_step
+    )
     return RunResult(
         report=report,
         timings=timings,
