@@ -9,6 +9,7 @@ import itertools
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -252,6 +253,39 @@ def test_one_group_exchange_is_as_before() -> None:
         assert digest.hexdigest() == (
             "d3fc9b21cd25dddeea03a69a9ab73bba54491f7fff597982b31e102064165962"
         )
+
+
+def test_window_steps_make_32_rows_from_at_most_4_steps() -> None:
+    assert [xc.window_steps(r) for r in (1, 2, 8, 9, 16, 31, 32, 64)] == [4, 4, 4, 4, 2, 2, 1, 1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_step_of_32_rows_gets_the_windows_of_4_steps_of_8(seed: int) -> None:
+    """Planned for steps of 4x the tokens, the long config's windows of 32 rows hold what
+    the plan for steps of 8 rows gives them (its second pass only trades inside them)."""
+    import dataclasses
+
+    rng = np.random.default_rng(seed)
+    lens = [rng.integers(1, 60, 6000), rng.integers(100, 900, 600), rng.integers(900, 4000, 90)]
+    first = np.cumsum([0] + [x.size for x in lens[:-1]])
+    spec = mx.MixSpec(("a", "b", "c"), (1.0, 1.5, 2.0), ("split",) * 3)
+    all_lens = np.concatenate(lens)
+    ex = mx.expand(all_lens, np.arange(all_lens.size), first, spec, 1024)
+    plan = plan_two_tier(ex.lengths, PlanConfig(short_len=64, long_len=1024))
+    plan = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc])
+    fine, fine_spread = mx.order_plan(plan, first, 8 * 1024, seed=3)
+    coarse, coarse_spread = mx.order_plan(plan, first, 32 * 1024, seed=3)
+    assert fine_spread["long"].exchange_window_rows == 32
+    assert coarse_spread["long"].exchange_window_rows == 32
+
+    def sums(p: Any) -> np.ndarray:
+        src = mx.source_of(p.piece_doc, first)
+        m = mx.row_source_tokens(p.long.row_offsets, p.long.row_pieces, src, p.piece_size, 3)
+        n = m.shape[0] // 32 * 32
+        return np.asarray(m[:n].reshape(-1, 32, 3).sum(axis=1))
+
+    assert sums(fine).shape[0] >= 3
+    assert np.array_equal(sums(fine), sums(coarse))
 
 
 @given(docs=DOCS, w=st.integers(1, 4), group=st.integers(2, 4))

@@ -35,7 +35,7 @@ whose error is then the step's: this part makes up for the other side.
    move lowers the sum (so it ends); a window that found no move waits until a partner's
    move changes it. If the run from the deal ends worse than the given order's largest
    error, it runs again from the given order, so the result is never worse than the input.
-3. ``order_plan`` balances windows of ``exchange_window`` rows (4 steps, or more where a
+3. ``order_plan`` balances windows of ``exchange_window`` rows (up to 4 steps, or more where a
    piece forbids), then the steps inside each one, with partners only in the same window
    (``group``), which leaves every coarse window's sums exactly as they were; for a
    grouped plan ``exchange_plan`` does the same at each part's first output row, once
@@ -73,7 +73,13 @@ MAX_PASSES = 6
 N_CAND = 12  # units per side by projection; as many again drawn
 N_PARTNERS = 2  # most opposite windows; as many again drawn
 MAX_MOVES = 32  # moves per window per pass
-EXCHANGE_STEPS = 4  # windows of this many steps are balanced
+# Windows of up to this many steps are balanced first, as few as make ``EXCHANGE_ROWS``
+# long rows (``window_steps``): a step of 8 rows (1M tokens of 128k rows) is too coarse
+# to deal whole rows into, one of 32 rows (4M) is not, and larger windows only let the
+# steps inside them drift apart (4M steps in windows of 4 steps: 0.30-0.46 points off in
+# one group, up to 3.5 grouped; of one step: 0.15-0.45, as planned for 1M steps).
+EXCHANGE_STEPS = 4
+EXCHANGE_ROWS = 32
 DEAL_WINDOWS = 1024  # windows one deal chooses among
 
 
@@ -127,17 +133,23 @@ def piece_bound(max_piece: np.ndarray, target: np.ndarray, window_tokens: int) -
     return bound
 
 
+def window_steps(step_rows: int) -> int:
+    """Steps in the exchange's first windows: ``EXCHANGE_STEPS``, fewer where fewer make
+    ``EXCHANGE_ROWS`` rows (one, for steps of 32 rows or more)."""
+    return min(EXCHANGE_STEPS, -(-EXCHANGE_ROWS // max(1, step_rows)))
+
+
 def exchange_window(
     step_rows: int, n_rows: int, capacity: int, max_piece: np.ndarray, target: np.ndarray
 ) -> int:
-    """Rows of the windows the exchange balances: ``EXCHANGE_STEPS`` steps, doubled until
+    """Rows of the windows the exchange balances: ``window_steps`` steps, doubled until
     every source of at least ``MIN_SHARE`` can hold ``TOLERANCE`` (``piece_bound``), at most
     ``n_rows``. Why not one step: a long row holds 103k-131k of a book (pieces grouped to
     fill it), and rows only trade whole between windows (no pack set weighs exactly a book
     piece), so windows of a few rows cannot hold a 10% source to half a point, and balancing
     them first left books 2.0 and 0.67 points off at 4M and 8M (docs/benchmarks.md); the
     steps inside each window are balanced after, within it (``balance_steps(group=...)``)."""
-    w = max(1, step_rows) * EXCHANGE_STEPS
+    w = max(1, step_rows) * window_steps(step_rows)
     big = np.asarray(target) >= MIN_SHARE
     while w < n_rows and (piece_bound(max_piece, target, w * capacity)[big] > TOLERANCE).any():
         w *= 2

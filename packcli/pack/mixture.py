@@ -540,7 +540,7 @@ def exchange_plan(
     following: np.ndarray | None = None,
 ) -> tuple[Any, WindowSpread]:
     """The plan with its long config's units exchanged between the output's windows
-    (``packcli.pack.exchange``: windows of 4 steps, or more where a piece forbids, then the
+    (``packcli.pack.exchange``: windows of up to 4 steps, or more where a piece forbids, then the
     steps inside each), and its long config's ``spread`` (``order_plan``'s) updated.
     ``offset``: the plan's first long row is the output's row ``offset``, whose windows
     start at the output's row 0; ``open_end``: another part's rows follow (the windows the
