@@ -845,6 +845,17 @@ def test_mixture_is_ordered_for_the_step_asked(
     assert mix["window_tokens"] == need
     assert all(s["long"]["piece_bound"] <= 0.005 for s in mix["sources"])
     assert "no order of rows can bring" not in said
+    # By stages, on the first output: the plan is made again for the new step, and the
+    # written rows are those of the one-command pack.
+    a = tmp_path / "a"
+    for stage in (["plan", "-o", a, "-c", cfg, "--tokens-per-step", need], ["write", "-o", a]):
+        invoke_ok(*stage)
+    invoke_ok("finalize", "-o", a)
+    assert data_hashes(a) == data_hashes(tmp_path / "b")
+    report = json.loads((a / "packcli.json").read_text())["report"]
+    assert report["mixture"]["window_tokens"] == need
+    assert report["training"]["long"]["tokens_per_step"] == need
+    assert invoke("verify", a)[0] == 0
     plan = PlanConfig(short_len=64, long_len=512)
     other = PlanConfig(short_len=64, long_len=512, tokens_per_step=need)
     spec = MixSpec(("a", "b"), (1.0, 2.0), ("split", "split"))
