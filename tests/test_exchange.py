@@ -774,7 +774,8 @@ def test_grouped_mixture_groups_hold_equal_parts_of_each_sources_copies(
     ~68 groups: every group's copy tokens of each source are within one document's copies
     of the groups' mean (cut at the copies' tokens; cut at the documents' tokens, books
     are off by 1.4 documents here); the cut is saved in ``plan/groups.json``, a second plan
-    reuses it, reading no lengths, and a damaged one is cut again; verify holds."""
+    reuses it, reading no lengths (for another step too: the cut does not depend on it), and
+    a damaged one is cut again; verify holds."""
     import packcli.stages.plan as plan_stage
 
     spans = {"web": (1, 30, 400), "code": (20, 150, 80), "books": (60, 240, 600)}
@@ -805,6 +806,7 @@ def test_grouped_mixture_groups_hold_equal_parts_of_each_sources_copies(
 
     monkeypatch.setattr(plan_stage, "_copy_weights", no_reads)
     invoke_ok("plan", "-o", out, "-c", cfg, "-q")
+    invoke_ok("plan", "-o", out, "-c", cfg, "-q", "--tokens-per-step", 4096)
     (plan / "groups.json").write_text("{}")  # damaged: cut again
     with pytest.raises(AssertionError, match="cut again"):
         invoke("plan", "-o", out, "-c", cfg, "-q")

@@ -93,17 +93,16 @@ log = logging.getLogger(__name__)
 
 
 def plan_fingerprint(
-    plan_cfg: PlanConfig, tokens_fingerprint: str, mix: MixSpec | None = None
+    plan_cfg: PlanConfig, tokens_fingerprint: str, mix: MixSpec | None = None, step: bool = True
 ) -> str:
-    # A mixture's weights and policies change the plan: never mixed. So does its step (the
-    # windows its rows are ordered for); a plain corpus's rows do not depend on it.
+    """What a plan is made from. A mixture's weights and policies change the plan: never
+    mixed. So does its step (the windows its rows are ordered for), unless ``step`` is False
+    (the groups' cut, which does not depend on it); a plain corpus's rows never do."""
     settings = dataclasses.asdict(plan_cfg)
-    step = settings.pop("tokens_per_step")
-    mixture = (
-        None
-        if mix is None
-        else {**mix.as_record(), "order": MIX_ORDER_RULE, "tokens_per_step": step}
-    )
+    tokens_per_step = settings.pop("tokens_per_step")
+    mixture = None if mix is None else {**mix.as_record(), "order": MIX_ORDER_RULE}
+    if mixture is not None and step:
+        mixture["tokens_per_step"] = tokens_per_step
     inputs = PlanInputs(
         tokens_fingerprint,
         settings,
@@ -214,7 +213,7 @@ def _groups(cfg: RunConfig, shards: TokenShards) -> list[list[Slice]]:
     mix = mix_spec(cfg, shards) if cfg.sources else None
     if mix is None or n_groups == 1:
         return [whole_shards(g, docs) for g in shard_groups(len(shards), n_groups)]
-    fp = plan_fingerprint(cfg.plan, shards.success.fingerprint, mix[0])
+    fp = plan_fingerprint(cfg.plan, shards.success.fingerprint, mix[0], step=False)
     store = work_store(cfg)
     store.pull(GROUPS)
     saved = read_record(GroupsRecord, cfg.work_path / GROUPS)
