@@ -841,6 +841,11 @@ def test_mixture_is_ordered_for_the_step_asked(
     assert bound[name] > 0.005
     line = next(x for x in said.splitlines() if x.startswith(f"warning: source {name} "))
     assert "at this step no order of rows can bring it under" in line
+    for other in (s for s in mix["sources"] if s["long"]["piece_bound"] <= 0.005):
+        # Off as well, by the steps that hold the coarse source's pieces: said so.
+        warned = [x for x in said.splitlines() if x.startswith(f"warning: source {other['name']} ")]
+        long_line = next(x for x in warned if "of the long config" in x)
+        assert f"the steps holding one of {name}'s largest pieces" in long_line
     need = int(line.split("a step needs at least ")[1].split(" tokens")[0].replace(",", ""))
     assert need % 512 == 0 and need > 2048
     mix, said = pack(tmp_path / "b", need)

@@ -448,11 +448,29 @@ def mixture_warnings(mix: dict[str, Any]) -> list[str]:
     fewer documents than groups sits in only some, and every step of the others lacks it."""
     out = []
     groups = mix.get("groups")
+    shares = {
+        (s["name"], tier): SourceShare.from_json(
+            s[tier], MARKER, prefix=f"report.mixture.sources.{tier}."
+        )
+        for s in mix["sources"]
+        for tier in ("long", "short")
+        if s.get(tier)
+    }
+    # Per config, the source whose largest piece is furthest over its share of a step: the
+    # steps holding such a piece move every other source's share too.
+    coarsest = {
+        tier: max(
+            ((name, t.piece_bound or 0.0) for (name, c), t in shares.items() if c == tier),
+            key=lambda nb: nb[1],
+            default=None,
+        )
+        for tier in ("long", "short")
+    }
     for s in mix["sources"]:
         for tier in ("long", "short"):
-            if not s.get(tier):
+            if (s["name"], tier) not in shares:
                 continue
-            t = SourceShare.from_json(s[tier], MARKER, prefix=f"report.mixture.sources.{tier}.")
+            t = shares[(s["name"], tier)]
             if t.share < WARN_SHARE or t.window_max_deviation <= WARN_DEVIATION:
                 continue
             line = (
@@ -462,8 +480,14 @@ def mixture_warnings(mix: dict[str, Any]) -> list[str]:
             )
             causes = []
             bound = t.piece_bound or 0.0
+            other = coarsest[tier]
             if bound > WARN_DEVIATION:
                 causes.append(_step_too_small(mix, tier, t.share, bound))
+            elif other is not None and other[1] > WARN_DEVIATION:
+                causes.append(
+                    f"the steps holding one of {other[0]}'s largest pieces (alone "
+                    f"{other[1] * 100:.2f} points over its share) move this source's share too"
+                )
             if groups is not None and s.get("groups", groups) < groups:
                 causes.append(
                     f"its documents sit in {s['groups']} of the {groups} plan groups (a "
