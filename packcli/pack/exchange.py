@@ -139,6 +139,13 @@ def window_steps(step_rows: int) -> int:
     return min(EXCHANGE_STEPS, -(-EXCHANGE_ROWS // max(1, step_rows)))
 
 
+def first_window_rows(step_rows: int) -> int:
+    """Rows of the exchange's first windows before any doubling: ``window_steps`` steps of
+    ``step_rows`` rows (what a mixture's group keeps a multiple of: ``part_rows_multiple``)."""
+    step_rows = max(1, step_rows)
+    return step_rows * window_steps(step_rows)
+
+
 def exchange_window(
     step_rows: int, n_rows: int, capacity: int, max_piece: np.ndarray, target: np.ndarray
 ) -> int:
@@ -149,7 +156,7 @@ def exchange_window(
     piece), so windows of a few rows cannot hold a 10% source to half a point, and balancing
     them first left books 2.0 and 0.67 points off at 4M and 8M (docs/benchmarks.md); the
     steps inside each window are balanced after, within it (``balance_steps(group=...)``)."""
-    w = max(1, step_rows) * window_steps(step_rows)
+    w = first_window_rows(step_rows)
     big = np.asarray(target) >= MIN_SHARE
     while w < n_rows and (piece_bound(max_piece, target, w * capacity)[big] > TOLERANCE).any():
         w *= 2

@@ -51,7 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from packcli.names import CONFIG_NAMES
-from packcli.pack.exchange import window_steps
+from packcli.pack.exchange import first_window_rows
 from packcli.pack.plan import Plan, RowLayout, layout_units, plan_two_tier
 from packcli.pack.plan_config import PlanConfig
 
@@ -441,10 +441,9 @@ def balance_tail(
 
 
 def part_rows_multiple(long_len: int, tokens_per_step: int) -> int:
-    """Long rows of the exchange's window (``window_steps`` steps of ``tokens_per_step``):
-    the multiple a mixture's group keeps (``balance_tail(align=...)``)."""
-    step_rows = max(1, tokens_per_step // long_len)
-    return step_rows * window_steps(step_rows)
+    """Long rows of the exchange's first window at steps of ``tokens_per_step``: the
+    multiple a mixture's group keeps (``balance_tail(align=...)``)."""
+    return first_window_rows(tokens_per_step // long_len)
 
 
 def policy_counts(stats: Sequence[dict[str, Any]]) -> dict[str, int]:

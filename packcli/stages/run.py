@@ -129,9 +129,7 @@ def _run_locked(
         executor.map(write_stage, (cfg,), n, quiet=quiet)
         write_tail(cfg, plan, shards, quiet=quiet)  # from the groups' tail shards
     timings["write"] = time.perf_counter() - t0
-    report = finalize_stage(
-        cfg, command=command, plan=plan, tokens_per_step=cfg.plan.tokens_per_step
-    )
+    report = finalize_stage(cfg, command=command, plan=plan)  # at the plan's step
     return RunResult(
         report=report,
         timings=timings,
