@@ -229,20 +229,32 @@ def test_the_outputs_windows_over_a_part() -> None:
     assert lo.tolist() == [0, 1, 1] and hi.tolist() == [1, 3, 3]
 
 
-def test_one_group_exchange_is_as_before() -> None:
-    """A one-group plan's exchange gives the long rows packcli gave before the second pass
-    existed (digest recorded from that version, both kernel modes)."""
+def _three_source_plan(seed: int, scale: int) -> tuple[Any, np.ndarray]:
+    """A mixture's two-tier plan (short 64, long 1024) of three sources of ``2000 * scale``
+    short, ``200 * scale`` medium and ``30 * scale`` long documents, weights 1 / 1.5 / 2,
+    pieces keyed by copy; and each source's first doc id."""
     import dataclasses
-    import hashlib
 
-    rng = np.random.default_rng(26)
-    lens = [rng.integers(1, 60, 2000), rng.integers(100, 900, 200), rng.integers(900, 4000, 30)]
+    rng = np.random.default_rng(seed)
+    lens = [
+        rng.integers(1, 60, 2000 * scale),
+        rng.integers(100, 900, 200 * scale),
+        rng.integers(900, 4000, 30 * scale),
+    ]
     first = np.cumsum([0] + [x.size for x in lens[:-1]])
     spec = mx.MixSpec(("a", "b", "c"), (1.0, 1.5, 2.0), ("split",) * 3)
     all_lens = np.concatenate(lens)
     ex = mx.expand(all_lens, np.arange(all_lens.size), first, spec, 1024)
     plan = plan_two_tier(ex.lengths, PlanConfig(short_len=64, long_len=1024))
-    plan = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc])
+    return dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc]), first
+
+
+def test_one_group_exchange_is_as_before() -> None:
+    """A one-group plan's exchange gives the long rows packcli gave before the second pass
+    existed (digest recorded from that version, both kernel modes)."""
+    import hashlib
+
+    plan, first = _three_source_plan(26, 1)
     for mode in ("python", "numba"):
         with jit.forced(mode):
             out, spread = mx.order_plan(plan, first, 8192, seed=3)
@@ -263,16 +275,7 @@ def test_window_steps_make_32_rows_from_at_most_4_steps() -> None:
 def test_a_step_of_32_rows_gets_the_windows_of_4_steps_of_8(seed: int) -> None:
     """Planned for steps of 4x the tokens, the long config's windows of 32 rows hold what
     the plan for steps of 8 rows gives them (its second pass only trades inside them)."""
-    import dataclasses
-
-    rng = np.random.default_rng(seed)
-    lens = [rng.integers(1, 60, 6000), rng.integers(100, 900, 600), rng.integers(900, 4000, 90)]
-    first = np.cumsum([0] + [x.size for x in lens[:-1]])
-    spec = mx.MixSpec(("a", "b", "c"), (1.0, 1.5, 2.0), ("split",) * 3)
-    all_lens = np.concatenate(lens)
-    ex = mx.expand(all_lens, np.arange(all_lens.size), first, spec, 1024)
-    plan = plan_two_tier(ex.lengths, PlanConfig(short_len=64, long_len=1024))
-    plan = dataclasses.replace(plan, piece_doc=ex.keys[plan.piece_doc])
+    plan, first = _three_source_plan(seed, 3)
     fine, fine_spread = mx.order_plan(plan, first, 8 * 1024, seed=3)
     coarse, coarse_spread = mx.order_plan(plan, first, 32 * 1024, seed=3)
     assert fine_spread["long"].exchange_window_rows == 32
