@@ -98,3 +98,47 @@ def test_reused_buffers_give_the_same_rows_and_bytes(tmp_path: Path, cp_size: in
                 write_config_file(plan, lay, source, b, wcfg, r0, r1, scratch=scratch)
                 assert a.read_bytes() == b.read_bytes()
                 assert pq.read_table(b).to_pylist() == fresh
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    """``table`` as ``write_config_file`` writes a row group (zstd 3, no dictionary)."""
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(
+        sink, table.schema, compression="zstd", compression_level=3, use_dictionary=False
+    ) as writer:
+        writer.write_table(table, row_group_size=table.num_rows)
+    return bytes(sink.getvalue())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_chunked_write_same_bytes(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``in_chunks`` hands the writer a row group as slices of whole rows; the file's bytes
+    are those of the table in one piece: rows shorter and longer than a chunk, empty lists,
+    chunk sizes that fall mid-page (columns of several 1 MB pages, values that do not
+    compress away), and a table smaller than a chunk (returned as is)."""
+    rng = np.random.default_rng(seed)
+    rows = 600
+    lengths = rng.integers(0, 2_500, rows)
+    lengths[rng.integers(0, rows, 5)] = rng.integers(10_000, 40_000, 5)  # rows over a chunk
+    lengths[rng.integers(0, rows, 5)] = 0
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    total = int(offsets[-1])
+    tokens = rng.integers(0, 128_000, total).astype(np.int32)
+    seg = np.repeat(rng.integers(1, 40, rows).astype(np.int32), lengths)
+    table = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(offsets, tokens),
+            "segment_ids": pa.ListArray.from_arrays(offsets, seg),
+            "num_tokens": pa.array(lengths.astype(np.int32)),
+        }
+    )
+    one = _parquet_bytes(table)
+    assert len(pq.ParquetFile(pa.BufferReader(one)).metadata.to_dict()["row_groups"]) == 1
+    for chunk_tokens, capacity in ((1 << 17, 4_096), (5_000, 2_500), (3_333, 997), (1, 1)):
+        monkeypatch.setattr(write, "CHUNK_TOKENS", chunk_tokens)
+        chunked = write.in_chunks(table, capacity)
+        per_chunk = max(1, chunk_tokens // capacity)
+        assert chunked.column("input_ids").num_chunks == -(-rows // per_chunk)
+        assert _parquet_bytes(chunked) == one
+    monkeypatch.setattr(write, "CHUNK_TOKENS", 1 << 30)
+    assert write.in_chunks(table, 4_096) is table
