@@ -150,3 +150,26 @@ def test_distinct_shards_are_np_unique(values: list[int]) -> None:
     got = distinct_shards(shard_of)
     assert got.tolist() == sorted(set(values))  # the oracle: Python's own set
     assert got.tolist() == np.unique(shard_of).tolist()
+
+
+@pytest.mark.parametrize("behind", [False, True])
+def test_a_written_shards_arrays_fill_a_later_shard(tmp_path: Path, behind: bool) -> None:
+    """Two sets of column arrays serve every shard (fresh pages are touched once), and a set
+    is reused only once nothing else holds its arrays: a view kept outside the writer keeps
+    its set out of reuse. The shards' contents are the property test's concern."""
+    rng = np.random.default_rng(2)
+    with ShardWriter(tmp_path / "reused", 100, behind=behind) as w:
+        sets = {id(w._columns[0].values.data)}  # an id holds no reference
+        for k in range(6):
+            w.add(_batch(rng, [60, 40], 2 * k, chat=False))  # a shard each, no growth
+            sets.add(id(w._columns[0].values.data))
+            w._wait()  # the shard behind is on disk: its arrays spare
+        assert len(sets) == 2
+    assert len(w.manifests) == 6 and w._spare is None
+    with ShardWriter(tmp_path / "held", 100, behind=behind) as w:
+        held = []
+        for k in range(4):
+            held.append(w._columns[0].values.data)  # a reference from outside
+            w.add(_batch(rng, [60, 40], 2 * k, chat=False))
+            w._wait()
+        assert len({id(a) for a in held}) == 4
