@@ -113,7 +113,11 @@ class _Column:
         self.field = field
         self.is_list = pa.types.is_list(field.type)
         if self.is_list:
-            self.values = _Growing(np.dtype(field.type.value_type.to_pandas_dtype()), tokens)
+            # A shard is flushed once it holds ``tokens``: its last batch goes past them.
+            # Reserved, not touched, room for it: outgrowing the array would copy the
+            # whole shard into fresh pages at its very end.
+            room = tokens + tokens // 4
+            self.values = _Growing(np.dtype(field.type.value_type.to_pandas_dtype()), room)
             self.lengths = _Growing(np.dtype(np.int64), 1 << 16)
         else:
             self.values = _Growing(np.dtype(field.type.to_pandas_dtype()), 1 << 16)
