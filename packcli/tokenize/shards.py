@@ -215,7 +215,9 @@ class ShardWriter:
         the host backs it too): a 150 MB chat pack's main thread spent ~0.6 s of its CPU
         there. The arrays are only reused once nothing but the writer holds them (the
         written batch, and any view of it, is gone), and only by ``_empty_columns`` after
-        ``_wait``: never while the shard is being written."""
+        ``_wait``: never while the shard is being written. Written in line, a shard's
+        arrays fill the next shard (one set, as before); written behind, the set written
+        before fills the next while this one is written (two, as before)."""
         arrays = [a for c in columns for a in ((c.values, c.lengths) if c.is_list else (c.values,))]
         # Held by the _Growing only (getrefcount counts its own argument): no view escaped.
         if all(sys.getrefcount(a.data) == 2 for a in arrays):
@@ -250,7 +252,9 @@ class ShardWriter:
                 self._flush(last=True)
             self._wait()
         finally:
-            self._spare = None  # no shard follows
+            # No shard follows: a written shard's arrays (resident) go with the writer's use.
+            self._spare = None
+            self._columns = []
             if self._behind is not None:
                 self._behind.shutdown(wait=True)
 
@@ -262,13 +266,14 @@ class ShardWriter:
 
     def _flush(self, last: bool = False) -> None:
         columns, tokens = self._columns, self._pending_tokens
-        self._wait()  # one shard written at a time, in order (its columns then spare)
-        self._columns = self._empty_columns()
         self._pending_rows = 0
         self._pending_tokens = 0
+        self._wait()  # one shard written at a time, in order (its columns then spare)
         if self._behind is None or last:
             self._write_shard(columns, tokens)
+            self._columns = self._empty_columns()  # in line: its own arrays again (one set)
         else:
+            self._columns = self._empty_columns()  # the shard written behind before it's
             self._writing = self._behind.submit(self._write_shard, columns, tokens)
 
     def _write_shard(self, columns: list[_Column], tokens: int) -> None:
