@@ -39,15 +39,12 @@ from packcli.names import (
 # re-exported here, where the other stages' settings are.
 from packcli.pack.plan_config import MAX_LONG_LEN as MAX_LONG_LEN
 from packcli.pack.plan_config import MAX_SEED as MAX_SEED
+from packcli.pack.plan_config import TOKENS_PER_STEP as TOKENS_PER_STEP
 from packcli.pack.plan_config import PlanConfig as PlanConfig
 
 # Smaller byte spans only add per-unit overhead (a folder, records, threads): --split-bytes 1
 # made 280k units of a 280 KB file (12 minutes, 3.3 GB of work folder).
 MIN_SPLIT_BYTES = 1 << 20
-# The default target of real tokens per optimizer step for the report's step plan
-# (``--tokens-per-step``): ~1M is a common pretraining/SFT step; any other target is one
-# ``packcli.publish.steps.plan_steps`` call away.
-TOKENS_PER_STEP = 1 << 20
 
 
 @dataclass(frozen=True)

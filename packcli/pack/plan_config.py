@@ -20,6 +20,10 @@ MAX_SEED = 2**63 - 1
 # Context-parallel degrees beyond this are no training setup we know of (a 2**24-token row
 # split 2 * 1024 ways is 8k tokens a rank); the bound keeps a typo from padding every row away.
 MAX_CP_SIZE = 1024
+# The default target of real tokens per optimizer step (``--tokens-per-step``): ~1M is a
+# common pretraining/SFT step; any other target is one ``packcli.publish.steps.plan_steps``
+# call away.
+TOKENS_PER_STEP = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class PlanConfig:
     # Real tokens per optimizer step (``--tokens-per-step``): a mixture's rows are ordered so
     # that every window of one step holds each source near its share, and the report's step
     # plan aims at it. A plain corpus's rows do not depend on it (not in its fingerprint).
-    tokens_per_step: int = 1 << 20
+    tokens_per_step: int = TOKENS_PER_STEP
 
     @property
     def pad_multiple(self) -> int:
